@@ -1,0 +1,28 @@
+from django.contrib import admin
+
+from agents.models import ModelRequest, Run
+
+
+class ModelRequestInline(admin.TabularInline):
+    model = ModelRequest
+    extra = 0
+    can_delete = False
+    readonly_fields = [
+        "step",
+        "model",
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "output_tokens",
+        "breakpoints",
+        "stop_reason",
+        "duration_ms",
+    ]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "conversation", "status", "provider", "model", "created_at", "finished_at"]
+    list_filter = ["status", "provider", "model"]
+    raw_id_fields = ["conversation", "trigger"]
+    inlines = [ModelRequestInline]

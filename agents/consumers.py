@@ -1,0 +1,52 @@
+"""Websocket transport for run events: authenticate, join one group, forward."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from agents import selectors
+from agents.events import conversation_group, run_group
+
+
+class _EventsConsumer(AsyncJsonWebsocketConsumer):
+    group: str = ""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        if not await self.may_watch(user):
+            await self.close(code=4404)
+            return
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def run_event(self, message: dict[str, Any]) -> None:
+        await self.send_json(message["event"])
+
+    async def may_watch(self, user: Any) -> bool:
+        raise NotImplementedError
+
+
+class RunEventsConsumer(_EventsConsumer):
+    async def may_watch(self, user: Any) -> bool:
+        run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        self.group = run_group(run_id)
+        return await database_sync_to_async(selectors.run_visible_to)(run_id=run_id, user=user)
+
+
+class ConversationEventsConsumer(_EventsConsumer):
+    async def may_watch(self, user: Any) -> bool:
+        conversation_id = self.scope["url_route"]["kwargs"]["conversation_id"]
+        self.group = conversation_group(conversation_id)
+        return await database_sync_to_async(selectors.conversation_visible_to)(
+            conversation_id=conversation_id, user=user
+        )

@@ -1,0 +1,43 @@
+"""Hand a queued run to whatever executes runs in this mode.
+
+Services mode: a Celery task on Redis. Embedded mode: a worker thread in this
+process calling the very service the task calls, so both modes run the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+
+from django.conf import settings
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
+
+
+@cache
+def _embedded_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="cc-embedded-worker")
+
+
+def _execute_in_thread(run_id: int) -> None:
+    from agents.services import run_execute
+
+    close_old_connections()
+    try:
+        run_execute(run_id=run_id, worker=f"embedded@{socket.gethostname()}")
+    except Exception:
+        logger.exception("embedded worker failed on run %s", run_id)
+    finally:
+        close_old_connections()
+
+
+def enqueue_run(run_id: int) -> None:
+    if settings.CC_MODE == "services":
+        from agents.tasks import run_turn
+
+        run_turn.delay(run_id)
+    else:
+        _embedded_pool().submit(_execute_in_thread, run_id)

@@ -1,0 +1,93 @@
+"""The provider protocol: what the runtime needs from any model API.
+
+A provider streams events for one request and ends with a `MessageDone` that
+carries the complete assistant content and the usage as the provider reported it.
+Failures are typed so the runtime can tell transient ones (retry) from the prompt
+being too long (compaction) and from its own mistakes (invalid request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from agents.runtime.request import ModelRequestSpec
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Anthropic's disjoint fields: the four add up to everything processed."""
+
+    input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolUseBlock:
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MessageDone:
+    content: list[dict[str, Any]]
+    stop_reason: str
+    usage: Usage = field(default_factory=Usage)
+
+
+ProviderEvent = TextDelta | ToolUseBlock | MessageDone
+
+
+class ProviderError(Exception):
+    """Base of every error a provider raises."""
+
+    transient = False
+
+
+class RateLimited(ProviderError):
+    transient = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(ProviderError):
+    transient = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PromptTooLong(ProviderError):
+    def __init__(self, message: str, *, tokens: int | None = None, maximum: int | None = None) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.maximum = maximum
+
+
+class InvalidRequest(ProviderError):
+    pass
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
+        """Yield text deltas and tool-use blocks as they arrive, then one MessageDone."""
+        ...

@@ -1,0 +1,90 @@
+"""The offline model: deterministic, no network, no key.
+
+It says plainly what it is, answers by echoing what it understood, and calls a
+built-in tool when the user asks about the workspace, so a fresh installation can
+show a full turn (text, tool call, tool result, reply) with nothing configured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
+from agents.runtime.request import ModelRequestSpec
+from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+
+_WORKSPACE_WORDS = re.compile(r"\b(files?|workspace|directory|folder|ls)\b", re.IGNORECASE)
+_LISTING_TOOL = "list_dir"
+
+
+class OfflineProvider:
+    name = "offline"
+
+    def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
+        last = request.messages[-1] if request.messages else {"role": "user", "content": []}
+        results = [block for block in last["content"] if block.get("type") == "tool_result"]
+        wants_listing = False
+        if results:
+            text = self._describe_results(results)
+        else:
+            prompt = " ".join(block.get("text", "") for block in last["content"] if block.get("type") == "text")
+            text = self._answer(prompt)
+            offered = {tool["name"] for tool in request.tools}
+            wants_listing = bool(_WORKSPACE_WORDS.search(prompt)) and _LISTING_TOOL in offered
+            if wants_listing:
+                text += " Let me look at the workspace."
+        for chunk in _chunks(text):
+            yield TextDelta(chunk)
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        if wants_listing:
+            tool_use = ToolUseBlock(id=_tool_use_id(request), name=_LISTING_TOOL, input={"path": "."})
+            yield tool_use
+            content.append({"type": "tool_use", "id": tool_use.id, "name": tool_use.name, "input": tool_use.input})
+        output_tokens = estimate_text_tokens(text) + (estimate_json_tokens(content[-1]) if wants_listing else 0)
+        yield MessageDone(
+            content=content,
+            stop_reason="tool_use" if wants_listing else "end_turn",
+            usage=Usage(input_tokens=estimate_json_tokens(request.as_payload()), output_tokens=output_tokens),
+        )
+
+    @staticmethod
+    def _answer(prompt: str) -> str:
+        words = prompt.split()
+        quoted = " ".join(words[:40]) + (" …" if len(words) > 40 else "")
+        return (
+            "I am the offline model of Control Center: deterministic, with no network and no API key, "
+            f'so I can only reflect what you sent. You wrote {len(words)} words: "{quoted}".'
+        )
+
+    @staticmethod
+    def _describe_results(results: list[dict[str, Any]]) -> str:
+        parts = []
+        for result in results:
+            try:
+                observation = json.loads(result.get("content") or "{}")
+            except json.JSONDecodeError:
+                observation = {"ok": False}
+            if observation.get("ok") is False:
+                parts.append(f"the tool failed: {observation.get('error', 'unknown error')}")
+            elif "entries" in observation:
+                names = [entry["name"] for entry in observation["entries"]]
+                listing = ", ".join(names) if names else "nothing yet"
+                parts.append(f"the workspace holds {len(names)} entries: {listing}")
+            else:
+                parts.append("the tool answered")
+        return "I am the offline model. I ran the tool and " + "; ".join(parts) + "."
+
+
+def _chunks(text: str) -> Iterator[str]:
+    # Word-sized deltas, like a real stream, so the UI shows text arriving.
+    for match in re.finditer(r"\S+\s*", text):
+        yield match.group(0)
+
+
+def _tool_use_id(request: ModelRequestSpec) -> str:
+    digest = hashlib.sha256(request.serialize()).hexdigest()[:24]
+    return f"toolu_offline_{digest}"

@@ -1,0 +1,22 @@
+"""Token estimates shared by the whole product (runtime, Context view, emulator).
+
+A calibrated heuristic: about four characters per token for English prose and
+JSON. Provider counts replace it wherever the provider reports them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+
+def estimate_text_tokens(text: str) -> int:
+    if not text:
+        return 0
+    return max(1, (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN)
+
+
+def estimate_json_tokens(value: Any) -> int:
+    return estimate_text_tokens(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False))

@@ -1,0 +1,163 @@
+"""Runs: start, claim, execute one turn, cancel (the only code that writes runs)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from agents.events import RunEventPublisher
+from agents.models import ModelRequest, Run
+from agents.providers.base import ProviderError
+from agents.providers.registry import get_provider
+from agents.runtime.loop import TurnCancelled, TurnOutcome, run_turn
+from agents.runtime.request import text_block
+from controlcenter.errors import Conflict
+from conversations.models import Conversation, Message
+from conversations.selectors import path_to
+from toolcatalog.builtins import WorkspaceToolBox
+from toolcatalog.workspace import workspace_root
+
+logger = logging.getLogger(__name__)
+
+SYSTEM_PROMPT = (
+    "You are an agent running in Control Center. Work in the conversation's workspace with the tools "
+    "you are given; say plainly what you did and what you found."
+)
+_CANCEL_POLL_SECONDS = 0.5
+
+
+def run_start(*, conversation: Conversation, trigger: Message) -> Run:
+    """Create a queued run for `trigger` and hand it to a worker once the row is committed."""
+    from agents.dispatch import enqueue_run
+
+    run = Run.objects.create(
+        conversation=conversation, trigger=trigger, provider=settings.CC_PROVIDER, model=settings.CC_MODEL
+    )
+    transaction.on_commit(lambda: enqueue_run(run.pk))
+    return run
+
+
+def run_claim(*, run_id: int, worker: str) -> bool:
+    """Conditional UPDATE: exactly one worker moves a run from queued to running (STYLE #5)."""
+    claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
+        status=Run.Status.RUNNING, started_at=timezone.now(), worker=worker
+    )
+    return claimed == 1
+
+
+def run_cancel(*, run: Run) -> Run:
+    if run.is_finished:
+        raise Conflict(f"Run {run.pk} has already finished ({run.status}).")
+    # A queued run is cancelled at once; a running one stops at its next check.
+    if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
+        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
+    ):
+        RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+    else:
+        Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+    run.refresh_from_db()
+    return run
+
+
+def run_execute(*, run_id: int, worker: str) -> None:
+    """Run one agent turn for a queued run; persist it at the turn boundary (CH-5)."""
+    if not run_claim(run_id=run_id, worker=worker):
+        logger.info("run %s is not queued any more; %s leaves it alone", run_id, worker)
+        return
+    run = Run.objects.select_related("conversation", "trigger").get(pk=run_id)
+    publisher = RunEventPublisher(run)
+    first_event_seen = False
+
+    def emit(event_type: str, payload: dict[str, Any]) -> None:
+        nonlocal first_event_seen
+        publisher.publish(event_type, payload)
+        if not first_event_seen:
+            first_event_seen = True
+            Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now())
+
+    emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
+    history = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
+    try:
+        outcome = run_turn(
+            provider=get_provider(run.provider),
+            model=run.model,
+            system=[text_block(SYSTEM_PROMPT)],
+            history=history,
+            toolbox=WorkspaceToolBox(workspace_root(run.conversation_id)),
+            emit=emit,
+            is_cancelled=_cancel_checker(run.pk),
+        )
+    except TurnCancelled:
+        _finish(run, Run.Status.CANCELLED, "")
+        publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+        return
+    except ProviderError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        _finish(run, Run.Status.FAILED, error)
+        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        return
+    except Exception as exc:
+        logger.exception("run %s failed", run.pk)
+        error = f"internal error: {type(exc).__name__}: {exc}"
+        _finish(run, Run.Status.FAILED, error)
+        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        return
+    reply = _persist_turn(run, outcome)
+    publisher.publish(
+        "run_finished",
+        {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
+    )
+
+
+@transaction.atomic
+def _persist_turn(run: Run, outcome: TurnOutcome) -> Message:
+    parent = run.trigger
+    for message in outcome.messages:
+        parent = Message.objects.create(
+            conversation_id=run.conversation_id, parent=parent, role=message["role"], content=message["content"]
+        )
+    # Move the tip only if nobody branched away while the turn ran; otherwise the
+    # reply stays reachable on its own branch (CH-7).
+    Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
+        tip=parent, updated_at=timezone.now()
+    )
+    ModelRequest.objects.bulk_create(
+        ModelRequest(
+            run=run,
+            step=step.step,
+            model=run.model,
+            input_tokens=step.usage.input_tokens,
+            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
+            cache_read_input_tokens=step.usage.cache_read_input_tokens,
+            output_tokens=step.usage.output_tokens,
+            breakpoints=step.breakpoints,
+            stop_reason=step.stop_reason,
+            duration_ms=step.duration_ms,
+        )
+        for step in outcome.steps
+    )
+    _finish(run, Run.Status.SUCCEEDED, "")
+    return parent
+
+
+def _finish(run: Run, status: str, error: str) -> None:
+    Run.objects.filter(pk=run.pk).update(status=status, error=error, finished_at=timezone.now())
+
+
+def _cancel_checker(run_id: int):
+    last_check = 0.0
+
+    def is_cancelled() -> bool:
+        nonlocal last_check
+        now = time.monotonic()
+        if now - last_check < _CANCEL_POLL_SECONDS:
+            return False
+        last_check = now
+        return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
+
+    return is_cancelled

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from celery import shared_task
+
+from agents import services
+
+
+@shared_task(name="agents.run_turn", acks_late=True)
+def run_turn(run_id: int) -> None:
+    services.run_execute(run_id=run_id, worker=run_turn.request.hostname or "celery")

@@ -1,0 +1,23 @@
+"""One place where domain errors become API errors (STYLE #10)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ObjectDoesNotExist
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from controlcenter.errors import DomainError, NotFound
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, NotFound | ObjectDoesNotExist):
+        return Response({"error": "not_found", "detail": str(exc) or "Not found."}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, DomainError):
+        return Response({"error": exc.code, "detail": exc.message}, status=exc.status)
+    response = drf_exception_handler(exc, context)
+    if response is not None and isinstance(response.data, dict) and "detail" in response.data:
+        response.data = {"error": getattr(exc, "default_code", "error"), "detail": response.data["detail"]}
+    return response

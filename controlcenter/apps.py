@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ControlCenterConfig(AppConfig):
+    name = "controlcenter"
+    verbose_name = "Control Center"

@@ -1,0 +1,23 @@
+"""The Celery app. Workers run agent turns (RN-1); see agents/tasks.py."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from celery.signals import worker_ready
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
+
+app = Celery("controlcenter")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@worker_ready.connect
+def _announce_worker(sender, **kwargs) -> None:  # noqa: ANN001
+    from agents.heartbeat import start_heartbeat
+    from controlcenter.mode import log_mode
+
+    log_mode()
+    start_heartbeat(sender.hostname)

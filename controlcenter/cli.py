@@ -1,0 +1,83 @@
+"""The `controlcenter` command: serve, worker, and manage-style passthrough."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _deferral(value: str) -> str:
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"--tool-deferral must be 'on' or 'off', not {value!r}")
+    return value
+
+
+def _apply_common(args: argparse.Namespace) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
+    if args.tool_deferral is not None:
+        # Settings read the variable, so the flag reaches every module the same way.
+        os.environ["CC_SERVER_TOOL_DEFERRAL"] = args.tool_deferral
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    uvicorn.run(
+        "controlcenter.asgi:application",
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        # One process: the embedded worker thread and in-memory channel layer live in it.
+        workers=1,
+        lifespan="on",
+    )
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from controlcenter.celery import app
+
+    argv = ["worker", "--loglevel=INFO", f"--concurrency={args.concurrency}"]
+    if args.hostname:
+        argv.append(f"--hostname={args.hostname}")
+    app.worker_main(argv)
+    return 0
+
+
+def _manage(argv: list[str]) -> int:
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["controlcenter", *argv])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="controlcenter", description="Run Control Center.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="start the web server (HTTP and websockets)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    worker = commands.add_parser("worker", help="start a Celery worker that runs agent turns")
+    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument("--hostname", default="")
+    for sub in (serve, worker):
+        sub.add_argument("--tool-deferral", type=_deferral, default=None, metavar="on|off")
+    manage = commands.add_parser("manage", help="run a Django management command", add_help=False)
+    manage.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "manage":
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
+        return _manage(args.rest)
+    _apply_common(args)
+    return _serve(args) if args.command == "serve" else _worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

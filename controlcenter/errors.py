@@ -1,0 +1,22 @@
+"""Domain errors raised by services; the API and pages map them in one place."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    code = "invalid"
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class NotFound(DomainError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(DomainError):
+    code = "conflict"
+    status = 409

@@ -1,0 +1,70 @@
+"""Set up a fresh installation; safe to run again (the run command calls it every time)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from conversations.models import Conversation, Message
+
+DEMO_TITLE = "Welcome to Control Center"
+
+
+class Command(BaseCommand):
+    help = "Migrate, create the admin user, and load the demo conversation (idempotent)."
+
+    def handle(self, *args: object, **options: object) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        username = os.environ.get("CC_ADMIN_USER", "admin")
+        admin = self._ensure_admin(username)
+        self._ensure_demo(admin)
+        self.stdout.write(self.style.SUCCESS("Control Center is set up."))
+
+    def _ensure_admin(self, username: str):  # noqa: ANN202
+        User = get_user_model()
+        existing = User.objects.filter(username=username).first()
+        if existing is not None:
+            self.stdout.write(f"Admin user {username!r} already exists; its password is unchanged.")
+            return existing
+        password = os.environ.get("CC_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+        admin = User.objects.create_superuser(username=username, email="", password=password)
+        if os.environ.get("CC_ADMIN_PASSWORD"):
+            self.stdout.write(f"Created admin user {username!r} with the password from CC_ADMIN_PASSWORD.")
+        else:
+            self.stdout.write(
+                self.style.WARNING(f"Created admin user {username!r} with password {password!r} (shown only now).")
+            )
+        return admin
+
+    @transaction.atomic
+    def _ensure_demo(self, owner) -> None:  # noqa: ANN001
+        if Conversation.objects.filter(owner=owner, title=DEMO_TITLE).exists():
+            return
+        conversation = Conversation.objects.create(owner=owner, title=DEMO_TITLE)
+        question = Message.objects.create(
+            conversation=conversation,
+            role=Message.Role.USER,
+            content=[{"type": "text", "text": "What is Control Center?"}],
+        )
+        answer = Message.objects.create(
+            conversation=conversation,
+            parent=question,
+            role=Message.Role.ASSISTANT,
+            content=[
+                {
+                    "type": "text",
+                    "text": (
+                        "Control Center runs LLM agents and manages what goes into their context window. "
+                        "This installation uses the offline model until you configure a provider. "
+                        "Ask me to list the files in the workspace to see a tool call."
+                    ),
+                }
+            ],
+        )
+        conversation.tip = answer
+        conversation.save(update_fields=["tip"])

@@ -1,0 +1,205 @@
+"""Settings for Control Center, read from the environment (see README, "Configuration").
+
+Two modes:
+- services: DATABASE_URL and REDIS_URL set -> PostgreSQL, Redis broker and channel
+  layer, runs executed by Celery workers;
+- embedded: neither set -> SQLite under var/, in-memory channel layer, runs executed
+  by a worker thread inside the web process, so a laptop needs nothing installed.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from controlcenter.env import (
+    ImproperEnvironment,
+    env_bool,
+    env_choice,
+    env_database_url,
+    env_http_url,
+    env_int,
+    env_list,
+    env_on_off,
+    env_redis_url,
+    env_secret,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CC_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+
+SECRET_KEY = env_secret("SECRET_KEY")
+if SECRET_KEY is None:
+    # Embedded use needs no configuration: keep a generated key under var/ so
+    # sessions survive restarts without anyone choosing a secret.
+    _key_file = VAR_DIR / "secret_key"
+    if _key_file.exists():
+        SECRET_KEY = _key_file.read_text(encoding="utf-8").strip()
+    else:
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        SECRET_KEY = secrets.token_urlsafe(50)
+        _key_file.write_text(SECRET_KEY, encoding="utf-8")
+        _key_file.chmod(0o600)
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+_database = env_database_url("DATABASE_URL")
+REDIS_URL = env_redis_url("REDIS_URL")
+if (_database is None) != (REDIS_URL is None):
+    raise ImproperEnvironment(
+        "Set both DATABASE_URL and REDIS_URL (services mode) or neither (embedded mode); "
+        f"only {'DATABASE_URL' if _database else 'REDIS_URL'} is set."
+    )
+CC_MODE = "embedded" if _database is None else "services"
+
+if _database is None:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "controlcenter.sqlite3",
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+else:
+    DATABASES = {"default": _database.as_django()}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- model provider -------------------------------------------------------------
+CC_PROVIDER = env_choice("CC_PROVIDER", ["offline", "anthropic", "openai"], "offline")
+CC_MODEL = env_str(
+    "CC_MODEL", {"offline": "offline-1", "anthropic": "claude-sonnet-4-5", "openai": "gpt-4o-mini"}[CC_PROVIDER]
+)
+ANTHROPIC_API_KEY = env_secret("ANTHROPIC_API_KEY")
+ANTHROPIC_BASE_URL = env_http_url("ANTHROPIC_BASE_URL")
+OPENAI_API_KEY = env_secret("OPENAI_API_KEY")
+OPENAI_BASE_URL = env_http_url("OPENAI_BASE_URL")
+if CC_PROVIDER == "anthropic" and not ANTHROPIC_API_KEY:
+    raise ImproperEnvironment("CC_PROVIDER=anthropic needs ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY_FILE).")
+if CC_PROVIDER == "openai" and not (OPENAI_API_KEY or OPENAI_BASE_URL):
+    raise ImproperEnvironment(
+        "CC_PROVIDER=openai needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server (Ollama, vLLM, llama.cpp)."
+    )
+
+# The worker/server CLI flag --tool-deferral overrides this by setting the variable.
+CC_SERVER_TOOL_DEFERRAL = env_on_off("CC_SERVER_TOOL_DEFERRAL", True)
+CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
+CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
+SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
+
+# --- apps -----------------------------------------------------------------------
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "channels",
+    "controlcenter",
+    "conversations",
+    "agents",
+    "scratchpad",
+    "toolcatalog",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlcenter.urls"
+ASGI_APPLICATION = "controlcenter.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "conversation-list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+# Serve straight from the finders so `serve` works without a collectstatic step.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("CC_MAX_REQUEST_BYTES", 2 * 1024 * 1024, minimum=1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlcenter.api.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Control Center API",
+    "DESCRIPTION": "Conversations, runs, tools and metrics of a Control Center installation.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- channels and celery --------------------------------------------------------
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    CELERY_BROKER_URL = REDIS_URL
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CELERY_BROKER_URL = "memory://"
+
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ALWAYS_EAGER = False
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", ["DEBUG", "INFO", "WARNING", "ERROR"], "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,1 @@
+# Models arrive with the scratchpad issue (SP-1 … SP-12).

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ToolcatalogConfig(AppConfig):
+    name = "toolcatalog"
+    verbose_name = "Tool catalog"

@@ -1,0 +1,1 @@
+# Models arrive with the tool-catalog issue (TD-1 … TD-10).
