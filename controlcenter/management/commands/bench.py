@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+import bench
+
+
+def _available() -> list[str]:
+    return sorted(module.name for module in pkgutil.iter_modules(bench.__path__) if not module.name.startswith("_"))
+
+
+class Command(BaseCommand):
+    help = "Run a benchmark from bench/ and print its figures (one JSON object with --json)."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        return parser
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", choices=_available(), help="which benchmark to run")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("rest", nargs=argparse.REMAINDER, help="options of the benchmark itself")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        module = importlib.import_module(f"bench.{options['name']}")
+        own = argparse.ArgumentParser(prog=f"bench {options['name']}")
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(own)
+        try:
+            bench_options = vars(own.parse_args(options["rest"]))
+        except SystemExit as exc:
+            raise CommandError(f"bad options for bench {options['name']}") from exc
+        figures = module.run(bench_options)
+        if options["json"]:
+            self.stdout.write(json.dumps(figures, sort_keys=True))
+        else:
+            for key, value in sorted(figures.items()):
+                self.stdout.write(f"{key}: {value}")
