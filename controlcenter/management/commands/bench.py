@@ -18,10 +18,6 @@ def _available() -> list[str]:
 class Command(BaseCommand):
     help = "Run a benchmark from bench/ and print its figures (one JSON object with --json)."
 
-    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
-        parser = super().create_parser(prog_name, subcommand, **kwargs)
-        return parser
-
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", choices=_available(), help="which benchmark to run")
         parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -32,12 +28,16 @@ class Command(BaseCommand):
         own = argparse.ArgumentParser(prog=f"bench {options['name']}")
         if hasattr(module, "add_arguments"):
             module.add_arguments(own)
+        rest = list(options["rest"])
+        # `--json` may come after the benchmark's own options; it is ours either way.
+        as_json = options["json"] or "--json" in rest
+        rest = [arg for arg in rest if arg != "--json"]
         try:
-            bench_options = vars(own.parse_args(options["rest"]))
+            bench_options = vars(own.parse_args(rest))
         except SystemExit as exc:
             raise CommandError(f"bad options for bench {options['name']}") from exc
         figures = module.run(bench_options)
-        if options["json"]:
+        if as_json:
             self.stdout.write(json.dumps(figures, sort_keys=True))
         else:
             for key, value in sorted(figures.items()):
