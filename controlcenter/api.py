@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -18,6 +19,23 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, DomainError):
         return Response({"error": exc.code, "detail": exc.message}, status=exc.status)
     response = drf_exception_handler(exc, context)
-    if response is not None and isinstance(response.data, dict) and "detail" in response.data:
-        response.data = {"error": getattr(exc, "default_code", "error"), "detail": response.data["detail"]}
+    if response is None:
+        return None
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, ValidationError):
+        response.data = {"error": "invalid", "detail": _flatten(response.data), "fields": response.data}
+    elif isinstance(response.data, dict) and "detail" in response.data:
+        response.data = {"error": code, "detail": str(response.data["detail"])}
     return response
+
+
+def _flatten(errors: Any, prefix: str = "") -> str:
+    """One readable sentence out of DRF's nested field errors."""
+    if isinstance(errors, dict):
+        return " ".join(
+            _flatten(value, f"{prefix}{key}: " if key != "non_field_errors" else prefix)
+            for key, value in errors.items()
+        )
+    if isinstance(errors, list):
+        return " ".join(_flatten(item, prefix) for item in errors)
+    return f"{prefix}{errors}"

@@ -1,0 +1,131 @@
+"""Conversations and messages through the REST API, including what bad input gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.models import Run
+from conversations.models import Conversation, Message
+
+pytestmark = pytest.mark.django_db
+
+
+def _snapshot() -> tuple[int, int, int]:
+    return Conversation.objects.count(), Message.objects.count(), Run.objects.count()
+
+
+def test_create_and_list_only_own_conversations(alice_api, bob_api):
+    created = alice_api.post("/api/conversations/", {"title": "Logs"}, format="json")
+    assert created.status_code == 201
+    assert created.json()["title"] == "Logs"
+    bob_api.post("/api/conversations/", {"title": "Bob's"}, format="json")
+    titles = [c["title"] for c in alice_api.get("/api/conversations/").json()]
+    assert titles == ["Logs"]
+
+
+@pytest.mark.req("RN-3")
+def test_posting_a_message_appends_it_under_the_tip_and_queues_a_run(alice_api, django_capture_on_commit_callbacks):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    with django_capture_on_commit_callbacks() as callbacks:
+        response = alice_api.post(
+            f"/api/conversations/{conversation['id']}/messages/", {"text": "hello"}, format="json"
+        )
+    assert response.status_code == 201
+    body = response.json()
+    assert body["run"]["status"] == "queued"
+    assert body["message"]["content"] == [{"type": "text", "text": "hello"}]
+    assert Conversation.objects.get(pk=conversation["id"]).tip_id == body["message"]["id"]
+    # The turn is handed to a worker only once the message and run rows are committed.
+    assert len(callbacks) == 1
+
+
+@pytest.mark.req("RN-3")
+def test_posting_to_another_users_conversation_is_404_and_stores_nothing(alice_api, bob_api):
+    conversation = bob_api.post("/api/conversations/", {}, format="json").json()
+    before = _snapshot()
+    response = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "hi"}, format="json")
+    assert response.status_code == 404
+    assert response.json()["error"] == "not_found"
+    assert alice_api.get(f"/api/conversations/{conversation['id']}/").status_code == 404
+    assert _snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("", "empty"), ("   \n ", "empty"), ("x" * (1024 * 1024 + 1), "the limit is")],
+    ids=["empty", "whitespace", "over-1MB"],
+)
+def test_empty_or_huge_message_is_400_with_a_message_and_stores_nothing(alice_api, text, message):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    before = _snapshot()
+    response = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": text}, format="json")
+    assert response.status_code == 400
+    assert message in response.json()["detail"]
+    assert _snapshot() == before
+
+
+def test_message_without_text_field_is_400(alice_api):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    response = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"txt": "hi"}, format="json")
+    assert response.status_code == 400
+    assert "text" in response.json()["detail"]
+
+
+def test_malformed_json_is_400(alice_api):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    before = _snapshot()
+    response = alice_api.post(
+        f"/api/conversations/{conversation['id']}/messages/", data="{not json", content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert "JSON" in response.json()["detail"]
+    assert _snapshot() == before
+
+
+def test_second_message_while_a_run_is_in_progress_is_409(alice_api):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    url = f"/api/conversations/{conversation['id']}/messages/"
+    assert alice_api.post(url, {"text": "first"}, format="json").status_code == 201
+    before = _snapshot()
+    response = alice_api.post(url, {"text": "second"}, format="json")
+    assert response.status_code == 409
+    assert "in progress" in response.json()["detail"]
+    assert _snapshot() == before
+
+
+def test_unauthenticated_api_is_refused(client):
+    assert client.get("/api/conversations/").status_code in (401, 403)
+
+
+def test_run_of_another_user_is_invisible(alice_api, bob_api):
+    conversation = bob_api.post("/api/conversations/", {}, format="json").json()
+    run = bob_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "x"}, format="json").json()["run"]
+    assert alice_api.get(f"/api/runs/{run['id']}/").status_code == 404
+    assert alice_api.get(f"/api/runs/{run['id']}/events/").status_code == 404
+    assert alice_api.post(f"/api/runs/{run['id']}/cancel/").status_code == 404
+    assert Run.objects.get(pk=run["id"]).status == "queued"
+
+
+def test_events_after_must_be_a_number(alice_api):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    run = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "x"}, format="json").json()[
+        "run"
+    ]
+    response = alice_api.get(f"/api/runs/{run['id']}/events/?after=abc")
+    assert response.status_code == 400
+
+
+def test_cancel_a_queued_run_then_cancel_again_is_409(alice_api):
+    conversation = alice_api.post("/api/conversations/", {}, format="json").json()
+    run = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "x"}, format="json").json()[
+        "run"
+    ]
+    assert alice_api.post(f"/api/runs/{run['id']}/cancel/").json()["status"] == "cancelled"
+    again = alice_api.post(f"/api/runs/{run['id']}/cancel/")
+    assert again.status_code == 409
+
+
+def test_openapi_schema_is_served(alice_api):
+    response = alice_api.get("/api/schema/")
+    assert response.status_code == 200
+    assert b"/api/conversations/" in response.content
