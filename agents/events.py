@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db.models import Max
 
@@ -21,12 +21,36 @@ from agents.models import Run, RunEvent
 logger = logging.getLogger(__name__)
 
 _server_loop: asyncio.AbstractEventLoop | None = None
+_sender_loop: asyncio.AbstractEventLoop | None = None
+_sender_lock = threading.Lock()
+
+# Deltas closer together than this are sent as one event: a model streams tokens far
+# faster than a person reads, and every event costs a database row and a broadcast.
+DELTA_COALESCE_SECONDS = 0.03
 
 
 def register_server_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """The ASGI server's loop; an in-process worker thread must send on it (embedded mode)."""
+    """The ASGI server's loop; in embedded mode the in-memory layer's queues belong to it."""
     global _server_loop
     _server_loop = loop
+
+
+def _loop_for_sending() -> asyncio.AbstractEventLoop:
+    """One long-lived loop for broadcasts from synchronous code.
+
+    A fresh loop per send (plain async_to_sync) would open a new Redis connection for
+    every event. The embedded server's loop is used when there is one, because the
+    in-memory layer only delivers within its own loop.
+    """
+    global _sender_loop
+    if _server_loop is not None and _server_loop.is_running():
+        return _server_loop
+    with _sender_lock:
+        if _sender_loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, daemon=True, name="cc-event-sender").start()
+            _sender_loop = loop
+        return _sender_loop
 
 
 def run_group(run_id: int) -> str:
@@ -37,16 +61,16 @@ def conversation_group(conversation_id: int) -> str:
     return f"conversation-{conversation_id}"
 
 
-def _group_send(group: str, message: dict[str, Any]) -> None:
+async def _send_to_groups(groups: list[str], message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    loop = _server_loop
-    if loop is not None and loop.is_running() and threading.current_thread() is not threading.main_thread():
-        # The in-memory layer's queues belong to the server loop: hand the send to it.
-        asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop).result(timeout=5)
-    else:
-        async_to_sync(layer.group_send)(group, message)
+    for group in groups:
+        await layer.group_send(group, message)
+
+
+def broadcast(groups: list[str], message: dict[str, Any]) -> None:
+    asyncio.run_coroutine_threadsafe(_send_to_groups(groups, message), _loop_for_sending()).result(timeout=10)
 
 
 class RunEventPublisher:
@@ -54,16 +78,41 @@ class RunEventPublisher:
         self.run = run
         last = RunEvent.objects.filter(run=run).aggregate(last=Max("seq"))["last"]
         self.seq = last or 0
+        self._pending: dict[str, Any] | None = None
+        self._last_delta_sent = 0.0
 
-    def publish(self, event_type: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def publish(self, event_type: str, payload: dict[str, Any]) -> None:
+        if event_type == "text_delta":
+            self._buffer_delta(payload)
+            return
+        self.flush()
+        self._send(event_type, payload)
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._send("text_delta", pending)
+
+    def _buffer_delta(self, payload: dict[str, Any]) -> None:
+        if self._pending is not None and self._pending["step"] == payload["step"]:
+            self._pending["text"] += payload["text"]
+        else:
+            self.flush()
+            self._pending = dict(payload)
+        now = time.monotonic()
+        if now - self._last_delta_sent >= DELTA_COALESCE_SECONDS:
+            self._last_delta_sent = now
+            self.flush()
+
+    def _send(self, event_type: str, payload: dict[str, Any]) -> None:
         self.seq += 1
         RunEvent.objects.create(run=self.run, seq=self.seq, type=event_type, payload=payload)
         event = {"run_id": self.run.pk, "seq": self.seq, "type": event_type, "payload": payload}
-        message = {"type": "run.event", "event": event}
         try:
-            _group_send(run_group(self.run.pk), message)
-            _group_send(conversation_group(self.run.conversation_id), message)
+            broadcast(
+                [run_group(self.run.pk), conversation_group(self.run.conversation_id)],
+                {"type": "run.event", "event": event},
+            )
         except Exception:
             # The event is in the log; a live viewer catches up from there.
             logger.exception("could not broadcast event %s of run %s", self.seq, self.run.pk)
-        return event

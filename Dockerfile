@@ -1,0 +1,21 @@
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 CC_VAR_DIR=/var/lib/controlcenter
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY controlcenter ./controlcenter
+COPY agents ./agents
+COPY conversations ./conversations
+COPY scratchpad ./scratchpad
+COPY toolcatalog ./toolcatalog
+COPY bench ./bench
+COPY templates ./templates
+COPY static ./static
+COPY manage.py ./
+RUN pip install --no-cache-dir . \
+    && useradd --create-home controlcenter \
+    && mkdir -p /var/lib/controlcenter \
+    && chown controlcenter /var/lib/controlcenter
+USER controlcenter
+EXPOSE 8000
+CMD ["controlcenter", "serve", "--host", "0.0.0.0", "--port", "8000"]

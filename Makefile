@@ -1,0 +1,44 @@
+# Control Center: `make run` sets up and starts everything; `make test` runs the whole suite.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+# The test suite runs against the real services on this machine.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlcenter
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
+
+.PHONY: run install test lint bench-turn clean
+
+$(BIN)/controlcenter: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed ($(PYTHON) not found); set PYTHON=..."; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(BIN)/controlcenter
+
+install: $(BIN)/controlcenter
+
+# Embedded mode unless DATABASE_URL and REDIS_URL are set; then a Celery worker starts too.
+run: install
+	$(BIN)/controlcenter manage bootstrap
+	@if [ -n "$$DATABASE_URL" ] && [ -n "$$REDIS_URL" ]; then \
+	  $(BIN)/controlcenter worker & WORKER=$$!; trap "kill $$WORKER" EXIT; \
+	  echo "Control Center: http://$(HOST):$(PORT)/"; \
+	  $(BIN)/controlcenter serve --host $(HOST) --port $(PORT); \
+	else \
+	  echo "Control Center: http://$(HOST):$(PORT)/"; \
+	  $(BIN)/controlcenter serve --host $(HOST) --port $(PORT); \
+	fi
+
+test: install
+	$(BIN)/ruff check .
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \
+	  $(BIN)/python -m pytest -q
+
+bench-turn: install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python manage.py bench turn --json
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,70 @@
+"""Start real Control Center processes (a Celery worker) for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def services_env(database_name: str) -> dict[str, str]:
+    """The environment a child process needs to share this process's database and Redis."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    db = settings.DATABASES["default"]
+    host = db["HOST"] or "127.0.0.1"
+    env["DATABASE_URL"] = f"postgres://{db['USER']}:{db['PASSWORD']}@{host}:{db['PORT'] or 5432}/{database_name}"
+    env["REDIS_URL"] = settings.REDIS_URL
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+class WorkerProcess:
+    """A real Celery worker (not eager), in its own process group so it can be killed whole."""
+
+    def __init__(self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2) -> None:
+        self.hostname = hostname
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "controlcenter", "worker", "--loglevel=INFO",
+                f"--concurrency={concurrency}", "--pool=threads", f"--hostname={hostname}",
+                "--without-gossip", "--without-mingle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()}")
+            if b"ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log_path.read_text()}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()

@@ -1,0 +1,71 @@
+"""The console script's shape and the settings refusing a bad environment at start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlcenter.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_serve_and_worker_accept_tool_deferral_on_or_off():
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--tool-deferral=off"]).tool_deferral == "off"
+    assert parser.parse_args(["worker", "--tool-deferral", "on"]).tool_deferral == "on"
+    assert parser.parse_args(["serve"]).tool_deferral is None
+
+
+def test_tool_deferral_refuses_other_values(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tool-deferral=maybe"])
+    assert "must be 'on' or 'off'" in capsys.readouterr().err
+
+
+def test_manage_passthrough_runs_a_django_command():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "controlcenter.cli", "manage", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CC_PROVIDER", "gemini", "CC_PROVIDER='gemini' is not one of"),
+        ("CC_SERVER_TOOL_DEFERRAL", "nope", "must be 'on' or 'off'"),
+        ("DATABASE_URL", "mysql://x/y", "scheme 'mysql'"),
+    ],
+)
+def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, value, message, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CC_VAR_DIR": str(tmp_path), variable: value}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_only_one_of_database_and_redis_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), DATABASE_URL="postgres://u@h/db")
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "Set both DATABASE_URL and REDIS_URL" in result.stderr
+
+
+def test_anthropic_provider_without_a_key_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_PROVIDER="anthropic")
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "needs ANTHROPIC_API_KEY" in result.stderr
