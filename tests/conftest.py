@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
 import pytest
 from rest_framework.test import APIClient
+
+from controlcenter.processes import WorkerProcess, services_env
 
 
 @pytest.fixture
@@ -32,10 +43,6 @@ def bob_api(bob) -> APIClient:
 
 # --- real processes --------------------------------------------------------------
 
-import uuid  # noqa: E402
-
-from controlcenter.processes import WorkerProcess, services_env  # noqa: E402
-
 
 @pytest.fixture(scope="session")
 def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
@@ -56,3 +63,45 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
     worker.wait_ready()
     yield worker
     worker.stop()
+
+
+# --- the embedded server ----------------------------------------------------------
+
+
+ROOT = Path(__file__).resolve().parent.parent
+EMBEDDED_ADMIN_PASSWORD = "embedded-pass-1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def embedded_server(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(CC_VAR_DIR=str(tmp_path / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=str(ROOT))
+    controlcenter = [sys.executable, "-m", "controlcenter.cli"]
+    setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert setup.returncode == 0, setup.stderr
+    port = _free_port()
+    log = (tmp_path / "server.log").open("wb")
+    server = subprocess.Popen(
+        [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        server.kill()
+        pytest.fail((tmp_path / "server.log").read_text())
+    yield base, tmp_path / "server.log"
+    server.terminate()
+    server.wait(timeout=10)
+    log.close()
