@@ -23,6 +23,10 @@ class Usage:
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
     output_tokens: int = 0
+    # The split of cache_creation_input_tokens by TTL, as the API reports it; the
+    # two add up to cache_creation_input_tokens when the provider reports them.
+    cache_creation_5m_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,6 +86,16 @@ class PromptTooLong(ProviderError):
 
 class InvalidRequest(ProviderError):
     pass
+
+
+class StreamInterrupted(ProviderError):
+    """The response stream ended before the message did (connection cut)."""
+
+    transient = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @runtime_checkable
