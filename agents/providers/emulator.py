@@ -514,6 +514,21 @@ class Emulator:
         usage.output_tokens = _output_tokens(content)
         return PendingResponse(self, f"msg_emu_{next(self._ids):08d}", prompt.model, content, usage, writes, fault)
 
+    def measure(self, payload: dict[str, Any]) -> Usage:
+        """Account a request whose answer comes from elsewhere (the offline model).
+
+        The same cache lookup, writes and errors as `begin`, with the response
+        counted as streaming at once; `output_tokens` is left to the caller.
+        """
+        started_at = self.clock.now()
+        prompt = analyse(payload)
+        if prompt.total_tokens > self.context_window:
+            raise invalid_request(f"prompt is too long: {prompt.total_tokens} tokens > {self.context_window} maximum")
+        with self._lock:
+            usage, writes = self._account(prompt, started_at)
+        self._commit(writes, self._entries)
+        return usage
+
     def create(self, payload: dict[str, Any]) -> dict[str, Any]:
         response = self.begin(payload)
         response.start()
