@@ -151,7 +151,9 @@ class EmulatorServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> EmulatorServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="emulator-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="emulator-http", daemon=True
+        )
         self._thread.start()
         return self
 
