@@ -503,3 +503,12 @@ def test_rule_openai_automatic_prefix_cache_needs_1024_tokens_and_hits_in_128_to
     assert again.cached_tokens >= 1024
     assert again.cached_tokens % 128 == 0
     assert again.cached_tokens <= first.prompt_tokens < again.cached_tokens + 128 + 16
+
+
+def test_rule_overloaded_can_arrive_mid_stream_as_an_error_event(emulator):
+    emulator.policy = ScriptedPolicy(["one two three four five six"])
+    emulator.inject(Fault("stream_overloaded", after_chars=9))
+    events = list(emulator.begin(cached_prefix_request()).sse_events())
+    assert events[-1] == ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+    assert "".join(d["delta"]["text"] for e, d in events if e == "content_block_delta") == "one two "
+    assert "message_stop" not in [e for e, _ in events]

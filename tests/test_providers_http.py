@@ -194,6 +194,16 @@ def test_anthropic_adapter_maps_529_to_overloaded(emulator, claude):
         run(claude, spec([say("hi")]))
 
 
+def test_anthropic_adapter_maps_a_mid_stream_overloaded_event_to_overloaded(emulator, claude):
+    emulator.policy = ScriptedPolicy(["one two three four"])
+    emulator.inject(Fault("stream_overloaded", after_chars=8))
+    seen = []
+    with pytest.raises(Overloaded):
+        for event in claude.stream(spec([say("hi")])):
+            seen.append(event)
+    assert seen == [TextDelta("one "), TextDelta("two ")]
+
+
 def test_anthropic_adapter_reports_a_cut_stream_as_interrupted(emulator, claude):
     emulator.policy = ScriptedPolicy(["one two three four"])
     emulator.inject(Fault("stream_cut", after_chars=4))

@@ -132,6 +132,14 @@ def test_retry_resumes_a_cut_anthropic_stream_without_duplicating_streamed_text(
     assert done.usage.prompt_tokens > emulator.count_tokens(request().as_payload())
 
 
+def test_retry_resumes_after_a_mid_stream_overloaded_event_without_duplicating_text(emulator, server, sleeps):
+    emulator.inject(Fault("stream_overloaded", after_chars=30))
+    deltas, done = collect(claude(server, sleeps))
+    assert "".join(deltas) == ANSWER
+    assert done.content == [{"type": "text", "text": ANSWER}]
+    assert sleeps == [0.5]
+
+
 def test_retry_replays_a_cut_openai_stream_skipping_what_was_streamed(emulator, server, sleeps):
     emulator.inject(Fault("stream_cut", after_chars=20))
     deltas, done = collect(gpt(server, sleeps))

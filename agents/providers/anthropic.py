@@ -42,8 +42,10 @@ class AnthropicProvider:
             events = self._client.messages.create(**payload, stream=True)
             yield from self._read(events)
         except anthropic.APIStatusError as exc:
+            # An `error` event inside a 200 stream carries its kind only in the body.
+            status = exc.status_code if exc.status_code >= 400 else _STATUS_BY_TYPE.get(_error_type(exc), 500)
             raise error_for_status(
-                exc.status_code, _error_message(exc), retry_after=parse_retry_after(exc.response.headers)
+                status, _error_message(exc), retry_after=parse_retry_after(exc.response.headers)
             ) from exc
         except (anthropic.APIConnectionError, *transport_errors()) as exc:
             raise StreamInterrupted(f"connection to the Anthropic API failed: {exc}") from exc
@@ -104,6 +106,20 @@ def usage_from_anthropic(usage: Any, output_tokens: int) -> Usage:
         cache_creation_5m_input_tokens=(split.ephemeral_5m_input_tokens if split else 0) or 0,
         cache_creation_1h_input_tokens=(split.ephemeral_1h_input_tokens if split else 0) or 0,
     )
+
+
+_STATUS_BY_TYPE = {
+    "invalid_request_error": 400,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
+def _error_type(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("type", "") if isinstance(error, dict) else ""
 
 
 def _error_message(exc: anthropic.APIStatusError) -> str:

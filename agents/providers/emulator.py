@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from agents.runtime.request import canonical_json
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
@@ -177,7 +177,12 @@ class ScriptedPolicy:
 
 @dataclass(frozen=True)
 class Fault:
-    """A failure to inject into the next request: rate_limit, overloaded or stream_cut."""
+    """A failure to inject into the next request.
+
+    `rate_limit` (429) and `overloaded` (529) refuse the request; `stream_cut` drops
+    the connection after `after_chars` characters of text; `stream_overloaded` sends
+    an `overloaded_error` event there instead, as the API does mid-stream.
+    """
 
     kind: str
     retry_after: float | None = None
@@ -740,7 +745,17 @@ class PendingResponse:
         }
 
     def sse_events(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """The Messages streaming events; raises StreamCut where a fault cuts the stream."""
+        """The Messages streaming events.
+
+        A `stream_cut` fault raises StreamCut where the connection drops; a
+        `stream_overloaded` fault sends the API's mid-stream `error` event there.
+        """
+        try:
+            yield from self._events()
+        except _StreamError as exc:
+            yield exc.event
+
+    def _events(self) -> Iterator[tuple[str, dict[str, Any]]]:
         self.start()
         start_usage = {**self.usage.as_anthropic(), "output_tokens": 1}
         yield (
@@ -750,7 +765,8 @@ class PendingResponse:
                 "message": {**self.message(), "content": [], "stop_reason": None, "usage": start_usage},
             },
         )
-        budget = self.fault.after_chars if self.fault and self.fault.kind == "stream_cut" else None
+        faulted = self.fault is not None and self.fault.kind in ("stream_cut", "stream_overloaded")
+        budget = self.fault.after_chars if faulted and self.fault is not None else None
         streamed = 0
         for index, block in enumerate(self.content):
             if block["type"] == "text":
@@ -760,7 +776,7 @@ class PendingResponse:
                 )
                 for chunk in _word_chunks(block["text"]):
                     if budget is not None and streamed + len(chunk) > budget:
-                        raise StreamCut(f"stream cut after {streamed} characters")
+                        self._interrupt(streamed)
                     streamed += len(chunk)
                     yield (
                         "content_block_delta",
@@ -768,7 +784,7 @@ class PendingResponse:
                     )
             else:
                 if budget is not None:
-                    raise StreamCut(f"stream cut after {streamed} characters")
+                    self._interrupt(streamed)
                 yield (
                     "content_block_start",
                     {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}},
@@ -785,7 +801,7 @@ class PendingResponse:
                     )
             yield "content_block_stop", {"type": "content_block_stop", "index": index}
         if budget is not None:
-            raise StreamCut(f"stream cut after {streamed} characters")
+            self._interrupt(streamed)
         yield (
             "message_delta",
             {
@@ -795,6 +811,19 @@ class PendingResponse:
             },
         )
         yield "message_stop", {"type": "message_stop"}
+
+    def _interrupt(self, streamed: int) -> NoReturn:
+        if self.fault is not None and self.fault.kind == "stream_overloaded":
+            raise _StreamError(
+                ("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+            )
+        raise StreamCut(f"stream cut after {streamed} characters")
+
+
+class _StreamError(Exception):
+    def __init__(self, event: tuple[str, dict[str, Any]]) -> None:
+        super().__init__(event[1]["error"]["message"])
+        self.event = event
 
 
 @dataclass
