@@ -8,6 +8,7 @@ being too long (compaction) and from its own mistakes (invalid request).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +24,10 @@ class Usage:
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
     output_tokens: int = 0
+    # The split of cache_creation_input_tokens by TTL, as the API reports it; the
+    # two add up to cache_creation_input_tokens when the provider reports them.
+    cache_creation_5m_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -84,6 +89,16 @@ class InvalidRequest(ProviderError):
     pass
 
 
+class StreamInterrupted(ProviderError):
+    """The response stream ended before the message did (connection cut)."""
+
+    transient = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 @runtime_checkable
 class Provider(Protocol):
     name: str
@@ -91,3 +106,18 @@ class Provider(Protocol):
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
         """Yield text deltas and tool-use blocks as they arrive, then one MessageDone."""
         ...
+
+
+_TOO_LONG = re.compile(r"prompt is too long: (\d+) tokens > (\d+) maximum")
+
+
+def error_for_status(status: int, message: str, *, retry_after: float | None = None) -> ProviderError:
+    """The typed error for an HTTP error status in the Anthropic API's conventions."""
+    if status == 429:
+        return RateLimited(message, retry_after=retry_after)
+    if status in (500, 502, 503, 504, 529):
+        return Overloaded(message, retry_after=retry_after)
+    too_long = _TOO_LONG.search(message)
+    if too_long:
+        return PromptTooLong(message, tokens=int(too_long.group(1)), maximum=int(too_long.group(2)))
+    return InvalidRequest(f"HTTP {status}: {message}")

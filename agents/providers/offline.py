@@ -3,6 +3,10 @@
 It says plainly what it is, answers by echoing what it understood, and calls a
 built-in tool when the user asks about the workspace, so a fresh installation can
 show a full turn (text, tool call, tool result, reply) with nothing configured.
+
+Its usage is accounted through the emulator's prompt cache (one per process), with
+the request's own breakpoints, so cache figures on the dashboard are what the real
+API would have reported for the same requests, not a flattering constant.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
-from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
+from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
+from agents.providers.emulator import ApiError, Emulator
 from agents.runtime.request import ModelRequestSpec
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
 
@@ -21,10 +27,31 @@ _WORKSPACE_WORDS = re.compile(r"\b(files?|workspace|directory|folder|ls)\b", re.
 _LISTING_TOOL = "list_dir"
 
 
+_shared: Emulator | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_emulator() -> Emulator:
+    """The process's cache for offline runs: a worker's requests share it, as they would share the API's."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Emulator()
+        return _shared
+
+
 class OfflineProvider:
     name = "offline"
 
+    def __init__(self, *, emulator: Emulator | None = None) -> None:
+        self._emulator = emulator
+
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
+        emulator = self._emulator or shared_emulator()
+        try:
+            cache_usage = emulator.measure(request.as_payload())
+        except ApiError as exc:
+            raise error_for_status(exc.status, exc.message) from exc
         last = request.messages[-1] if request.messages else {"role": "user", "content": []}
         results = [block for block in last["content"] if block.get("type") == "tool_result"]
         wants_listing = False
@@ -48,7 +75,14 @@ class OfflineProvider:
         yield MessageDone(
             content=content,
             stop_reason="tool_use" if wants_listing else "end_turn",
-            usage=Usage(input_tokens=estimate_json_tokens(request.as_payload()), output_tokens=output_tokens),
+            usage=Usage(
+                input_tokens=cache_usage.input_tokens,
+                cache_creation_input_tokens=cache_usage.cache_creation_input_tokens,
+                cache_read_input_tokens=cache_usage.cache_read_input_tokens,
+                cache_creation_5m_input_tokens=cache_usage.cache_creation_5m,
+                cache_creation_1h_input_tokens=cache_usage.cache_creation_1h,
+                output_tokens=output_tokens,
+            ),
         )
 
     @staticmethod

@@ -11,7 +11,31 @@ class UnknownProvider(ValueError):
 
 
 def get_provider(name: str) -> Provider:
+    """The named provider, configured from settings; network providers retry transient failures.
+
+    The model name is not read here: runs record `settings.CC_MODEL` when they are
+    created and the request carries it, so an old run keeps the model it started with.
+    """
     if name == "offline":
         return OfflineProvider()
-    # The Anthropic and OpenAI-compatible adapters arrive with the provider-layer issue.
+    from django.conf import settings
+
+    from agents.providers.retry import RetryingProvider
+
+    if name == "anthropic":
+        from agents.providers.anthropic import AnthropicProvider
+
+        if not settings.ANTHROPIC_API_KEY:
+            raise UnknownProvider("Provider 'anthropic' needs ANTHROPIC_API_KEY.")
+        return RetryingProvider(
+            AnthropicProvider(api_key=settings.ANTHROPIC_API_KEY, base_url=settings.ANTHROPIC_BASE_URL or None)
+        )
+    if name == "openai":
+        from agents.providers.openai_compat import OpenAICompatProvider
+
+        if not (settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL):
+            raise UnknownProvider("Provider 'openai' needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server.")
+        return RetryingProvider(
+            OpenAICompatProvider(api_key=settings.OPENAI_API_KEY or None, base_url=settings.OPENAI_BASE_URL or None)
+        )
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")

@@ -2,13 +2,45 @@
 
 Serialization is deterministic (sorted keys, no whitespace) so that equal
 prefixes are equal bytes, which is what a prompt cache keys on (TD-11).
+
+Cache breakpoints are carried beside the blocks (`cache_points`), not inside
+them, so the runtime can move its rolling markers without touching the blocks it
+already sent; `as_payload()` renders them as `cache_control` on the named blocks.
+Tools may carry `defer_loading: true`: sent, but not part of the cached prefix
+until a `tool_reference` block in a tool result loads them (TD-11).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+CacheTTL = Literal["5m", "1h"]
+_TTLS = ("5m", "1h")
+
+
+@dataclass(frozen=True)
+class CachePoint:
+    """A breakpoint: cache the prefix up to and including one block.
+
+    `section` is "tools", "system" or "messages"; `index` is the tool, system block
+    or message index; `block` is the content-block index inside a message (-1 = its
+    last block). `label` is what the run records (e.g. "tools", "previous_turn").
+    """
+
+    section: Literal["tools", "system", "messages"]
+    index: int
+    block: int = -1
+    ttl: CacheTTL = "5m"
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.section not in ("tools", "system", "messages"):
+            raise ValueError(f"cache point section must be tools, system or messages, not {self.section!r}")
+        if self.ttl not in _TTLS:
+            raise ValueError(f"cache point ttl must be one of {_TTLS}, not {self.ttl!r}")
 
 
 @dataclass
@@ -19,20 +51,56 @@ class ModelRequestSpec:
     messages: list[dict[str, Any]]
     max_tokens: int = 4096
     breakpoints: list[str] = field(default_factory=list)
+    cache_points: list[CachePoint] = field(default_factory=list)
 
     def as_payload(self) -> dict[str, Any]:
+        system, tools, messages = self.system, self.tools, self.messages
+        if self.cache_points:
+            # Copies: the caller's history must stay exactly as it was sent (TD-11).
+            system, tools, messages = copy.deepcopy((system, tools, messages))
+            for point in self.cache_points:
+                _target_block(point, tools=tools, system=system, messages=messages)["cache_control"] = _cache_control(
+                    point.ttl
+                )
         payload: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
-            "system": self.system,
-            "messages": self.messages,
+            "system": system,
+            "messages": messages,
         }
-        if self.tools:
-            payload["tools"] = self.tools
+        if tools:
+            payload["tools"] = tools
         return payload
 
     def serialize(self) -> bytes:
         return canonical_json(self.as_payload())
+
+    def breakpoint_labels(self) -> list[str]:
+        return [point.label or f"{point.section}[{point.index}]:{point.ttl}" for point in self.cache_points]
+
+
+def _cache_control(ttl: CacheTTL) -> dict[str, str]:
+    # "5m" is the API's default; spelling it out keeps both forms from meaning one thing twice.
+    return {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+
+
+def _target_block(
+    point: CachePoint, *, tools: list[dict[str, Any]], system: list[dict[str, Any]], messages: list[dict[str, Any]]
+) -> dict[str, Any]:
+    try:
+        if point.section == "tools":
+            return tools[point.index]
+        if point.section == "system":
+            return system[point.index]
+        message = messages[point.index]
+    except IndexError:
+        raise ValueError(f"cache point {point} names a block that does not exist") from None
+    if isinstance(message["content"], str):
+        message["content"] = [text_block(message["content"])]
+    try:
+        return message["content"][point.block]
+    except IndexError:
+        raise ValueError(f"cache point {point} names a block that does not exist") from None
 
 
 def canonical_json(value: Any) -> bytes:
