@@ -8,6 +8,7 @@ and said, never silently dropped. Large kept output goes to the scratchpad (SP-1
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -115,10 +116,8 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 TOOLS = [builtin("bash", bash)]
