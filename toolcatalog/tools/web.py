@@ -52,11 +52,11 @@ def _why_forbidden(address: IPAddress) -> str | None:
     if any(address in network for network in _allowed_networks()):
         return None
     for label, flag in (
+        ("unspecified", address.is_unspecified),
         ("loopback", address.is_loopback),
         ("link-local", address.is_link_local),
-        ("private", address.is_private),
         ("multicast", address.is_multicast),
-        ("unspecified", address.is_unspecified),
+        ("private", address.is_private),
         ("reserved", address.is_reserved),
     ):
         if flag:
