@@ -10,11 +10,15 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from rest_framework.authtoken.models import Token
 
-from tests.mcp_servers.fixtures import server_url, workspaces  # noqa: F401 - fixtures
+from tests.mcp_servers import fixtures as live
 from toolcatalog.builtins import BUILTINS
 from toolcatalog.mcp_server import SEARCH_TOOL, mcp_tool_list, rank_tools
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# The live ASGI server (uvicorn in a thread) and the workspace root it uses.
+server_url = live.server_url
+workspaces = live.workspaces
 
 
 @pytest.fixture

@@ -8,12 +8,16 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
-from tests.mcp_servers.fixtures import server_url, workspaces  # noqa: F401 - fixtures
+from tests.mcp_servers import fixtures as live
 from toolcatalog.builtins import BUILTINS
 from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
 from toolcatalog.mcp_server import SEARCH_TOOL
 
 WEATHER_SERVER = Path(__file__).parent / "mcp_servers" / "weather_server.py"
+
+# The live ASGI server (uvicorn in a thread) and the workspace root it uses.
+server_url = live.server_url
+workspaces = live.workspaces
 
 
 def _weather() -> McpServerSpec:
