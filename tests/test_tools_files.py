@@ -6,8 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from toolcatalog.builtins import BUILTINS, WorkspaceToolBox
+from toolcatalog.tools.base import ToolContext, ToolFailure
 from toolcatalog.tools.search import MAX_MATCH_LINES
 
 
@@ -232,3 +235,30 @@ def test_every_builtin_uses_the_reference_catalog_definition():
         }
     assert BUILTINS["bash"].requires_approval is True
     assert BUILTINS["bash"].catalog_record()["requires_approval"] is True
+
+
+@pytest.mark.req("RN-5")
+def test_writing_through_a_dangling_symlink_cannot_create_a_file_outside(box, workspace, outside):
+    (workspace / "dangling").symlink_to(outside / "created-by-model.txt")
+    refused = box.execute("write_file", {"path": "dangling", "content": "x"})
+    assert refused["ok"] is False and "outside the workspace" in refused["error"]
+    assert not (outside / "created-by-model.txt").exists()
+
+
+@pytest.mark.req("RN-5")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    relative=st.lists(
+        st.sampled_from(["a", "b", ".", "..", "/", "\\", "~", "$HOME", " ", "\x00", "link"]), max_size=12
+    ).map("".join)
+)
+def test_any_path_string_resolves_inside_the_workspace_or_is_refused(relative, workspace, outside):
+    link = workspace / "link"
+    if not link.is_symlink():
+        link.symlink_to(outside, target_is_directory=True)
+    context = ToolContext(workspace)
+    try:
+        resolved = context.path(relative)
+    except ToolFailure:
+        return
+    assert resolved == workspace.resolve() or workspace.resolve() in resolved.parents

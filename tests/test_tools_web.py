@@ -164,3 +164,24 @@ def test_only_http_urls_are_fetched(box):
     for url in ["file:///etc/passwd", "ftp://example.com/", "gopher://x/"]:
         refused = box.execute("fetch_url", {"url": url})
         assert refused["ok"] is False and "http" in refused["error"]
+
+
+@pytest.mark.req("RN-5")
+def test_a_malformed_allowlist_setting_stops_the_server_from_starting(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CC_FETCH_ALLOWED_NETWORKS": "10.0.0.0/8,not-a-network", "CC_VAR_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-c", "import controlcenter.settings"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "CC_FETCH_ALLOWED_NETWORKS" in result.stderr and "not-a-network" in result.stderr
