@@ -77,6 +77,8 @@ def test_bad_memory_input_is_refused_and_nothing_is_stored(alice_box):
         {"content": "x", "expires_at": past},
         {"content": "x", "scope": "everyone"},
         {"content": 42},
+        {"content": "x" * 10_001},
+        {"content": "x", "source": "s" * 501},
     ]:
         observation = alice_box.execute("save_memory", arguments)
         assert observation["ok"] is False and observation["error"], arguments
@@ -127,6 +129,7 @@ def test_bad_task_list_input_is_refused_and_nothing_changes(alice_box):
         ("todo_update", {"id": item_id}),
         ("todo_update", {"id": item_id, "status": "done"}),
         ("todo_update", {"id": "abc", "status": "completed"}),
+        ("todo_update", {"id": "9" * 40, "status": "completed"}),
         ("todo_update", {"id": item_id, "content": " "}),
     ]:
         observation = alice_box.execute(name, arguments)

@@ -98,3 +98,13 @@ def test_bash_does_not_see_the_servers_secrets(box, monkeypatch):
 def test_bash_refuses_an_empty_command_and_a_timeout_out_of_range(box):
     assert "empty" in box.execute("bash", {"command": "   "})["error"]
     assert "timeout_seconds" in box.execute("bash", {"command": "true", "timeout_seconds": 0})["error"]
+
+
+@pytest.mark.req("RN-5")
+def test_a_background_child_holding_the_pipes_does_not_hang_the_call(box, tmp_path):
+    started = time.monotonic()
+    observation = box.execute("bash", {"command": "echo hi; (sleep 30; touch late.txt) &"})
+    assert time.monotonic() - started < 10
+    assert observation["ok"] is True and observation["stdout"] == "hi\n"
+    time.sleep(0.2)
+    assert not (tmp_path / "late.txt").exists()

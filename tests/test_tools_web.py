@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -31,6 +32,15 @@ class _Handler(BaseHTTPRequestHandler):
             "/image": (200, "image/png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 100),
             "/missing": (404, "text/plain", b"no such page"),
         }
+        if self.path == "/drip":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            for _ in range(40):
+                self.wfile.write(b"z" * 10)
+                self.wfile.flush()
+                time.sleep(0.1)
+            return
         if self.path.startswith("/redirect?to="):
             self.send_response(302)
             self.send_header("Location", self.path.split("=", 1)[1])
@@ -185,3 +195,11 @@ def test_a_malformed_allowlist_setting_stops_the_server_from_starting(tmp_path):
     )
     assert result.returncode != 0
     assert "CC_FETCH_ALLOWED_NETWORKS" in result.stderr and "not-a-network" in result.stderr
+
+
+@pytest.mark.req("RN-5")
+def test_a_server_dripping_bytes_cannot_hold_the_tool_past_its_timeout(box, server, loopback_allowed):
+    started = time.monotonic()
+    slow = box.execute("fetch_url", {"url": _url(server, "/drip"), "timeout_seconds": 1})
+    assert time.monotonic() - started < 3
+    assert slow["ok"] is False and "within 1 s" in slow["error"]

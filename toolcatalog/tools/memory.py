@@ -20,6 +20,8 @@ from toolcatalog.models import Memory
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 
 DEFAULT_LIMIT = 10
+MAX_MEMORY_CHARS = 10_000
+MAX_SOURCE_CHARS = 500
 _MAX_QUERY_WORDS = 32
 
 
@@ -31,6 +33,12 @@ def save_memory(arguments: dict[str, Any], context: ToolContext) -> Observation:
     content = arguments["content"].strip()
     if not content:
         raise ToolFailure("content is empty; write the fact to remember.")
+    if len(content) > MAX_MEMORY_CHARS:
+        raise ToolFailure(
+            f"content has {len(content)} characters; a memory holds at most {MAX_MEMORY_CHARS}. Save one fact."
+        )
+    if len(arguments.get("source", "")) > MAX_SOURCE_CHARS:
+        raise ToolFailure(f"source is longer than {MAX_SOURCE_CHARS} characters; give an id, key or URL.")
     expires_at = None
     if arguments.get("expires_at"):
         expires_at = parse_datetime(arguments["expires_at"])
@@ -46,7 +54,7 @@ def save_memory(arguments: dict[str, Any], context: ToolContext) -> Observation:
         scope=arguments.get("scope", Memory.Scope.USER),
         content=content,
         tags=list(dict.fromkeys(tag.strip() for tag in arguments.get("tags", []) if tag.strip())),
-        source=arguments.get("source", "")[:500],
+        source=arguments.get("source", ""),
         expires_at=expires_at,
     )
     return {"ok": True, "id": memory.pk, "scope": memory.scope, "tags": memory.tags, "saved": memory.content}

@@ -57,7 +57,8 @@ def todo_update(arguments: dict[str, Any], context: ToolContext) -> Observation:
     if "status" not in arguments and "content" not in arguments:
         raise ToolFailure("Give a new status or new content; todo_update with only an id changes nothing.")
     raw_id = arguments["id"]
-    item = task_list(context).filter(pk=int(raw_id)).first() if raw_id.strip().isdigit() else None
+    valid = raw_id.strip().isdigit() and len(raw_id.strip()) <= 18
+    item = task_list(context).filter(pk=int(raw_id)).first() if valid else None
     if item is None:
         raise ToolFailure(f"There is no task-list item {raw_id!r} in this list; todo_list shows the ids.")
     if "content" in arguments:

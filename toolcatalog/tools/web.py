@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 import socket
+import time
 from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any
@@ -72,7 +73,8 @@ def check_destination(url: httpx.URL, resolver: Resolver) -> str:
         raise ToolFailure(f"URL {str(url)!r} has no host.")
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        addresses = [url.host] if ipaddress.ip_address(url.host) else []
+        ipaddress.ip_address(url.host)
+        addresses = [url.host]
     except ValueError:
         addresses = resolver(url.host, port)
     if not addresses:
@@ -154,6 +156,8 @@ def fetch(
     """GET `url` hop by hop, checking every destination; returns (response, body, truncated, redirects)."""
     redirects: list[str] = []
     current = httpx.URL(url)
+    # httpx's timeout is per read; a server dripping bytes must not hold the tool past `timeout`.
+    deadline = time.monotonic() + timeout
     with httpx.Client(trust_env=False, follow_redirects=False, timeout=timeout) as client:
         for _ in range(MAX_REDIRECTS + 1):
             address = check_destination(current, resolver)
@@ -169,6 +173,8 @@ def fetch(
                 body = bytearray()
                 truncated = False
                 for chunk in response.iter_bytes():
+                    if time.monotonic() > deadline:
+                        raise ToolFailure(f"{url!r} did not finish sending within {timeout} s.")
                     body.extend(chunk)
                     if len(body) > max_bytes:
                         truncated = True
