@@ -155,3 +155,17 @@ def test_tools_call_keeps_the_approval_rule_and_refuses_unknown_tools(server_url
     assert not any(workspaces.rglob("ran.txt"))
     assert unknown.is_error is True and "no tool named 'drop_database'" in unknown.structured_content["error"]
     assert invalid.is_error is True and "content" in invalid.structured_content["error"]
+
+
+@pytest.mark.req("RN-3")
+def test_a_foreign_host_header_and_an_oversized_body_are_refused(server_url, alice_token):
+    headers = {
+        "Authorization": f"Bearer {alice_token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    rebound = httpx.post(server_url, json=body, headers={**headers, "Host": "evil.example"}, timeout=10)
+    assert rebound.status_code in (400, 421)
+    huge = httpx.post(server_url, content=b"[" + b" " * (5 * 1024 * 1024) + b"]", headers=headers, timeout=30)
+    assert huge.status_code == 413

@@ -161,3 +161,19 @@ def test_output_actions_return_the_final_answer_and_report(alice_box, tmp_path):
     assert missing["ok"] is False and "nope.csv" in missing["error"]
     assert alice_box.execute("final_answer", {"text": " "})["ok"] is False
     assert "status" in alice_box.execute("submit_report", {"title": "a", "summary": "b"})["error"]
+
+
+@pytest.mark.req("RN-5")
+def test_postgresql_matches_word_forms_and_sqlite_matches_substrings(alice_box):
+    from django.db import connection
+
+    alice_box.execute("save_memory", {"content": "We deploy on Fridays."})
+    found = alice_box.execute("search_memory", {"query": "deploying"})
+    if connection.vendor == "postgresql":
+        # English stemming: 'deploying' and 'deploy' share the lexeme 'deploy'.
+        assert [m["content"] for m in found["memories"]] == ["We deploy on Fridays."]
+        assert found["memories"][0]["score"] > 0
+    else:
+        # The embedded fallback matches the query word inside the text, not its stem.
+        assert found["count"] == 0
+        assert alice_box.execute("search_memory", {"query": "deploy"})["count"] == 1
