@@ -88,7 +88,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
             model=run.model,
             system=[text_block(SYSTEM_PROMPT)],
             history=history,
-            toolbox=WorkspaceToolBox(workspace_root(run.conversation_id)),
+            toolbox=WorkspaceToolBox(workspace_root(run.conversation_id), conversation_id=run.conversation_id),
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
         )

@@ -17,6 +17,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from agents.events import register_server_loop  # noqa: E402
 from controlcenter.mode import log_mode  # noqa: E402
 from controlcenter.routing import websocket_urlpatterns  # noqa: E402
+from toolcatalog.mcp_server import mcp_endpoint  # noqa: E402
 
 log_mode()
 
@@ -37,6 +38,11 @@ async def application(scope, receive, send):  # noqa: ANN001, ANN201
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                await mcp_endpoint.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    if scope["type"] == "http" and mcp_endpoint.handles(scope["path"]):
+        # The MCP endpoint (Streamable HTTP) is the SDK's ASGI app, not a Django view.
+        await mcp_endpoint(scope, receive, send)
+        return
     await router(scope, receive, send)

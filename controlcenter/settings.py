@@ -204,3 +204,20 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_choice("LOG_LEVEL", ["DEBUG", "INFO", "WARNING", "ERROR"], "INFO")},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }
+
+# --- built-in tools (RN-5) ---------------------------------------------------------
+# Bytes of stdout and of stderr kept per bash call; the rest is counted, not kept.
+CC_BASH_OUTPUT_CAP_BYTES = env_int("CC_BASH_OUTPUT_CAP_BYTES", 1_000_000, minimum=1024)
+CC_BASH_MAX_TIMEOUT_SECONDS = env_int("CC_BASH_MAX_TIMEOUT_SECONDS", 1800, minimum=1)
+CC_FETCH_MAX_BYTES = env_int("CC_FETCH_MAX_BYTES", 2_000_000, minimum=1024)
+# CIDRs fetch_url may reach although they are loopback/private/link-local (e.g. "10.1.0.0/16").
+CC_FETCH_ALLOWED_NETWORKS = env_list("CC_FETCH_ALLOWED_NETWORKS", [])
+# Tools that run without a person's approval although they require it (e.g. "bash"); empty by default.
+CC_TOOL_AUTO_APPROVE = env_list("CC_TOOL_AUTO_APPROVE", [])
+for _network in CC_FETCH_ALLOWED_NETWORKS:
+    try:
+        __import__("ipaddress").ip_network(_network, strict=False)
+    except ValueError as _exc:
+        raise ImproperEnvironment(
+            f"CC_FETCH_ALLOWED_NETWORKS has {_network!r}, which is not a network: {_exc}"
+        ) from None

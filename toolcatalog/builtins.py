@@ -1,76 +1,54 @@
-"""Built-in tool implementations, run inside a conversation's workspace.
+"""The built-in tool registry and the runtime's ToolBox over one workspace.
 
-Each tool takes its validated arguments and the workspace root and returns an
-observation dict; a failure is an observation with `ok: false` and an `error`
-that says what was wrong, never an exception that reaches the runtime.
+The implementations live in `toolcatalog.tools` (one module per family); this module
+keeps the names the rest of the code imports: `BUILTINS`, `BuiltinTool`,
+`WorkspaceToolBox`. Tool failures are observations (`ok: false`), never exceptions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolcatalog.workspace import PathEscapesWorkspace, resolve_inside
+from django.conf import settings
 
-Observation = dict[str, Any]
+from toolcatalog.tools import BuiltinTool, Observation, ToolContext, registry
 
+__all__ = ["BUILTINS", "BuiltinTool", "Observation", "ToolContext", "WorkspaceToolBox"]
 
-@dataclass(frozen=True)
-class BuiltinTool:
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    run: Callable[[dict[str, Any], Path], Observation]
+BUILTINS: dict[str, BuiltinTool] = registry()
 
-    def definition(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+# Decides whether a call of a tool that requires approval may run: (name, arguments) -> bool.
+Approver = Callable[[str, dict[str, Any]], bool]
 
 
-def _list_dir(arguments: dict[str, Any], root: Path) -> Observation:
-    relative = arguments.get("path", ".")
-    if not isinstance(relative, str):
-        return {"ok": False, "error": "path must be a string."}
-    try:
-        target = resolve_inside(root, relative)
-    except PathEscapesWorkspace as exc:
-        return {"ok": False, "error": str(exc)}
-    if not target.is_dir():
-        return {"ok": False, "error": f"{relative!r} is not a directory in the workspace."}
-    entries = [
-        {
-            "name": child.name,
-            "type": "dir" if child.is_dir() else "file",
-            "size": child.stat().st_size if child.is_file() else None,
-        }
-        for child in sorted(target.iterdir(), key=lambda p: p.name)
-    ]
-    return {"ok": True, "path": relative, "entries": entries}
-
-
-BUILTINS: dict[str, BuiltinTool] = {
-    tool.name: tool
-    for tool in [
-        BuiltinTool(
-            name="list_dir",
-            description="List the entries of a directory in the conversation workspace, with their type and size.",
-            input_schema={
-                "type": "object",
-                "properties": {"path": {"type": "string", "description": "Workspace-relative directory. Default '.'."}},
-            },
-            run=_list_dir,
-        ),
-    ]
-}
+def auto_approved(name: str, arguments: dict[str, Any]) -> bool:
+    """The default approver: only tools an operator listed in CC_TOOL_AUTO_APPROVE."""
+    return name in settings.CC_TOOL_AUTO_APPROVE
 
 
 class WorkspaceToolBox:
-    """The runtime's ToolBox over the built-in tools of one conversation workspace."""
+    """The runtime's ToolBox over the built-in tools of one conversation workspace.
 
-    def __init__(self, root: Path, tools: dict[str, BuiltinTool] | None = None) -> None:
-        self.root = root
+    `conversation_id` (or `user_id`, for the MCP workspace) scopes memory and the task
+    list. A tool that requires approval (bash by default) runs only if `approve` says
+    yes; until approvals pause runs (RN-4) the refusal is an observation that says so.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        tools: dict[str, BuiltinTool] | None = None,
+        *,
+        conversation_id: int | None = None,
+        user_id: int | None = None,
+        approve: Approver | None = None,
+    ) -> None:
+        self.root = Path(root)
         self.tools = BUILTINS if tools is None else tools
+        self.context = ToolContext(root=self.root, conversation_id=conversation_id, user_id=user_id)
+        self.approve = approve or auto_approved
 
     def schemas(self) -> list[dict[str, Any]]:
         return [self.tools[name].definition() for name in sorted(self.tools)]
@@ -79,4 +57,10 @@ class WorkspaceToolBox:
         tool = self.tools.get(name)
         if tool is None:
             return {"ok": False, "error": f"There is no tool named {name!r} in this run."}
-        return tool.run(arguments, self.root)
+        if tool.requires_approval and not self.approve(name, arguments):
+            return {
+                "ok": False,
+                "error": f"{name} requires approval and this call was not approved; it did not run.",
+                "approval_required": True,
+            }
+        return tool.call(arguments, self.context)

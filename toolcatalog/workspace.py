@@ -25,3 +25,10 @@ def resolve_inside(root: Path, relative: str) -> Path:
     if candidate != root and root not in candidate.parents:
         raise PathEscapesWorkspace(f"{relative!r} points outside the workspace.")
     return candidate
+
+
+def mcp_workspace_root(user_id: int) -> Path:
+    """The workspace of one user's MCP calls: outside any conversation, never shared between users."""
+    root = Path(settings.CC_WORKSPACE_ROOT) / f"mcp-user-{user_id}"
+    root.mkdir(parents=True, exist_ok=True)
+    return root.resolve()

@@ -1,0 +1,107 @@
+"""Read the tool list of an external MCP server (stdio or Streamable HTTP) as plain records.
+
+This module only connects and lists; persisting the records (a group named after the
+server, names namespaced on collision) belongs to the catalog's import service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import httpx2
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+DEFAULT_TIMEOUT_SECONDS = 30.0
+_MAX_PAGES = 100
+
+
+class McpImportError(Exception):
+    """The server could not be reached or did not answer tools/list; the message says why."""
+
+
+@dataclass(frozen=True)
+class McpServerSpec:
+    """How to reach one MCP server. `stdio`: `command` + `args`; `http`: `url` (+ `headers`)."""
+
+    name: str
+    transport: Literal["stdio", "http"]
+    command: str = ""
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
+class ImportedTool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    server: str
+
+
+def _client(spec: McpServerSpec) -> tuple[Client, httpx2.AsyncClient | None]:
+    if spec.transport == "stdio":
+        if not spec.command:
+            raise McpImportError(f"MCP server {spec.name!r}: a stdio server needs a command.")
+        parameters = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env or None, cwd=spec.cwd)
+        return Client(parameters, read_timeout_seconds=spec.timeout_seconds), None
+    if spec.transport == "http":
+        if not spec.url.startswith(("http://", "https://")):
+            raise McpImportError(f"MCP server {spec.name!r}: an http server needs an http(s) URL, got {spec.url!r}.")
+        http = httpx2.AsyncClient(headers=spec.headers, timeout=spec.timeout_seconds, trust_env=False)
+        transport = streamable_http_client(spec.url, http_client=http)
+        return Client(transport, read_timeout_seconds=spec.timeout_seconds), http
+    raise McpImportError(f"MCP server {spec.name!r}: unknown transport {spec.transport!r} (use stdio or http).")
+
+
+async def list_server_tools_async(spec: McpServerSpec) -> list[ImportedTool]:
+    client, http = _client(spec)
+    tools: list[ImportedTool] = []
+    try:
+        with anyio.fail_after(spec.timeout_seconds * 2):
+            async with client:
+                cursor: str | None = None
+                for _ in range(_MAX_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    tools.extend(
+                        ImportedTool(
+                            name=tool.name,
+                            description=tool.description or "",
+                            input_schema=dict(tool.input_schema or {"type": "object"}),
+                            server=spec.name,
+                        )
+                        for tool in page.tools
+                    )
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+    except McpImportError:
+        raise
+    except TimeoutError as exc:
+        raise McpImportError(f"MCP server {spec.name!r} did not answer tools/list in time.") from exc
+    except Exception as exc:
+        raise McpImportError(f"MCP server {spec.name!r}: {_describe(exc)}") from exc
+    finally:
+        if http is not None:
+            await http.aclose()
+    return tools
+
+
+def list_server_tools(spec: McpServerSpec) -> list[ImportedTool]:
+    """Connect to `spec`, list every tool (all pages), and disconnect. Raises McpImportError."""
+    return anyio.run(list_server_tools_async, spec)
+
+
+def _describe(exc: BaseException) -> str:
+    # Task groups wrap the real failure; name the innermost one.
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return f"cannot start the server command: {exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

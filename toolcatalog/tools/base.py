@@ -1,0 +1,153 @@
+"""What every built-in tool shares: its definition, its context, and how it is called.
+
+A tool is a plain function `(arguments, context) -> observation`. `BuiltinTool.call`
+validates the arguments against the tool's JSON schema first and turns anything the
+function raises into an observation, so the runtime and the MCP endpoint only ever
+see `{"ok": false, "error": "..."}` for a failure, never an exception (RN-5).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from toolcatalog.workspace import PathEscapesWorkspace, resolve_inside
+
+logger = logging.getLogger(__name__)
+
+Observation = dict[str, Any]
+_DEFINITIONS_FILE = Path(__file__).with_name("definitions.json")
+
+
+class ToolFailure(Exception):
+    """Raised inside a tool for a failure the caller caused; becomes an error observation."""
+
+
+def fail(message: str, **extra: Any) -> Observation:
+    return {"ok": False, "error": message, **extra}
+
+
+@dataclass
+class ToolContext:
+    """Where a tool runs: the workspace root, and whose conversation (or MCP user) it serves."""
+
+    root: Path
+    conversation_id: int | None = None
+    user_id: int | None = None
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root).resolve()
+
+    def path(self, relative: str, *, what: str = "path") -> Path:
+        """A workspace path, or ToolFailure naming why it is refused (`..`, absolute, symlink out)."""
+        if not isinstance(relative, str) or relative == "":
+            raise ToolFailure(f"{what} must be a non-empty workspace-relative path.")
+        if "\x00" in relative:
+            raise ToolFailure(f"{what} contains a NUL byte.")
+        try:
+            return resolve_inside(self.root, relative)
+        except PathEscapesWorkspace as exc:
+            raise ToolFailure(str(exc)) from exc
+
+    def relative(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix() or "."
+
+    def owner_id(self) -> int:
+        """The user whose memories and task list this call touches."""
+        if self.user_id is not None:
+            return self.user_id
+        if self.conversation_id is not None:
+            from conversations.models import Conversation
+
+            owner = Conversation.objects.filter(pk=self.conversation_id).values_list("owner_id", flat=True).first()
+            if owner is None:
+                raise ToolFailure(f"Conversation {self.conversation_id} does not exist any more.")
+            self.user_id = owner
+            return owner
+        raise ToolFailure("This tool needs a conversation or a user; the toolbox was built with neither.")
+
+
+ToolFunction = Callable[[dict[str, Any], ToolContext], Observation]
+
+
+@dataclass(frozen=True)
+class BuiltinTool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    run: ToolFunction
+    group: str = ""
+    resident: bool = False
+    requires_approval: bool = False
+    side_effects: str = "none"
+    _validator: Any = field(default=None, repr=False, compare=False)
+
+    def definition(self) -> dict[str, Any]:
+        """The schema offered to a model (provider-neutral: name, description, input_schema)."""
+        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+
+    def catalog_record(self) -> dict[str, Any]:
+        """The tool in the format of shared/data/toolcatalog.json, approval flag included."""
+        return {
+            **self.definition(),
+            "group": self.group,
+            "resident": self.resident,
+            "requires_approval": self.requires_approval,
+            "side_effects": self.side_effects,
+        }
+
+    def validation_error(self, arguments: Any) -> str | None:
+        if not isinstance(arguments, dict):
+            return f"{self.name} takes an object of arguments, got {type(arguments).__name__}."
+        validator = self._validator or Draft202012Validator(self.input_schema)
+        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        if not errors:
+            return None
+        first = errors[0]
+        where = ".".join(str(part) for part in first.absolute_path) or "arguments"
+        return f"Invalid arguments for {self.name}: {where}: {first.message}"
+
+    def call(self, arguments: Any, context: ToolContext | Path) -> Observation:
+        """Validate, run, and turn every failure into an observation."""
+        if not isinstance(context, ToolContext):
+            context = ToolContext(root=Path(context))
+        problem = self.validation_error(arguments)
+        if problem:
+            return fail(problem)
+        try:
+            return self.run(arguments, context)
+        except ToolFailure as exc:
+            return fail(str(exc))
+        except Exception as exc:
+            logger.exception("built-in tool %s failed", self.name)
+            return fail(f"{self.name} failed unexpectedly: {type(exc).__name__}: {exc}")
+
+
+@cache
+def reference_definitions() -> dict[str, dict[str, Any]]:
+    """Names, groups, descriptions and schemas copied from the reference catalog."""
+    data = json.loads(_DEFINITIONS_FILE.read_text(encoding="utf-8"))
+    return {tool["name"]: tool for tool in data["tools"]}
+
+
+def builtin(name: str, run: ToolFunction) -> BuiltinTool:
+    """A BuiltinTool whose definition comes from the reference catalog entry of `name`."""
+    spec = reference_definitions()[name]
+    return BuiltinTool(
+        name=name,
+        description=spec["description"],
+        input_schema=spec["input_schema"],
+        run=run,
+        group=spec.get("group", ""),
+        resident=bool(spec.get("resident", False)),
+        requires_approval=bool(spec.get("requires_approval", False)),
+        side_effects=spec.get("side_effects", "none"),
+        _validator=Draft202012Validator(spec["input_schema"]),
+    )
