@@ -23,8 +23,12 @@ from toolcatalog.surface import ToolRecord
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--catalog", required=True, help="toolcatalog.json, ToolRet tools.json or MetaTool plugin_des.json")
-    parser.add_argument("--queries", help="JSONL (id, query, gold, difficulty), ToolRet queries.json or MetaTool queries")
+    parser.add_argument(
+        "--catalog", required=True, help="toolcatalog.json, ToolRet tools.json or MetaTool plugin_des.json"
+    )
+    parser.add_argument(
+        "--queries", help="JSONL (id, query, gold, difficulty), ToolRet queries.json or MetaTool queries"
+    )
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--synthetic", type=int, default=0, help="grow the catalog to this many tools (latency)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N queries")
@@ -37,7 +41,10 @@ def load_tools(path: Path) -> list[ToolRecord]:
     if isinstance(data, list) and data and "documentation" in data[0]:
         return [_toolret_record(item) for item in data]
     if isinstance(data, dict):
-        return [ToolRecord(name=name, group="", description=text, input_schema={"type": "object"}) for name, text in data.items()]
+        return [
+            ToolRecord(name=name, group="", description=text, input_schema={"type": "object"})
+            for name, text in data.items()
+        ]
     raise SystemExit(f"{path}: not a catalog format this benchmark knows")
 
 
@@ -65,10 +72,7 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
     data = json.loads(text)
     queries = []
     for i, item in enumerate(data):
-        if "labels" in item:
-            gold = [label["id"] for label in item["labels"]]
-        else:
-            gold = list(item["tool"])
+        gold = [label["id"] for label in item["labels"]] if "labels" in item else list(item["tool"])
         queries.append({"id": item.get("id", str(i)), "query": item["query"], "gold": gold})
     return queries
 

@@ -155,4 +155,6 @@ def records_from_catalog(data: dict[str, Any]) -> list[ToolRecord]:
 
 
 def dump_catalog(groups: list[str], tools: list[dict[str, Any]]) -> str:
-    return json.dumps({"version": FORMAT_VERSION, "groups": groups, "tools": tools}, indent=2, ensure_ascii=False) + "\n"
+    return (
+        json.dumps({"version": FORMAT_VERSION, "groups": groups, "tools": tools}, indent=2, ensure_ascii=False) + "\n"
+    )

@@ -82,6 +82,13 @@ class Tool(models.Model):
     def __str__(self) -> str:
         return self.qualified_name
 
+    def save(self, *args, **kwargs) -> None:
+        # The refusal holds for every writer, not just forms: a broken schema would
+        # break every request that carries it.
+        if problem := schema_problem(self.input_schema):
+            raise ValidationError({"input_schema": f"Tool {self.name!r}: {problem}"})
+        super().save(*args, **kwargs)
+
     @property
     def qualified_name(self) -> str:
         return qualified_name(self.name, self.server.name if self.server_id else None)
@@ -103,13 +110,6 @@ class Tool(models.Model):
             errors["server"] = "MCP tools, and only they, belong to an MCP server."
         if errors:
             raise ValidationError(errors)
-
-    def save(self, *args, **kwargs) -> None:
-        # The refusal holds for every writer, not just forms: a broken schema would
-        # break every request that carries it.
-        if problem := schema_problem(self.input_schema):
-            raise ValidationError({"input_schema": f"Tool {self.name!r}: {problem}"})
-        super().save(*args, **kwargs)
 
 
 class Mode(models.Model):
@@ -133,7 +133,7 @@ class Mode(models.Model):
         for field in ("allow", "deny"):
             value = getattr(self, field)
             if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
-                raise ValidationError({field: "A list of non-empty fnmatch patterns, e.g. [\"git_*\"]."})
+                raise ValidationError({field: 'A list of non-empty fnmatch patterns, e.g. ["git_*"].'})
         if self.output_action and any(fnmatchcase(self.output_action, p) for p in self.deny):
             raise ValidationError({"output_action": "The mode denies its own output action."})
 

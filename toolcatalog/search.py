@@ -26,22 +26,156 @@ from toolcatalog.surface import ToolRecord
 
 # How much one occurrence in each field counts. Names and descriptions say what a
 # tool does; headings and parameters say where it lives and what it needs.
-FIELD_WEIGHTS = {"name": 3, "description": 2, "group": 1, "parameters": 1}
+FIELD_WEIGHTS = {"name": 1.0, "description": 1.0, "group": 0.3, "parameters": 0.5, "pointers": 0.5}
 K1 = 1.2
 B = 0.75
 # Pseudo-relevance feedback: the vocabulary of the best first-pass matches widens
 # a paraphrased query towards the words the catalog itself uses.
 FEEDBACK_DOCS = 3
 FEEDBACK_TERMS = 8
-FEEDBACK_WEIGHT = 0.25
+FEEDBACK_WEIGHT = 0.0
+# Multi-sentence queries: reciprocal-rank fusion of the whole query and each sentence.
+RRF_K = 10
+FUSION_DEPTH = 20
+_SENTENCE = re.compile(r"(?<=[.?!;])\s+|\s+(?:and also|also|as well as)\s+", re.IGNORECASE)
 
 STOPWORDS = frozenset(
-    """a about above after again all also am an and any are as at be because been before being below between both
-    but by can could did do does doing done down during each either else ever every few for from further get got had
-    has have having he her here hers him his how i if in into is it its itself just let like me might more most my
-    myself no nor not now of off on once only or other our ours out over own please same she should so some such
-    than that the their theirs them then there these they this those through to too under until up us very via was
-    we were what when where which while who whom why will with would yet you your yours""".split()
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "all",
+        "also",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "done",
+        "down",
+        "during",
+        "each",
+        "either",
+        "else",
+        "ever",
+        "every",
+        "few",
+        "for",
+        "from",
+        "further",
+        "get",
+        "got",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "him",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "let",
+        "like",
+        "me",
+        "might",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "out",
+        "over",
+        "own",
+        "please",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "us",
+        "very",
+        "via",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "yet",
+        "you",
+        "your",
+        "yours",
+    ]
 )
 
 _WORD = re.compile(r"[A-Za-z][a-z]+|[A-Z]+(?![a-z])|[a-z]+|\d+")
@@ -61,7 +195,29 @@ def words(text: str) -> list[str]:
 
 
 def terms(text: str) -> list[str]:
-    return [_stem(word) for word in words(text) if word not in STOPWORDS]
+    # Single letters and bare numbers (line 200, v2, 4pm) name no capability.
+    return [_stem(word) for word in words(text) if word not in STOPWORDS and len(word) > 1 and not word.isdigit()]
+
+
+# What a query's literal shape says about the object it acts on: a path or file
+# name means files, a URL means the web. Added as plain words, weighted low.
+_QUERY_SHAPES = [
+    (re.compile(r"https?://\S+"), "url web page"),
+    (re.compile(r"(?<![@\w])[\w.-]*\w/|\b\w[\w-]*\.[a-z]{1,5}\b(?!\.\w)"), "file path"),
+]
+SHAPE_WEIGHT = 0.5
+
+
+def query_terms(query: str) -> dict[str, float]:
+    weighted: dict[str, float] = {}
+    for term in terms(query):
+        weighted[term] = weighted.get(term, 0.0) + 1.0
+    stripped = _QUERY_SHAPES[0][0].sub(" ", query)
+    for i, (pattern, hint) in enumerate(_QUERY_SHAPES):
+        if pattern.search(query if i == 0 else stripped):
+            for term in terms(hint):
+                weighted[term] = weighted.get(term, 0.0) + SHAPE_WEIGHT
+    return weighted
 
 
 @dataclass(frozen=True)
@@ -89,41 +245,84 @@ def parameter_text(schema: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def document_terms(tool: ToolRecord) -> list[str]:
+_CLAUSE = re.compile(r"(?<=[.;:!?])\s+|\s+-\s+")
+
+
+def split_pointers(tools: Sequence[ToolRecord]) -> tuple[list[str], dict[str, list[str]]]:
+    """Each tool's own description, and the clauses other tools' descriptions say about it.
+
+    Catalog descriptions steer the model between lookalikes ("for PDF files use
+    read_document"). Such a clause describes the tool it names, not the one it is
+    written in, so it is indexed under the named tool.
+    """
+    names = {tool.name.split("__", 1)[-1] for tool in tools}
+    own: list[str] = []
+    pointers: dict[str, list[str]] = {}
+    for tool in tools:
+        bare = tool.name.split("__", 1)[-1]
+        kept = []
+        for clause in _CLAUSE.split(tool.description):
+            named = [word for word in re.findall(r"[A-Za-z0-9_]+", clause) if word in names and word != bare]
+            if named and "_" in "".join(named):
+                for name in named:
+                    pointers.setdefault(name, []).append(clause)
+            else:
+                kept.append(clause)
+        own.append(" ".join(kept))
+    return own, pointers
+
+
+def document_fields(tool: ToolRecord, description: str, pointers: list[str]) -> dict[str, list[str]]:
     # MCP tools are searched by their own name; the server prefix is a namespace, not a capability.
     bare_name = tool.name.split("__", 1)[-1]
-    fields = {
+    return {
         "name": terms(bare_name),
-        "description": terms(tool.description),
+        "description": terms(description),
         "group": terms(tool.group),
         "parameters": terms(parameter_text(tool.input_schema)),
+        "pointers": terms(" ".join(pointers)),
     }
-    return [term for field, found in fields.items() for term in found * FIELD_WEIGHTS[field]]
 
 
 class ToolIndex:
+    """BM25F: each field is length-normalised on its own, then weighted, then saturated once."""
+
     def __init__(self, tools: Sequence[ToolRecord]) -> None:
         self.tools = list(tools)
         self.position = {tool.name: i for i, tool in enumerate(self.tools)}
-        corpus = [document_terms(tool) or ["\x00empty"] for tool in self.tools]
         self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._doc_terms: list[Counter[str]] = []
         if not self.tools:
             return
-        okapi = BM25Okapi(corpus, k1=K1, b=B)
-        lengths = np.asarray(okapi.doc_len, dtype=float)
-        norm = K1 * (1 - B + B * lengths / okapi.avgdl)
+        own, pointers = split_pointers(self.tools)
+        fields = [
+            document_fields(tool, own[i], pointers.get(tool.name.split("__", 1)[-1], []))
+            for i, tool in enumerate(self.tools)
+        ]
+        # rank-bm25 gives the Okapi idf over whole documents (every field together).
+        okapi = BM25Okapi([[t for found in f.values() for t in found] or ["\x00empty"] for f in fields], k1=K1, b=B)
+        self._idf = okapi.idf
+        average = {name: max(1e-9, sum(len(f[name]) for f in fields) / len(fields)) for name in FIELD_WEIGHTS}
+        pseudo_tf: list[dict[str, float]] = []
+        for f in fields:
+            combined: dict[str, float] = {}
+            for name, found in f.items():
+                if not found:
+                    continue
+                norm = FIELD_WEIGHTS[name] / (1 - B + B * len(found) / average[name])
+                for term, tf in Counter(found).items():
+                    combined[term] = combined.get(term, 0.0) + tf * norm
+            pseudo_tf.append(combined)
+            self._doc_terms.append(Counter({term: tf for term, tf in combined.items()}))
         by_term: dict[str, tuple[list[int], list[float]]] = {}
-        for i, frequencies in enumerate(okapi.doc_freqs):
-            self._doc_terms.append(Counter(frequencies))
-            for term, tf in frequencies.items():
+        for i, combined in enumerate(pseudo_tf):
+            for term, tf in combined.items():
                 docs, contributions = by_term.setdefault(term, ([], []))
                 docs.append(i)
-                contributions.append(okapi.idf[term] * tf * (K1 + 1) / (tf + norm[i]))
+                contributions.append(max(self._idf.get(term, 0.0), 0.0) * tf * (K1 + 1) / (tf + K1))
         self._postings = {
-            term: (np.asarray(docs, dtype=np.int64), np.asarray(contributions)) for term, (docs, contributions) in by_term.items()
+            term: (np.asarray(docs, dtype=np.int64), np.asarray(values)) for term, (docs, values) in by_term.items()
         }
-        self._idf = okapi.idf
 
     def _score(self, weighted_terms: dict[str, float]) -> np.ndarray:
         scores = np.zeros(len(self.tools))
@@ -148,22 +347,39 @@ class ToolIndex:
 
     def search(self, query: str, *, k: int = 5, allowed: Container[str] | None = None) -> list[Match]:
         """The k best tools for `query` among `allowed` names (all when None), best first."""
-        query_terms = Counter(terms(query))
-        if not query_terms or not self.tools:
+        if not self.tools:
             return []
 
         def admitted(i: int) -> bool:
             return allowed is None or self.tools[i].name in allowed
 
-        weighted = {term: float(count) for term, count in query_terms.items()}
-        first = self._top(self._score(weighted), FEEDBACK_DOCS, admitted)
-        if not first:
+        whole = self._ranked(query_terms(query), max(k, FUSION_DEPTH), admitted)
+        parts = [query_terms(part) for part in _SENTENCE.split(query)]
+        parts = [part for part in parts if part]
+        if len(parts) < 2 or not whole:
+            return [Match(self.tools[i], score) for i, score in whole[:k]]
+        # A request with several sentences often asks for several tools: rank each
+        # sentence on its own too and fuse, so one intent cannot crowd out the others.
+        fused: dict[int, float] = {}
+        for ranking in [whole, *(self._ranked(part, FUSION_DEPTH, admitted) for part in parts)]:
+            for rank, (i, _) in enumerate(ranking):
+                fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank + 1)
+        best = sorted(fused, key=lambda i: (-fused[i], i))[:k]
+        return [Match(self.tools[i], fused[i]) for i in best]
+
+    def _ranked(
+        self, weighted: dict[str, float], depth: int, admitted: Callable[[int], bool]
+    ) -> list[tuple[int, float]]:
+        if not weighted:
             return []
-        expanded = dict(weighted)
-        for term, weight in self._feedback_terms(first, set(query_terms)):
-            expanded[term] = expanded.get(term, 0.0) + weight
-        scores = self._score(expanded)
-        return [Match(self.tools[i], float(scores[i])) for i in self._top(scores, k, admitted)]
+        scores = self._score(weighted)
+        if FEEDBACK_WEIGHT > 0:
+            first = self._top(scores, FEEDBACK_DOCS, admitted)
+            expanded = dict(weighted)
+            for term, weight in self._feedback_terms(first, set(weighted)):
+                expanded[term] = expanded.get(term, 0.0) + weight
+            scores = self._score(expanded)
+        return [(i, float(scores[i])) for i in self._top(scores, depth, admitted)]
 
     def _feedback_terms(self, docs: Iterable[int], seen: set[str]) -> list[tuple[str, float]]:
         pooled: Counter[str] = Counter()

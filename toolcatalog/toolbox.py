@@ -1,0 +1,40 @@
+"""Wires the catalog-backed ToolBox for a run: surface, search index, built-in implementations.
+
+The built-in implementations are reached only through `BUILTINS` below, so the
+registry can be swapped for the full `toolcatalog/tools/` package in one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toolcatalog.builtins import BUILTINS
+from toolcatalog.runtime import CatalogToolBox, Executor, Observation
+from toolcatalog.search import index_for
+from toolcatalog.surface import ToolRecord
+
+
+def builtin_records() -> list[ToolRecord]:
+    """The built-in tools as resident records: what a fresh installation with an empty catalog offers."""
+    return [
+        ToolRecord(
+            name=t.name, group="Files and shell", description=t.description, input_schema=t.input_schema, resident=True
+        )
+        for t in BUILTINS.values()
+    ]
+
+
+def builtin_executor(workspace: Path) -> Executor:
+    def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
+        tool = BUILTINS.get(name)
+        return None if tool is None else tool.run(arguments, workspace)
+
+    return execute
+
+
+def run_toolbox(*, workspace: Path, mode: Any = None, deferral: bool | None = None) -> CatalogToolBox:
+    from toolcatalog.selectors import run_surface
+
+    surface, records = run_surface(mode=mode, deferral=deferral)
+    return CatalogToolBox(surface=surface, index=lambda: index_for(records), executor=builtin_executor(workspace))
