@@ -138,7 +138,7 @@ class CatalogToolBox:
     def _list_tool_groups(self, arguments: dict[str, Any]) -> Observation:
         wanted = arguments.get("group")
         groups: dict[str, list[str]] = {}
-        for tool in sorted(self.surface.admitted.values(), key=lambda t: t.sort_key):
+        for tool in sorted(self.surface.admitted.values(), key=lambda t: (t.group_order, t.group, t.name)):
             if wanted in (None, tool.group):
                 groups.setdefault(tool.group, []).append(tool.name)
         if wanted and not groups:

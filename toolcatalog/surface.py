@@ -31,8 +31,10 @@ class ToolRecord:
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
 
     @property
-    def sort_key(self) -> tuple[int, str, str]:
-        return (self.group_order, self.group, self.name)
+    def sort_key(self) -> str:
+        # By name, as the built-in toolbox always sent them: with deferral off the
+        # tool block is byte-identical to a server without deferral (TD-10).
+        return self.name
 
 
 @dataclass(frozen=True)
