@@ -12,11 +12,11 @@ from agents.runtime.request import text_block
 from agents.services import SYSTEM_PROMPT, run_execute
 from conversations.models import Message
 from conversations.services import conversation_create, message_send
+from tests.toolcatalog_helpers import CATALOG_PATH
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.models import Mode, RetrievalMiss, Tool, ToolActivation
 from toolcatalog.services import activations_record, catalog_import
 from toolcatalog.toolbox import run_toolbox
-from tests.toolcatalog_helpers import CATALOG_PATH
 
 pytestmark = pytest.mark.django_db
 

@@ -9,9 +9,9 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
+from tests.toolcatalog_helpers import CATALOG_PATH, reference_catalog
 from toolcatalog.models import McpServer, Tool, ToolGroup
 from toolcatalog.services import CatalogFileInvalid, catalog_export, catalog_import
-from tests.toolcatalog_helpers import CATALOG_PATH, reference_catalog
 
 pytestmark = pytest.mark.django_db
 

@@ -9,11 +9,11 @@ import pytest
 
 from agents.runtime.loop import run_turn
 from agents.runtime.request import text_block
+from tests.toolcatalog_helpers import ScriptedModel, final, reference_records, tool_call
 from toolcatalog.runtime import CatalogToolBox
 from toolcatalog.search import ToolIndex
 from toolcatalog.surface import ModeSpec, ToolRecord, build_surface
 from toolcatalog.toolbox import builtin_executor
-from tests.toolcatalog_helpers import ScriptedModel, final, reference_records, tool_call
 
 HISTORY = [{"role": "user", "content": [text_block("go")]}]
 
@@ -29,8 +29,8 @@ def _records(*, list_dir_resident: bool = False, **changes: dict) -> list[ToolRe
     return records
 
 
-def _toolbox(tmp_path, records, mode=ModeSpec(), approve=None) -> CatalogToolBox:
-    surface = build_surface(records, mode, deferral=True)
+def _toolbox(tmp_path, records, mode=None, approve=None) -> CatalogToolBox:
+    surface = build_surface(records, mode or ModeSpec(), deferral=True)
     index = ToolIndex(records)
     kwargs = {"approve": approve} if approve else {}
     return CatalogToolBox(surface=surface, index=lambda: index, executor=builtin_executor(tmp_path), **kwargs)

@@ -6,8 +6,8 @@ import pytest
 
 from agents.runtime.request import ModelRequestSpec, text_block
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
-from toolcatalog.surface import ModeSpec, build_surface
 from tests.toolcatalog_helpers import reference_records
+from toolcatalog.surface import ModeSpec, build_surface
 
 
 @pytest.mark.req("TD-2")
