@@ -56,11 +56,12 @@ def _toolret_record(item: dict[str, Any]) -> ToolRecord:
         name: {"description": str(spec.get("description", ""))} if isinstance(spec, dict) else {}
         for name, spec in properties.items()
     }
-    # ToolRet ids are unique; documentation names repeat across APIs, like MCP servers.
+    # Documentation names repeat across APIs, like tools of different MCP servers: the
+    # unique id becomes the namespace, and the ranker sees the tool's own name.
     return ToolRecord(
-        name=item["id"],
+        name=f"{item['id']}__{doc.get('name', '')}",
         group=item.get("type", ""),
-        description=f"{doc.get('name', '')} {doc.get('description', '')}",
+        description=str(doc.get("description", "")),
         input_schema={"type": "object", "properties": properties},
     )
 
@@ -100,6 +101,11 @@ def synthetic(tools: list[ToolRecord], size: int) -> list[ToolRecord]:
     return grown
 
 
+def _gold_key(name: str, gold: list[str]) -> str:
+    namespace = name.split("__", 1)[0]
+    return namespace if namespace in gold else name
+
+
 def evaluate(index: ToolIndex, queries: list[dict[str, Any]], k: int) -> dict[str, Any]:
     per_query = []
     timings = []
@@ -107,7 +113,8 @@ def evaluate(index: ToolIndex, queries: list[dict[str, Any]], k: int) -> dict[st
         started = time.perf_counter()
         matches = index.search(query["query"], k=max(k, 10))
         timings.append((time.perf_counter() - started) * 1000)
-        names = [match.tool.name for match in matches]
+        # A namespaced name counts for its namespace's id (ToolRet ids, MCP servers).
+        names = [_gold_key(match.tool.name, query["gold"]) for match in matches]
         gold = set(query["gold"])
         first = next((rank for rank, name in enumerate(names, 1) if name in gold), None)
         per_query.append(

@@ -26,7 +26,7 @@ from toolcatalog.surface import ToolRecord
 
 # How much one occurrence in each field counts. Names and descriptions say what a
 # tool does; headings and parameters say where it lives and what it needs.
-FIELD_WEIGHTS = {"name": 1.0, "description": 1.0, "group": 0.3, "parameters": 0.5, "pointers": 0.5}
+FIELD_WEIGHTS = {"name": 0.5, "description": 1.0, "group": 0.3, "parameters": 0.25, "pointers": 0.5}
 K1 = 1.2
 B = 0.75
 # Pseudo-relevance feedback: the vocabulary of the best first-pass matches widens
@@ -36,6 +36,8 @@ FEEDBACK_TERMS = 8
 FEEDBACK_WEIGHT = 0.0
 # Multi-sentence queries: reciprocal-rank fusion of the whole query and each sentence.
 RRF_K = 10
+# Coverage diversification: how much a query term already covered by a pick is discounted.
+DIVERSITY = 0.1
 FUSION_DEPTH = 20
 _SENTENCE = re.compile(r"(?<=[.?!;])\s+|\s+(?:and also|also|as well as)\s+", re.IGNORECASE)
 
@@ -180,7 +182,8 @@ STOPWORDS = frozenset(
 
 _WORD = re.compile(r"[A-Za-z][a-z]+|[A-Z]+(?![a-z])|[a-z]+|\d+")
 _stem_lock = threading.Lock()
-_stemmer = snowballstemmer.stemmer("english")
+STEMMER = "english"
+_stemmer = snowballstemmer.stemmer(STEMMER)
 
 
 @lru_cache(maxsize=200_000)
@@ -208,10 +211,20 @@ _QUERY_SHAPES = [
 SHAPE_WEIGHT = 0.5
 
 
+# Literal values in a query (URLs, paths, file names, code identifiers such as
+# requests_cache or parseInvoice) name things in the user's world, not what a tool
+# does; their words count for less than the plain words around them.
+_LITERAL = re.compile(r"https?://\S+|\S*[/\\]\S*|\S+\.\w+|\w*_\w+|\b[a-z]+[A-Z]\w*")
+LITERAL_WEIGHT = 0.3
+
+
 def query_terms(query: str) -> dict[str, float]:
     weighted: dict[str, float] = {}
-    for term in terms(query):
+    literals = " ".join(_LITERAL.findall(query))
+    for term in terms(_LITERAL.sub(" ", query)):
         weighted[term] = weighted.get(term, 0.0) + 1.0
+    for term in terms(literals):
+        weighted[term] = weighted.get(term, 0.0) + LITERAL_WEIGHT
     stripped = _QUERY_SHAPES[0][0].sub(" ", query)
     for i, (pattern, hint) in enumerate(_QUERY_SHAPES):
         if pattern.search(query if i == 0 else stripped):
@@ -353,7 +366,10 @@ class ToolIndex:
         def admitted(i: int) -> bool:
             return allowed is None or self.tools[i].name in allowed
 
-        whole = self._ranked(query_terms(query), max(k, FUSION_DEPTH), admitted)
+        weighted = query_terms(query)
+        whole = self._ranked(weighted, max(k, FUSION_DEPTH), admitted)
+        if DIVERSITY > 0 and len(whole) > 1:
+            return self._diversified(weighted, whole, k)
         parts = [query_terms(part) for part in _SENTENCE.split(query)]
         parts = [part for part in parts if part]
         if len(parts) < 2 or not whole:
@@ -366,6 +382,41 @@ class ToolIndex:
                 fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank + 1)
         best = sorted(fused, key=lambda i: (-fused[i], i))[:k]
         return [Match(self.tools[i], fused[i]) for i in best]
+
+    def _diversified(self, weighted: dict[str, float], ranked: list[tuple[int, float]], k: int) -> list[Match]:
+        """Greedy re-ranking that discounts query terms the picks so far already cover.
+
+        A request that names several needs ("find the anime, and search movies")
+        should not get five variants of the first need.
+        """
+        candidates = [i for i, _ in ranked]
+        gains: dict[str, np.ndarray] = {}
+        for term, weight in weighted.items():
+            posting = self._postings.get(term)
+            if posting is None:
+                continue
+            docs, values = posting
+            where = np.searchsorted(docs, candidates)
+            where = np.minimum(where, len(docs) - 1)
+            hit = docs[where] == np.asarray(candidates)
+            gains[term] = np.where(hit, weight * values[where], 0.0)
+        if not gains:
+            return [Match(self.tools[i], score) for i, score in ranked[:k]]
+        peaks = {term: float(g.max()) or 1.0 for term, g in gains.items()}
+        coverage = dict.fromkeys(gains, 0.0)
+        left = list(range(len(candidates)))
+        picked: list[Match] = []
+        while left and len(picked) < k:
+
+            def value(j: int) -> float:
+                return sum(g[j] * (1 - DIVERSITY) ** coverage[t] for t, g in gains.items())
+
+            best = max(left, key=lambda j: (value(j), -j))
+            picked.append(Match(self.tools[candidates[best]], value(best)))
+            left.remove(best)
+            for term, g in gains.items():
+                coverage[term] += g[best] / peaks[term]
+        return picked
 
     def _ranked(
         self, weighted: dict[str, float], depth: int, admitted: Callable[[int], bool]
