@@ -28,18 +28,11 @@ from toolcatalog.surface import ToolRecord
 # tool does; headings and parameters say where it lives and what it needs.
 FIELD_WEIGHTS = {"name": 0.5, "description": 1.0, "group": 0.3, "parameters": 0.25, "pointers": 0.5}
 K1 = 1.2
+IDF_FLOOR = 0.1
 B = 0.75
-# Pseudo-relevance feedback: the vocabulary of the best first-pass matches widens
-# a paraphrased query towards the words the catalog itself uses.
-FEEDBACK_DOCS = 3
-FEEDBACK_TERMS = 8
-FEEDBACK_WEIGHT = 0.0
-# Multi-sentence queries: reciprocal-rank fusion of the whole query and each sentence.
-RRF_K = 10
 # Coverage diversification: how much a query term already covered by a pick is discounted.
 DIVERSITY = 0.1
-FUSION_DEPTH = 20
-_SENTENCE = re.compile(r"(?<=[.?!;])\s+|\s+(?:and also|also|as well as)\s+", re.IGNORECASE)
+CANDIDATES = 20
 
 STOPWORDS = frozenset(
     [
@@ -304,7 +297,6 @@ class ToolIndex:
         self.tools = list(tools)
         self.position = {tool.name: i for i, tool in enumerate(self.tools)}
         self._postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._doc_terms: list[Counter[str]] = []
         if not self.tools:
             return
         own, pointers = split_pointers(self.tools)
@@ -313,8 +305,13 @@ class ToolIndex:
             for i, tool in enumerate(self.tools)
         ]
         # rank-bm25 gives the Okapi idf over whole documents (every field together).
-        okapi = BM25Okapi([[t for found in f.values() for t in found] or ["\x00empty"] for f in fields], k1=K1, b=B)
-        self._idf = okapi.idf
+        # It is zero or negative for a term in half the tools or more, which would
+        # make small catalogs unsearchable: such terms get a small positive floor.
+        corpus = [[t for found in f.values() for t in found] or ["\x00empty"] for f in fields]
+        okapi = BM25Okapi(corpus, k1=K1, b=B)
+        positive = [value for value in okapi.idf.values() if value > 0]
+        floor = IDF_FLOOR * (sum(positive) / len(positive) if positive else 1.0)
+        self._idf = {term: max(value, floor) for term, value in okapi.idf.items()}
         average = {name: max(1e-9, sum(len(f[name]) for f in fields) / len(fields)) for name in FIELD_WEIGHTS}
         pseudo_tf: list[dict[str, float]] = []
         for f in fields:
@@ -326,13 +323,12 @@ class ToolIndex:
                 for term, tf in Counter(found).items():
                     combined[term] = combined.get(term, 0.0) + tf * norm
             pseudo_tf.append(combined)
-            self._doc_terms.append(Counter({term: tf for term, tf in combined.items()}))
         by_term: dict[str, tuple[list[int], list[float]]] = {}
         for i, combined in enumerate(pseudo_tf):
             for term, tf in combined.items():
                 docs, contributions = by_term.setdefault(term, ([], []))
                 docs.append(i)
-                contributions.append(max(self._idf.get(term, 0.0), 0.0) * tf * (K1 + 1) / (tf + K1))
+                contributions.append(self._idf[term] * tf * (K1 + 1) / (tf + K1))
         self._postings = {
             term: (np.asarray(docs, dtype=np.int64), np.asarray(values)) for term, (docs, values) in by_term.items()
         }
@@ -360,28 +356,18 @@ class ToolIndex:
 
     def search(self, query: str, *, k: int = 5, allowed: Container[str] | None = None) -> list[Match]:
         """The k best tools for `query` among `allowed` names (all when None), best first."""
-        if not self.tools:
+        weighted = query_terms(query)
+        if not self.tools or not weighted:
             return []
 
         def admitted(i: int) -> bool:
             return allowed is None or self.tools[i].name in allowed
 
-        weighted = query_terms(query)
-        whole = self._ranked(weighted, max(k, FUSION_DEPTH), admitted)
-        if DIVERSITY > 0 and len(whole) > 1:
-            return self._diversified(weighted, whole, k)
-        parts = [query_terms(part) for part in _SENTENCE.split(query)]
-        parts = [part for part in parts if part]
-        if len(parts) < 2 or not whole:
-            return [Match(self.tools[i], score) for i, score in whole[:k]]
-        # A request with several sentences often asks for several tools: rank each
-        # sentence on its own too and fuse, so one intent cannot crowd out the others.
-        fused: dict[int, float] = {}
-        for ranking in [whole, *(self._ranked(part, FUSION_DEPTH, admitted) for part in parts)]:
-            for rank, (i, _) in enumerate(ranking):
-                fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank + 1)
-        best = sorted(fused, key=lambda i: (-fused[i], i))[:k]
-        return [Match(self.tools[i], fused[i]) for i in best]
+        scores = self._score(weighted)
+        ranked = [(i, float(scores[i])) for i in self._top(scores, max(k, CANDIDATES), admitted)]
+        if DIVERSITY > 0 and len(ranked) > 1:
+            return self._diversified(weighted, ranked, k)
+        return [Match(self.tools[i], score) for i, score in ranked[:k]]
 
     def _diversified(self, weighted: dict[str, float], ranked: list[tuple[int, float]], k: int) -> list[Match]:
         """Greedy re-ranking that discounts query terms the picks so far already cover.
@@ -417,34 +403,6 @@ class ToolIndex:
             for term, g in gains.items():
                 coverage[term] += g[best] / peaks[term]
         return picked
-
-    def _ranked(
-        self, weighted: dict[str, float], depth: int, admitted: Callable[[int], bool]
-    ) -> list[tuple[int, float]]:
-        if not weighted:
-            return []
-        scores = self._score(weighted)
-        if FEEDBACK_WEIGHT > 0:
-            first = self._top(scores, FEEDBACK_DOCS, admitted)
-            expanded = dict(weighted)
-            for term, weight in self._feedback_terms(first, set(weighted)):
-                expanded[term] = expanded.get(term, 0.0) + weight
-            scores = self._score(expanded)
-        return [(i, float(scores[i])) for i in self._top(scores, depth, admitted)]
-
-    def _feedback_terms(self, docs: Iterable[int], seen: set[str]) -> list[tuple[str, float]]:
-        pooled: Counter[str] = Counter()
-        for i in docs:
-            counts = self._doc_terms[i]
-            total = sum(counts.values())
-            for term, tf in counts.items():
-                if term not in seen:
-                    pooled[term] += tf / total * self._idf.get(term, 0.0)
-        best = pooled.most_common(FEEDBACK_TERMS)
-        if not best:
-            return []
-        top = best[0][1]
-        return [(term, FEEDBACK_WEIGHT * value / top) for term, value in best if value > 0]
 
 
 def catalog_fingerprint(tools: Iterable[ToolRecord]) -> str:

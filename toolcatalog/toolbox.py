@@ -11,7 +11,7 @@ from typing import Any
 
 from toolcatalog.builtins import BUILTINS
 from toolcatalog.runtime import CatalogToolBox, Executor, Observation
-from toolcatalog.search import index_for
+from toolcatalog.search import ToolIndex, index_for
 from toolcatalog.surface import ToolRecord
 
 
@@ -37,4 +37,12 @@ def run_toolbox(*, workspace: Path, mode: Any = None, deferral: bool | None = No
     from toolcatalog.selectors import run_surface
 
     surface, records = run_surface(mode=mode, deferral=deferral)
-    return CatalogToolBox(surface=surface, index=lambda: index_for(records), executor=builtin_executor(workspace))
+    index: list[ToolIndex] = []
+
+    def run_index() -> ToolIndex:
+        # Looked up once per run, on the first search; shared across runs per catalog version.
+        if not index:
+            index.append(index_for(records))
+        return index[0]
+
+    return CatalogToolBox(surface=surface, index=run_index, executor=builtin_executor(workspace))
