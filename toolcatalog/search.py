@@ -26,7 +26,7 @@ from toolcatalog.surface import ToolRecord
 
 # How much one occurrence in each field counts. Names and descriptions say what a
 # tool does; headings and parameters say where it lives and what it needs.
-FIELD_WEIGHTS = {"name": 0.5, "description": 1.0, "group": 0.3, "parameters": 0.25, "pointers": 0.5}
+FIELD_WEIGHTS = {"name": 0.5, "description": 1.0, "group": 0.3, "parameters": 0.25, "pointers": 0.5, "summary": 0.5}
 K1 = 1.2
 IDF_FLOOR = 0.1
 B = 0.75
@@ -284,6 +284,7 @@ def document_fields(tool: ToolRecord, description: str, pointers: list[str]) -> 
     return {
         "name": terms(bare_name),
         "description": terms(description),
+        "summary": terms(_CLAUSE.split(description, maxsplit=1)[0]),
         "group": terms(tool.group),
         "parameters": terms(parameter_text(tool.input_schema)),
         "pointers": terms(" ".join(pointers)),
@@ -388,20 +389,20 @@ class ToolIndex:
             gains[term] = np.where(hit, weight * values[where], 0.0)
         if not gains:
             return [Match(self.tools[i], score) for i, score in ranked[:k]]
-        peaks = {term: float(g.max()) or 1.0 for term, g in gains.items()}
-        coverage = dict.fromkeys(gains, 0.0)
-        left = list(range(len(candidates)))
+        matrix = np.vstack(list(gains.values()))  # query terms x candidates
+        peaks = matrix.max(axis=1, keepdims=True)
+        peaks[peaks == 0] = 1.0
+        covered = matrix / peaks
+        coverage = np.zeros((matrix.shape[0], 1))
+        available = np.ones(len(candidates), dtype=bool)
         picked: list[Match] = []
-        while left and len(picked) < k:
-
-            def value(j: int) -> float:
-                return sum(g[j] * (1 - DIVERSITY) ** coverage[t] for t, g in gains.items())
-
-            best = max(left, key=lambda j: (value(j), -j))
-            picked.append(Match(self.tools[candidates[best]], value(best)))
-            left.remove(best)
-            for term, g in gains.items():
-                coverage[term] += g[best] / peaks[term]
+        while available.any() and len(picked) < k:
+            values = (matrix * (1 - DIVERSITY) ** coverage).sum(axis=0)
+            values[~available] = -np.inf
+            best = int(np.argmax(values))  # ties keep the earlier (better-ranked) candidate
+            picked.append(Match(self.tools[candidates[best]], float(values[best])))
+            available[best] = False
+            coverage += covered[:, best : best + 1]
         return picked
 
 
