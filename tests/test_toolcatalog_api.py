@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.test import override_settings
 
 from agents.models import ModelRequest
@@ -14,7 +15,8 @@ from conversations.models import Message
 from conversations.services import conversation_create, message_send
 from tests.toolcatalog_helpers import CATALOG_PATH
 from toolcatalog.builtins import WorkspaceToolBox
-from toolcatalog.models import Mode, RetrievalMiss, Tool, ToolActivation
+from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
+from toolcatalog.selectors import run_surface, surface_context
 from toolcatalog.services import activations_record, catalog_import
 from toolcatalog.toolbox import run_toolbox
 
@@ -106,7 +108,12 @@ def test_a_real_run_sends_resident_schemas_and_the_name_index(alice, catalog):
     run.refresh_from_db()
     assert run.status == "succeeded", run.error
     # The offline model lists the workspace with the resident list_dir; nothing deferred was loaded.
-    assert ModelRequest.objects.filter(run=run).count() == 2
+    requests = list(ModelRequest.objects.filter(run=run).order_by("step"))
+    assert len(requests) == 2
+    # The offline model counts the whole payload it was sent: resident schemas and the
+    # index are in it, the 102 withheld schemas are not.
+    tools = surface_context(run_surface()[0])
+    assert tools["tool_block_tokens"] < requests[0].input_tokens < tools["tool_block_tokens"] + 500
     assert not ToolActivation.objects.filter(run=run).exists()
     reply = Message.objects.filter(conversation=conversation).order_by("-id").first()
     assert "workspace holds" in reply.content[0]["text"]
@@ -139,3 +146,38 @@ def test_deferral_off_on_an_empty_catalog_sends_exactly_what_the_builtin_toolbox
     without = requests(WorkspaceToolBox(tmp_path), [text_block(SYSTEM_PROMPT)])
     assert len(with_switch) == 2
     assert with_switch == without
+
+
+@pytest.mark.req("TD-1")
+@pytest.mark.req("TD-8")
+def test_tools_of_a_disabled_server_and_disabled_tools_are_not_on_the_surface(catalog):
+    server = McpServer.objects.create(name="jira", transport="http", url="http://jira.example/mcp")
+    group = ToolGroup.objects.get(heading="Tickets and projects")
+    Tool.objects.create(
+        name="create_issue",
+        group=group,
+        description="Create a Jira issue.",
+        input_schema={"type": "object"},
+        source="mcp",
+        server=server,
+    )
+    Tool.objects.filter(name="git_push").update(enabled=False)
+    surface, _ = run_surface()
+    assert "jira__create_issue" in surface.deferred_names and surface.get("git_push") is None
+    McpServer.objects.filter(pk=server.pk).update(enabled=False)
+    surface, _ = run_surface()
+    assert surface.get("jira__create_issue") is None
+
+
+@pytest.mark.req("TD-4")
+def test_a_mode_cannot_deny_its_own_output_action_and_servers_need_an_address():
+    mode = Mode(name="writer", allow=["*"], deny=["submit_*"], output_action="submit_report")
+    with pytest.raises(ValidationError, match="denies its own output action"):
+        mode.full_clean()
+    with pytest.raises(ValidationError, match="fnmatch patterns"):
+        Mode(name="odd", allow="*").full_clean()
+    with pytest.raises(ValidationError, match="needs the command"):
+        McpServer(name="local", transport="stdio").full_clean()
+    with pytest.raises(ValidationError, match="cannot contain '__'"):
+        McpServer(name="a__b", transport="http", url="http://x.example/").full_clean()
+    assert not Mode.objects.exists() and not McpServer.objects.exists()
