@@ -84,9 +84,9 @@ def run_execute(*, run_id: int, worker: str) -> None:
 
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
     history = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
-    # Tool catalog (TD-2..TD-8): resident schemas, the deferred-name index as a system block.
-    toolbox = run_toolbox(workspace=workspace_root(run.conversation_id))
     try:
+        # Tool catalog (TD-2..TD-8): resident schemas, the deferred-name index as a system block.
+        toolbox = run_toolbox(workspace=workspace_root(run.conversation_id))
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
