@@ -29,6 +29,9 @@ def test_import_loads_the_reference_catalog_and_is_idempotent():
     assert Tool.objects.filter(resident=True).count() == 24
     assert ToolGroup.objects.get(heading="Tickets and projects").order == 3
     assert Tool.objects.get(name="bash").requires_approval is True
+    # Entries the installation implements itself are built-ins; the rest are imported.
+    assert Tool.objects.get(name="list_dir").source == "built-in"
+    assert Tool.objects.get(name="create_ticket").source == "imported"
     before = _snapshot()
     again = StringIO()
     call_command("catalog", "import", str(CATALOG_PATH), stdout=again)

@@ -10,7 +10,7 @@ import pytest
 from agents.runtime.loop import run_turn
 from agents.runtime.request import text_block
 from tests.toolcatalog_helpers import ScriptedModel, final, reference_records, tool_call
-from toolcatalog.runtime import CatalogToolBox
+from toolcatalog.runtime import CatalogToolBox, search_tool_bm25
 from toolcatalog.search import ToolIndex
 from toolcatalog.surface import ModeSpec, ToolRecord, build_surface
 from toolcatalog.toolbox import builtin_executor
@@ -176,3 +176,14 @@ def test_describe_tool_loads_schemas_and_names_what_is_missing(tmp_path):
     assert "nope" in result["error"]
     assert toolbox.activated == ["git_log"]
     assert json.dumps(toolbox.schemas()[-1]) == json.dumps(result["tools"][0])
+
+
+@pytest.mark.req("TD-7")
+def test_search_tool_bm25_ranks_the_same_index_but_only_describes(tmp_path):
+    records = _records()
+    toolbox = _toolbox(tmp_path, records)
+    loaded = toolbox.execute("search_tools", {"query": "open a pull request"})
+    described = search_tool_bm25(ToolIndex(records), "open a pull request")
+    assert [m["name"] for m in described["matches"]] == [m["name"] for m in loaded["matches"]]
+    assert all(set(m) == {"name", "group", "description"} for m in described["matches"])
+    assert search_tool_bm25(ToolIndex(records), "zzqx")["message"].startswith("No tool on this run's surface")

@@ -8,7 +8,7 @@ what it activated so the service can record it at the turn boundary (TD-15).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,3 +144,19 @@ class CatalogToolBox:
         if wanted and not groups:
             return {"ok": False, "error": f"No group {wanted!r} on this run's surface.", "groups": []}
         return {"ok": True, "groups": [{"heading": h, "tools": names} for h, names in groups.items()]}
+
+
+def search_tool_bm25(
+    index: ToolIndex, query: str, *, allowed: Container[str] | None = None, limit: int = 5
+) -> Observation:
+    """The MCP surface's search (TD-7): the same ranking as search_tools, but it only
+    describes matches. MCP clients already hold every schema from tools/list, so
+    there is nothing to load and nothing is activated."""
+    matches = index.search(query, k=limit, allowed=allowed)
+    if not matches:
+        return {"ok": True, "query": query, "matches": [], "message": no_match_message(query)}
+    return {
+        "ok": True,
+        "query": query,
+        "matches": [{"name": m.tool.name, "group": m.tool.group, "description": m.tool.description} for m in matches],
+    }

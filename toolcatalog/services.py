@@ -12,6 +12,7 @@ from controlcenter.errors import DomainError
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
 from toolcatalog.models import RetrievalMiss, Tool, ToolActivation, ToolGroup
 from toolcatalog.runtime import Activation
+from toolcatalog.toolbox import builtin_names
 
 
 class CatalogFileInvalid(DomainError):
@@ -59,6 +60,7 @@ def catalog_import(*, text: str) -> ImportResult:
             groups_created += made
             groups[heading] = group
         existing = {tool.name: tool for tool in Tool.objects.filter(server__isnull=True)}
+        implemented = builtin_names()
         for entry in parsed.tools:
             values: dict[str, Any] = {
                 "description": entry["description"],
@@ -71,9 +73,8 @@ def catalog_import(*, text: str) -> ImportResult:
             }
             tool = existing.get(entry["name"])
             if tool is None:
-                Tool.objects.create(
-                    name=entry["name"], group=groups[entry["group"]], source=Tool.Source.IMPORTED, **values
-                )
+                source = Tool.Source.BUILT_IN if entry["name"] in implemented else Tool.Source.IMPORTED
+                Tool.objects.create(name=entry["name"], group=groups[entry["group"]], source=source, **values)
                 created += 1
                 continue
             changed = [field for field in _FIELDS if getattr(tool, field) != values[field]]

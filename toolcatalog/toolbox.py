@@ -25,6 +25,11 @@ def builtin_records() -> list[ToolRecord]:
     ]
 
 
+def builtin_names() -> frozenset[str]:
+    """Tools this installation implements itself; imported entries with these names are built-ins."""
+    return frozenset(BUILTINS)
+
+
 def builtin_executor(workspace: Path) -> Executor:
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
         tool = BUILTINS.get(name)
