@@ -254,25 +254,34 @@ def parameter_text(schema: dict[str, Any]) -> str:
 _CLAUSE = re.compile(r"(?<=[.;:!?])\s+|\s+-\s+")
 
 
-def split_pointers(tools: Sequence[ToolRecord]) -> tuple[list[str], dict[str, list[str]]]:
+def _namespace(name: str) -> tuple[str, str]:
+    namespace, _, bare = name.rpartition("__")
+    return namespace, bare
+
+
+def split_pointers(tools: Sequence[ToolRecord]) -> tuple[list[str], dict[tuple[str, str], list[str]]]:
     """Each tool's own description, and the clauses other tools' descriptions say about it.
 
     Catalog descriptions steer the model between lookalikes ("for PDF files use
     read_document"). Such a clause describes the tool it names, not the one it is
-    written in, so it is indexed under the named tool.
+    written in, so it is indexed under the named tool of the same namespace (an
+    MCP server's descriptions speak about that server's tools).
     """
-    names = {tool.name.split("__", 1)[-1] for tool in tools}
+    names = {_namespace(tool.name) for tool in tools}
     own: list[str] = []
-    pointers: dict[str, list[str]] = {}
+    pointers: dict[tuple[str, str], list[str]] = {}
     for tool in tools:
-        bare = tool.name.split("__", 1)[-1]
+        namespace, bare = _namespace(tool.name)
         kept = []
         for clause in _CLAUSE.split(tool.description):
-            named = [word for word in re.findall(r"[A-Za-z0-9_]+", clause) if word in names and word != bare]
-            if named and "_" in "".join(named):
-                for name in named:
-                    pointers.setdefault(name, []).append(clause)
-            else:
+            named = [
+                word
+                for word in re.findall(r"[A-Za-z0-9_]+", clause)
+                if "_" in word and word != bare and (namespace, word) in names
+            ]
+            for name in named:
+                pointers.setdefault((namespace, name), []).append(clause)
+            if not named:
                 kept.append(clause)
         own.append(" ".join(kept))
     return own, pointers
@@ -280,7 +289,7 @@ def split_pointers(tools: Sequence[ToolRecord]) -> tuple[list[str], dict[str, li
 
 def document_fields(tool: ToolRecord, description: str, pointers: list[str]) -> dict[str, list[str]]:
     # MCP tools are searched by their own name; the server prefix is a namespace, not a capability.
-    bare_name = tool.name.split("__", 1)[-1]
+    bare_name = _namespace(tool.name)[1]
     return {
         "name": terms(bare_name),
         "description": terms(description),
@@ -302,8 +311,7 @@ class ToolIndex:
             return
         own, pointers = split_pointers(self.tools)
         fields = [
-            document_fields(tool, own[i], pointers.get(tool.name.split("__", 1)[-1], []))
-            for i, tool in enumerate(self.tools)
+            document_fields(tool, own[i], pointers.get(_namespace(tool.name), [])) for i, tool in enumerate(self.tools)
         ]
         # rank-bm25 gives the Okapi idf over whole documents (every field together).
         # It is zero or negative for a term in half the tools or more, which would
