@@ -2,8 +2,9 @@
 
 Pure Python. One `ToolIndex` is built per catalog version (a fingerprint of the
 tool records) and reused; a query touches only the postings of its own terms, so
-it stays fast at ten thousand tools. rank-bm25 supplies the Okapi statistics (idf,
-document lengths); fields are weighted by repeating their terms, a cheap BM25F.
+it stays fast at ten thousand tools. rank-bm25 supplies the Okapi idf; the
+term frequencies are BM25F (each field length-normalised on its own, weighted,
+then saturated once).
 """
 
 from __future__ import annotations
