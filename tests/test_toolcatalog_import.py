@@ -142,3 +142,26 @@ def test_admin_lists_tools_with_schema_cost_and_toggles_resident_in_bulk(client,
         assert client.get(url).status_code == 200
     tool = Tool.objects.get(name="git_log")
     assert client.get(f"/admin/toolcatalog/tool/{tool.pk}/change/").status_code == 200
+
+
+@pytest.mark.req("TD-1")
+def test_admin_refuses_an_invalid_schema_with_a_message_and_keeps_the_old_one(client, django_user_model):
+    admin = django_user_model.objects.create_superuser("root", "root@example.org", "root-password-1")
+    client.force_login(admin)
+    catalog_import(text=CATALOG_PATH.read_text())
+    tool = Tool.objects.get(name="git_log")
+    before = tool.input_schema
+    form = {
+        "name": "git_log",
+        "group": tool.group_id,
+        "description": tool.description,
+        "input_schema": json.dumps({"type": "object", "properties": {"n": {"type": "nummber"}}}),
+        "source": tool.source,
+        "side_effects": tool.side_effects,
+        "enabled": "on",
+    }
+    response = client.post(f"/admin/toolcatalog/tool/{tool.pk}/change/", form)
+    assert response.status_code == 200  # the form comes back with the error
+    assert b"not valid JSON Schema" in response.content
+    tool.refresh_from_db()
+    assert tool.input_schema == before
