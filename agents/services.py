@@ -19,7 +19,9 @@ from agents.runtime.request import text_block
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
-from toolcatalog.builtins import WorkspaceToolBox
+from toolcatalog.runtime import CatalogToolBox
+from toolcatalog.services import activations_record
+from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
 logger = logging.getLogger(__name__)
@@ -83,12 +85,14 @@ def run_execute(*, run_id: int, worker: str) -> None:
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
     history = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
     try:
+        # Tool catalog (TD-2..TD-8): resident schemas, the deferred-name index as a system block.
+        toolbox = run_toolbox(workspace=workspace_root(run.conversation_id), conversation_id=run.conversation_id)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
-            system=[text_block(SYSTEM_PROMPT)],
+            system=[text_block(SYSTEM_PROMPT), *toolbox.surface.system_blocks()],
             history=history,
-            toolbox=WorkspaceToolBox(workspace_root(run.conversation_id), conversation_id=run.conversation_id),
+            toolbox=toolbox,
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
         )
@@ -107,7 +111,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
         _finish(run, Run.Status.FAILED, error)
         publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
-    reply = _persist_turn(run, outcome)
+    reply = _persist_turn(run, outcome, toolbox)
     publisher.publish(
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
@@ -115,7 +119,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
 
 
 @transaction.atomic
-def _persist_turn(run: Run, outcome: TurnOutcome) -> Message:
+def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message:
     parent = run.trigger
     for message in outcome.messages:
         parent = Message.objects.create(
@@ -141,6 +145,7 @@ def _persist_turn(run: Run, outcome: TurnOutcome) -> Message:
         )
         for step in outcome.steps
     )
+    activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
     _finish(run, Run.Status.SUCCEEDED, "")
     return parent
 

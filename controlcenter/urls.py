@@ -9,6 +9,7 @@ from agents import api as agents_api
 from controlcenter.health import healthz
 from conversations import api as conversations_api
 from conversations import views as conversations_views
+from toolcatalog import api as toolcatalog_api
 
 api_patterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
@@ -27,6 +28,14 @@ api_patterns = [
     path("api/runs/<int:run_id>/", agents_api.RunDetailApi.as_view(), name="api-run"),
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
+    # Tool catalog (TD-15)
+    path(
+        "api/conversations/<int:conversation_id>/context",
+        toolcatalog_api.ConversationContextApi.as_view(),
+        name="api-conversation-context",
+    ),
+    path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
+    path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
 ]
 
 urlpatterns = [

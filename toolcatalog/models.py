@@ -1,12 +1,182 @@
-# Models arrive with the tool-catalog issue (TD-1 … TD-10).
+"""The tool catalog (TD-1): groups, tools, modes, MCP servers, and what runs loaded (TD-15)."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from agents.runtime.tokens import estimate_json_tokens
+from toolcatalog.schemas import name_problem, qualified_name, schema_problem
+
+
+class ToolGroup(models.Model):
+    heading = models.CharField(max_length=100, unique=True)
+    order = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["order", "heading"]
+
+    def __str__(self) -> str:
+        return self.heading
+
+
+class McpServer(models.Model):
+    class Transport(models.TextChoices):
+        STDIO = "stdio"
+        HTTP = "http"
+
+    # Part of the qualified names of its tools, so it follows the tool-name alphabet.
+    name = models.SlugField(max_length=40, unique=True)
+    transport = models.CharField(max_length=8, choices=Transport.choices)
+    command = models.TextField(blank=True, help_text="stdio: the command line that starts the server.")
+    url = models.URLField(blank=True, help_text="http: the Streamable HTTP endpoint.")
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if "__" in self.name:
+            raise ValidationError({"name": "A server name cannot contain '__' (it separates server and tool)."})
+        if self.transport == self.Transport.STDIO and not self.command.strip():
+            raise ValidationError({"command": "A stdio server needs the command that starts it."})
+        if self.transport == self.Transport.HTTP and not self.url:
+            raise ValidationError({"url": "An http server needs its URL."})
+
+
+class Tool(models.Model):
+    class Source(models.TextChoices):
+        BUILT_IN = "built-in"
+        IMPORTED = "imported"
+        MCP = "mcp"
+
+    name = models.CharField(max_length=64)
+    group = models.ForeignKey(ToolGroup, on_delete=models.PROTECT, related_name="tools")
+    description = models.TextField()
+    input_schema = models.JSONField(default=dict)
+    resident = models.BooleanField(default=False, db_index=True)
+    requires_approval = models.BooleanField(default=False)
+    max_calls_per_run = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: no limit.")
+    enabled = models.BooleanField(default=True, db_index=True)
+    side_effects = models.CharField(max_length=16, blank=True)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.IMPORTED)
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, null=True, blank=True, related_name="tools")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["group__order", "group__heading", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "name"], name="tool_name_unique_per_server"),
+            models.UniqueConstraint(
+                fields=["name"], condition=models.Q(server__isnull=True), name="tool_name_unique_outside_servers"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.qualified_name
+
+    def save(self, *args, **kwargs) -> None:
+        # The refusal holds for every writer, not just forms: a broken schema would
+        # break every request that carries it.
+        if problem := schema_problem(self.input_schema):
+            raise ValidationError({"input_schema": f"Tool {self.name!r}: {problem}"})
+        super().save(*args, **kwargs)
+
+    @property
+    def qualified_name(self) -> str:
+        return qualified_name(self.name, self.server.name if self.server_id else None)
+
+    @property
+    def schema_tokens(self) -> int:
+        return estimate_json_tokens(self.definition())
+
+    def definition(self) -> dict:
+        return {"name": self.qualified_name, "description": self.description, "input_schema": self.input_schema}
+
+    def clean(self) -> None:
+        errors = {}
+        if problem := name_problem(self.name):
+            errors["name"] = problem
+        if problem := schema_problem(self.input_schema):
+            errors["input_schema"] = problem
+        if (self.source == self.Source.MCP) != bool(self.server_id):
+            errors["server"] = "MCP tools, and only they, belong to an MCP server."
+        if errors:
+            raise ValidationError(errors)
+
+
+class Mode(models.Model):
+    """Which tools a run may use (fnmatch patterns on qualified names) and what it must call to finish."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    allow = models.JSONField(default=list, blank=True, help_text='fnmatch patterns, e.g. ["*"] or ["git_*"].')
+    deny = models.JSONField(default=list, blank=True, help_text="fnmatch patterns; deny wins over allow.")
+    output_action = models.CharField(
+        max_length=130, blank=True, help_text="Qualified name of the tool that produces the mode's output."
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        for field in ("allow", "deny"):
+            value = getattr(self, field)
+            if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+                raise ValidationError({field: 'A list of non-empty fnmatch patterns, e.g. ["git_*"].'})
+        if self.output_action and any(fnmatchcase(self.output_action, p) for p in self.deny):
+            raise ValidationError({"output_action": "The mode denies its own output action."})
+
+
+class ToolActivation(models.Model):
+    """A deferred tool a run loaded, and why (TD-15)."""
+
+    class Trigger(models.TextChoices):
+        DIRECT = "direct"
+        SEARCH = "search"
+
+    run = models.ForeignKey("agents.Run", on_delete=models.CASCADE, related_name="tool_activations")
+    tool_name = models.CharField(max_length=130)
+    trigger = models.CharField(max_length=8, choices=Trigger.choices)
+    query = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} loaded {self.tool_name} ({self.trigger})"
+
+
+class RetrievalMiss(models.Model):
+    """A search_tools query that activated nothing (TD-15)."""
+
+    run = models.ForeignKey("agents.Run", on_delete=models.CASCADE, related_name="retrieval_misses")
+    query = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} found nothing for {self.query[:40]!r}"
 
 
 # ---------------------------------------------------------------------------
 # Built-in tool state (branch `tools`): long-term memory and the task list.
-# Kept at the end of the file so the catalog models above merge cleanly.
+#
 # ---------------------------------------------------------------------------
-from django.conf import settings  # noqa: E402
-from django.db import models  # noqa: E402
 
 
 class Memory(models.Model):

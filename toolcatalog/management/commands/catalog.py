@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from toolcatalog.services import CatalogFileInvalid, catalog_export, catalog_import
+
+
+class Command(BaseCommand):
+    help = "Import a tool catalog file (all or nothing, idempotent) or export the catalog in the same format."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        importing = sub.add_parser("import", help="import FILE; refuses the whole file if any tool is invalid")
+        importing.add_argument("file")
+        exporting = sub.add_parser("export", help="write the catalog as JSON to stdout or --output FILE")
+        exporting.add_argument("--output", "-o", default="")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "import":
+            path = Path(options["file"])
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CommandError(f"cannot read {path}: {exc}") from exc
+            try:
+                result = catalog_import(text=text)
+            except CatalogFileInvalid as exc:
+                raise CommandError(f"{path}: {exc.message}") from exc
+            self.stdout.write(
+                f"{path}: {result.created} tools created, {result.updated} updated, {result.unchanged} unchanged, "
+                f"{result.groups_created} groups created."
+            )
+            return
+        text = catalog_export()
+        if options["output"]:
+            Path(options["output"]).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)

@@ -1,0 +1,162 @@
+"""The catalog-backed ToolBox the agent loop uses (TD-5, TD-6, TD-8, TD-11).
+
+Pure Python: it is handed the run's surface, a way to get the search index, the
+function that runs a tool's implementation and the approval gate; it remembers
+what it activated so the service can record it at the turn boundary (TD-15).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+from typing import Any
+
+from toolcatalog.schemas import arguments_problem
+from toolcatalog.search import ToolIndex, no_match_message
+from toolcatalog.surface import Surface, ToolRecord
+
+Observation = dict[str, Any]
+# Runs a tool's implementation; None when the catalog lists a tool this installation cannot run.
+Executor = Callable[[str, dict[str, Any]], Observation | None]
+# The approval decision point: None lets the call run, an observation stops it.
+ApprovalGate = Callable[[ToolRecord, dict[str, Any]], Observation | None]
+
+DISCOVERY_TOOLS = ("search_tools", "describe_tool", "list_tool_groups")
+
+
+def approval_pending(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | None:
+    """Until the approval flow lands, a tool that needs approval is not run, and the model is told why."""
+    return {
+        "ok": False,
+        "approval_required": True,
+        "error": f"{tool.name} needs a person's approval before it runs, and none was given; it did not run.",
+    }
+
+
+@dataclass(frozen=True)
+class Activation:
+    tool_name: str
+    trigger: str  # "direct" or "search"
+    query: str = ""
+
+
+class CatalogToolBox:
+    def __init__(
+        self,
+        *,
+        surface: Surface,
+        index: Callable[[], ToolIndex],
+        executor: Executor,
+        approve: ApprovalGate = approval_pending,
+    ) -> None:
+        self.surface = surface
+        self._index = index
+        self._executor = executor
+        self._approve = approve
+        self.activated: list[str] = []
+        self.activations: list[Activation] = []
+        self.misses: list[str] = []
+        self.calls: Counter[str] = Counter()
+
+    # -- what the model is offered ---------------------------------------------------------
+
+    def schemas(self) -> list[dict[str, Any]]:
+        # TD-11: the resident block never changes during a run; activations go after it.
+        activated = [self.surface.admitted[name].definition() for name in self.activated]
+        return [*self.surface.resident_schemas(), *activated]
+
+    def _activate(self, name: str, trigger: str, query: str = "") -> bool:
+        if name not in self.surface.deferred_names or name in self.activated:
+            return False
+        self.activated.append(name)
+        self.activations.append(Activation(name, trigger, query))
+        return True
+
+    # -- running a call ------------------------------------------------------------------
+
+    def execute(self, name: str, arguments: dict[str, Any]) -> Observation:
+        tool = self.surface.get(name)
+        if tool is None:
+            # TD-8: unknown and mode-denied names answer alike; neither runs.
+            return {
+                "ok": False,
+                "error": f"There is no tool named {name!r} on this run's surface. Use search_tools to find "
+                "the right tool, or call one from the tool list or the name index.",
+            }
+        # TD-5: a deferred name called directly is loaded here, in the same step.
+        self._activate(name, "direct")
+        if problem := arguments_problem(tool.input_schema, arguments):
+            return {"ok": False, "error": f"Invalid arguments for {name}: {problem}", "input_schema": tool.input_schema}
+        if tool.max_calls_per_run is not None and self.calls[name] >= tool.max_calls_per_run:
+            return {"ok": False, "error": f"{name} may be called at most {tool.max_calls_per_run} times in one run."}
+        if tool.requires_approval and (refusal := self._approve(tool, arguments)) is not None:
+            return refusal
+        self.calls[name] += 1
+        if name in DISCOVERY_TOOLS:
+            return getattr(self, f"_{name}")(arguments)
+        observation = self._executor(name, arguments)
+        if observation is None:
+            return {"ok": False, "error": f"{name} is in the catalog but has no implementation in this installation."}
+        return observation
+
+    # -- discovery tools -----------------------------------------------------------------
+
+    def _search_tools(self, arguments: dict[str, Any]) -> Observation:
+        query = str(arguments.get("query", "")).strip()
+        limit = int(arguments.get("limit") or 5)
+        matches = self._index().search(query, k=limit, allowed=self.surface.admitted)
+        if not matches:
+            self.misses.append(query)
+            return {"ok": True, "query": query, "matches": [], "message": no_match_message(query)}
+        loaded = []
+        for match in matches:
+            if self._activate(match.tool.name, "search", query):
+                loaded.append(match.tool.name)
+        return {
+            "ok": True,
+            "query": query,
+            "matches": [match.tool.definition() for match in matches],
+            "loaded": loaded,
+            "message": "These tools are loaded; call them directly.",
+        }
+
+    def _describe_tool(self, arguments: dict[str, Any]) -> Observation:
+        found, unknown = [], []
+        for name in arguments.get("names", []):
+            tool = self.surface.get(name)
+            if tool is None:
+                unknown.append(name)
+                continue
+            self._activate(name, "direct")
+            found.append(tool.definition())
+        observation: Observation = {"ok": not unknown or bool(found), "tools": found}
+        if unknown:
+            observation["error"] = f"Not on this run's surface: {', '.join(unknown)}. Try search_tools."
+        return observation
+
+    def _list_tool_groups(self, arguments: dict[str, Any]) -> Observation:
+        wanted = arguments.get("group")
+        groups: dict[str, list[str]] = {}
+        for tool in sorted(self.surface.admitted.values(), key=lambda t: (t.group_order, t.group, t.name)):
+            if wanted in (None, tool.group):
+                groups.setdefault(tool.group, []).append(tool.name)
+        if wanted and not groups:
+            return {"ok": False, "error": f"No group {wanted!r} on this run's surface.", "groups": []}
+        return {"ok": True, "groups": [{"heading": h, "tools": names} for h, names in groups.items()]}
+
+
+def search_tool_bm25(
+    index: ToolIndex, query: str, *, allowed: Container[str] | None = None, limit: int = 5
+) -> Observation:
+    """The MCP surface's search (TD-7): the same ranking as search_tools, but it only
+    describes matches. MCP clients already hold every schema from tools/list, so
+    there is nothing to load and nothing is activated."""
+    matches = index.search(query, k=limit, allowed=allowed)
+    if not matches:
+        return {"ok": True, "query": query, "matches": [], "message": no_match_message(query)}
+    return {
+        "ok": True,
+        "query": query,
+        "matches": [{"name": m.tool.name, "group": m.tool.group, "description": m.tool.description} for m in matches],
+    }

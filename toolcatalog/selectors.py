@@ -1,0 +1,109 @@
+"""Reads of the tool catalog: plain records for the pure core, the run surface, the Context view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q, QuerySet
+
+from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from conversations.selectors import conversation_for_user
+from toolcatalog.models import Mode, Tool
+from toolcatalog.surface import ModeSpec, Surface, ToolRecord, build_surface
+
+DEFAULT_MODE = "default"
+
+
+def tools_enabled() -> QuerySet[Tool]:
+    return (
+        Tool.objects.filter(enabled=True)
+        .filter(Q(server__isnull=True) | Q(server__enabled=True))
+        .select_related("group", "server")
+    )
+
+
+def tool_record(tool: Tool) -> ToolRecord:
+    return ToolRecord(
+        name=tool.qualified_name,
+        group=tool.group.heading,
+        description=tool.description,
+        input_schema=tool.input_schema,
+        resident=tool.resident,
+        requires_approval=tool.requires_approval,
+        max_calls_per_run=tool.max_calls_per_run,
+        group_order=tool.group.order,
+        source=tool.source,
+    )
+
+
+def catalog_records() -> list[ToolRecord]:
+    records = [tool_record(tool) for tool in tools_enabled()]
+    if records:
+        return records
+    # A fresh installation has an empty catalog; its built-in tools still work.
+    from toolcatalog.toolbox import builtin_records
+
+    return builtin_records()
+
+
+def mode_spec(mode: Mode | None) -> ModeSpec:
+    if mode is None:
+        mode = Mode.objects.filter(name=DEFAULT_MODE).first()
+    if mode is None:
+        return ModeSpec()
+    return ModeSpec(
+        name=mode.name, allow=tuple(mode.allow), deny=tuple(mode.deny), output_action=mode.output_action or None
+    )
+
+
+def run_surface(*, mode: Mode | None = None, deferral: bool | None = None) -> tuple[Surface, list[ToolRecord]]:
+    """The surface a run gets: the one code path for runs, the Context view and benchmarks (TD-15)."""
+    records = catalog_records()
+    deferral = settings.CC_SERVER_TOOL_DEFERRAL if deferral is None else deferral
+    return build_surface(records, mode_spec(mode), deferral=deferral), records
+
+
+def surface_context(surface: Surface) -> dict[str, Any]:
+    """Resident tools with their token cost, the deferred index, and what each withheld schema would cost."""
+    resident = [
+        {"name": t.name, "group": t.group, "tokens": estimate_json_tokens(t.definition())} for t in surface.resident
+    ]
+    withheld = [
+        {"name": t.name, "group": t.group, "schema_tokens": estimate_json_tokens(t.definition())}
+        for t in surface.deferred
+    ]
+    groups: dict[str, list[str]] = {}
+    for tool in surface.deferred:
+        groups.setdefault(tool.group, []).append(tool.name)
+    resident_tokens = estimate_json_tokens(surface.resident_schemas()) if surface.resident else 0
+    index_tokens = estimate_text_tokens(surface.index_text)
+    return {
+        "mode": surface.mode.name,
+        "deferral": surface.deferral,
+        "resident": resident,
+        "resident_tokens": resident_tokens,
+        "index": {
+            "text": surface.index_text,
+            "tokens": index_tokens,
+            "groups": [{"heading": h, "tools": sorted(names)} for h, names in groups.items()],
+        },
+        "deferred": withheld,
+        "withheld_tokens": sum(item["schema_tokens"] for item in withheld),
+        "tool_block_tokens": resident_tokens + index_tokens,
+    }
+
+
+def conversation_context(*, user: AbstractBaseUser, conversation_id: int) -> dict[str, Any]:
+    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
+    surface, _ = run_surface()
+    return {"conversation": conversation.pk, "tools": surface_context(surface)}
+
+
+def tools_list() -> QuerySet[Tool]:
+    return Tool.objects.select_related("group", "server").order_by("group__order", "group__heading", "name")
+
+
+def modes_list() -> QuerySet[Mode]:
+    return Mode.objects.all()

@@ -1,0 +1,100 @@
+"""A run's tool surface: mode filter first, deferral second (TD-2, TD-4, TD-8, TD-10).
+
+Pure Python. The caller hands in plain tool records, the mode and the deferral
+flag; the result says which schemas go into every request (resident), which names
+are only listed in the grouped index (deferred), and the index text itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+INDEX_HEADER = "Deferred tools: call one by name directly, or use search_tools to find one by what it does."
+
+
+@dataclass(frozen=True)
+class ToolRecord:
+    name: str  # qualified: MCP tools carry their server's prefix
+    group: str
+    description: str
+    input_schema: dict[str, Any]
+    resident: bool = False
+    requires_approval: bool = False
+    max_calls_per_run: int | None = None
+    group_order: int = 0
+    source: str = "built-in"
+
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "input_schema": self.input_schema}
+
+    @property
+    def sort_key(self) -> str:
+        # By name, as the built-in toolbox always sent them: with deferral off the
+        # tool block is byte-identical to a server without deferral (TD-10).
+        return self.name
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str = "default"
+    allow: tuple[str, ...] = ("*",)
+    deny: tuple[str, ...] = ()
+    output_action: str | None = None
+
+    def admits(self, tool_name: str) -> bool:
+        # The output action is what the mode exists to call; it is admitted by definition.
+        if tool_name == self.output_action:
+            return True
+        if any(fnmatchcase(tool_name, pattern) for pattern in self.deny):
+            return False
+        return any(fnmatchcase(tool_name, pattern) for pattern in self.allow)
+
+
+@dataclass(frozen=True)
+class Surface:
+    mode: ModeSpec
+    deferral: bool
+    resident: tuple[ToolRecord, ...]
+    deferred: tuple[ToolRecord, ...]
+    index_text: str
+    admitted: dict[str, ToolRecord] = field(repr=False, default_factory=dict)
+
+    @property
+    def deferred_names(self) -> frozenset[str]:
+        return frozenset(tool.name for tool in self.deferred)
+
+    def resident_schemas(self) -> list[dict[str, Any]]:
+        return [tool.definition() for tool in self.resident]
+
+    def system_blocks(self) -> list[dict[str, Any]]:
+        """The name index as a system block; nothing at all when no tool is deferred (TD-10)."""
+        return [{"type": "text", "text": self.index_text}] if self.index_text else []
+
+    def get(self, name: str) -> ToolRecord | None:
+        return self.admitted.get(name)
+
+
+def build_surface(records: Iterable[ToolRecord], mode: ModeSpec, *, deferral: bool) -> Surface:
+    # TD-8: the mode decides what exists for this run; deferral only decides how it is shown.
+    admitted = sorted((tool for tool in records if mode.admits(tool.name)), key=lambda tool: tool.sort_key)
+    if not deferral:
+        return Surface(mode, False, tuple(admitted), (), "", {tool.name: tool for tool in admitted})
+    resident = tuple(tool for tool in admitted if tool.resident or tool.name == mode.output_action)
+    deferred = tuple(tool for tool in admitted if not (tool.resident or tool.name == mode.output_action))
+    return Surface(mode, True, resident, deferred, name_index(deferred), {tool.name: tool for tool in admitted})
+
+
+def name_index(deferred: Iterable[ToolRecord]) -> str:
+    """Deferred names grouped under their headings (TD-2): a few hundred tokens for a whole catalog."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for tool in deferred:
+        groups.setdefault((tool.group_order, tool.group), []).append(tool.name)
+    if not groups:
+        return ""
+    lines = [INDEX_HEADER]
+    for (_, heading), names in sorted(groups.items()):
+        lines.append(f"{heading}: {', '.join(sorted(names))}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""Wires the catalog-backed ToolBox for a run: surface, search index, built-in implementations.
+
+The built-in implementations are reached only through `BUILTINS` below, so the
+registry can be swapped for the full `toolcatalog/tools/` package in one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from toolcatalog.builtins import BUILTINS, ToolContext
+from toolcatalog.runtime import CatalogToolBox, Executor, Observation, approval_pending
+from toolcatalog.search import ToolIndex, index_for
+from toolcatalog.surface import ToolRecord
+
+
+def builtin_records() -> list[ToolRecord]:
+    """The built-in tools as resident records: what a fresh installation with an empty catalog offers."""
+    return [
+        ToolRecord(
+            name=t.name,
+            group=t.group or "Files and shell",
+            description=t.description,
+            input_schema=t.input_schema,
+            resident=True,
+            requires_approval=t.requires_approval,
+        )
+        for t in BUILTINS.values()
+    ]
+
+
+def builtin_names() -> frozenset[str]:
+    """Tools this installation implements itself; imported entries with these names are built-ins."""
+    return frozenset(BUILTINS)
+
+
+def builtin_executor(workspace: Path, conversation_id: int | None = None) -> Executor:
+    context = ToolContext(root=workspace, conversation_id=conversation_id)
+
+    def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
+        tool = BUILTINS.get(name)
+        return None if tool is None else tool.call(arguments, context)
+
+    return execute
+
+
+def operator_approved(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | None:
+    """Tools an operator listed in CC_TOOL_AUTO_APPROVE run; any other that needs approval waits."""
+    return None if tool.name in settings.CC_TOOL_AUTO_APPROVE else approval_pending(tool, arguments)
+
+
+def run_toolbox(
+    *, workspace: Path, conversation_id: int | None = None, mode: Any = None, deferral: bool | None = None
+) -> CatalogToolBox:
+    from toolcatalog.selectors import run_surface
+
+    surface, records = run_surface(mode=mode, deferral=deferral)
+    index: list[ToolIndex] = []
+
+    def run_index() -> ToolIndex:
+        # Looked up once per run, on the first search; shared across runs per catalog version.
+        if not index:
+            index.append(index_for(records))
+        return index[0]
+
+    return CatalogToolBox(
+        surface=surface,
+        index=run_index,
+        executor=builtin_executor(workspace, conversation_id),
+        approve=operator_approved,
+    )
