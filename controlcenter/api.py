@@ -1,4 +1,9 @@
-"""One place where domain errors become API errors (STYLE #10)."""
+"""One place where domain errors become API errors (STYLE #10).
+
+Every error has one shape: `{"error": {"code", "message", "details"}}`, where
+`message` is one readable sentence and `details` carries per-field errors when
+there are any.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +11,30 @@ from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlcenter.errors import DomainError, NotFound
 
 
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details if details is not None else {}}}
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, NotFound | ObjectDoesNotExist):
-        return Response({"error": "not_found", "detail": str(exc) or "Not found."}, status=status.HTTP_404_NOT_FOUND)
+        return Response(error_body("not_found", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DomainError):
-        return Response({"error": exc.code, "detail": exc.message}, status=exc.status)
+        return Response(error_body(exc.code, exc.message), status=exc.status)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
-    code = getattr(exc, "default_code", "error")
     if isinstance(exc, ValidationError):
-        response.data = {"error": "invalid", "detail": _flatten(response.data), "fields": response.data}
-    elif isinstance(response.data, dict) and "detail" in response.data:
-        response.data = {"error": code, "detail": str(response.data["detail"])}
+        response.data = error_body("invalid", _flatten(response.data), response.data)
+    elif isinstance(exc, APIException):
+        detail = response.data.get("detail", exc.detail) if isinstance(response.data, dict) else exc.detail
+        response.data = error_body(str(getattr(detail, "code", exc.default_code)), str(detail))
     return response
 
 
@@ -39,3 +48,23 @@ def _flatten(errors: Any, prefix: str = "") -> str:
     if isinstance(errors, list):
         return " ".join(_flatten(item, prefix) for item in errors)
     return f"{prefix}{errors}"
+
+
+def error_schema() -> Any:
+    """The OpenAPI description of the error shape, for `extend_schema(responses=...)`."""
+    from drf_spectacular.utils import inline_serializer
+    from rest_framework import serializers
+
+    return inline_serializer(
+        "Error",
+        {
+            "error": inline_serializer(
+                "ErrorBody",
+                {
+                    "code": serializers.CharField(),
+                    "message": serializers.CharField(),
+                    "details": serializers.JSONField(),
+                },
+            )
+        },
+    )

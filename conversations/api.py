@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.serializers import RunSerializer
+from controlcenter.api import error_schema
 from conversations import selectors, services
 from conversations.serializers import (
     ConversationCreateSerializer,
@@ -52,7 +53,9 @@ class MessageCreateApi(APIView):
         request=MessageCreateSerializer,
         responses={
             201: inline_serializer("MessageSent", {"message": MessageSerializer(), "run": RunSerializer()}),
-            400: inline_serializer("Error", {"error": serializers.CharField(), "detail": serializers.CharField()}),
+            400: error_schema(),
+            404: error_schema(),
+            409: error_schema(),
         },
     )
     def post(self, request: Request, conversation_id: int) -> Response:

@@ -45,7 +45,7 @@ def test_posting_to_another_users_conversation_is_404_and_stores_nothing(alice_a
     before = _snapshot()
     response = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "hi"}, format="json")
     assert response.status_code == 404
-    assert response.json()["error"] == "not_found"
+    assert response.json()["error"]["code"] == "not_found"
     assert alice_api.get(f"/api/conversations/{conversation['id']}/").status_code == 404
     assert _snapshot() == before
 
@@ -60,7 +60,7 @@ def test_empty_or_huge_message_is_400_with_a_message_and_stores_nothing(alice_ap
     before = _snapshot()
     response = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": text}, format="json")
     assert response.status_code == 400
-    assert message in response.json()["detail"]
+    assert message in response.json()["error"]["message"]
     assert _snapshot() == before
 
 
@@ -68,7 +68,7 @@ def test_message_without_text_field_is_400(alice_api):
     conversation = alice_api.post("/api/conversations/", {}, format="json").json()
     response = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"txt": "hi"}, format="json")
     assert response.status_code == 400
-    assert "text" in response.json()["detail"]
+    assert "text" in response.json()["error"]["message"]
 
 
 def test_malformed_json_is_400(alice_api):
@@ -78,7 +78,7 @@ def test_malformed_json_is_400(alice_api):
         f"/api/conversations/{conversation['id']}/messages/", data="{not json", content_type="application/json"
     )
     assert response.status_code == 400
-    assert "JSON" in response.json()["detail"]
+    assert "JSON" in response.json()["error"]["message"]
     assert _snapshot() == before
 
 
@@ -89,7 +89,7 @@ def test_second_message_while_a_run_is_in_progress_is_409(alice_api):
     before = _snapshot()
     response = alice_api.post(url, {"text": "second"}, format="json")
     assert response.status_code == 409
-    assert "in progress" in response.json()["detail"]
+    assert "in progress" in response.json()["error"]["message"]
     assert _snapshot() == before
 
 

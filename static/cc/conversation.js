@@ -95,7 +95,7 @@
       body: JSON.stringify({ text }),
     });
     const body = await response.json().catch(() => ({}));
-    if (!response.ok) { statusLine.textContent = body.detail || `Error ${response.status}`; return; }
+    if (!response.ok) { statusLine.textContent = (body.error && body.error.message) || `Error ${response.status}`; return; }
     const article = el("article", "message user");
     article.appendChild(el("header", null, "user"));
     article.appendChild(el("div", "text", text));
