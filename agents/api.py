@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
@@ -23,6 +24,13 @@ class RunCancelApi(APIView):
     def post(self, request: Request, run_id: int) -> Response:
         run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
         return Response(RunSerializer(services.run_cancel(run=run)).data)
+
+
+class RunRetryApi(APIView):
+    @extend_schema(request=None, responses={201: RunSerializer})
+    def post(self, request: Request, run_id: int) -> Response:
+        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        return Response(RunSerializer(services.run_retry(run=run)).data, status=status.HTTP_201_CREATED)
 
 
 class RunEventsApi(APIView):

@@ -41,3 +41,13 @@ def enqueue_run(run_id: int) -> None:
         run_turn.delay(run_id)
     else:
         _embedded_pool().submit(_execute_in_thread, run_id)
+
+
+def embedded_recover() -> None:
+    """At start of an embedded server: the previous process's runs died with it."""
+    from agents.models import Run
+    from agents.services import runs_reap_orphans
+
+    runs_reap_orphans(live=(), grace_seconds=0)
+    for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
+        enqueue_run(run_id)

@@ -9,8 +9,15 @@ import redis
 from django.conf import settings
 
 KEY_PREFIX = "cc:worker:"
-TTL_SECONDS = 15
-INTERVAL_SECONDS = 5
+
+
+def interval_seconds() -> float:
+    return settings.CC_WORKER_HEARTBEAT_SECONDS
+
+
+def ttl_seconds() -> float:
+    # Three missed beats before a worker counts as gone: one slow beat is not a death.
+    return 3 * settings.CC_WORKER_HEARTBEAT_SECONDS
 
 
 def _client() -> redis.Redis:
@@ -18,12 +25,16 @@ def _client() -> redis.Redis:
 
 
 def beat_forever(hostname: str, stop: threading.Event) -> None:
+    """Refresh this worker's key, and fail the runs of workers whose keys expired (CH-5)."""
+    from agents.services import runs_reap_orphans
+
     client = _client()
     while not stop.is_set():
         # Redis being down is what /healthz reports; keep trying.
         with contextlib.suppress(redis.RedisError):
-            client.set(KEY_PREFIX + hostname, "1", ex=TTL_SECONDS)
-        stop.wait(INTERVAL_SECONDS)
+            client.set(KEY_PREFIX + hostname, "1", px=int(ttl_seconds() * 1000))
+            runs_reap_orphans(live=live_workers())
+        stop.wait(interval_seconds())
 
 
 def start_heartbeat(hostname: str) -> threading.Event:

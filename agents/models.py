@@ -32,6 +32,11 @@ class Run(models.Model):
         return f"run {self.pk} ({self.status})"
 
     @property
+    def retryable(self) -> bool:
+        # A turn is written whole or not at all, so any run that ended without a reply can run again.
+        return self.status in (self.Status.FAILED, self.Status.CANCELLED)
+
+    @property
     def is_finished(self) -> bool:
         return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED)
 

@@ -39,6 +39,7 @@ class RunSerializer(serializers.ModelSerializer):
             "first_event_at",
             "finished_at",
             "error",
+            "retryable",
             "model_requests",
         ]
 

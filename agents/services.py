@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -31,6 +33,7 @@ SYSTEM_PROMPT = (
     "you are given; say plainly what you did and what you found."
 )
 _CANCEL_POLL_SECONDS = 0.5
+ACTIVE_STATUSES = (Run.Status.QUEUED, Run.Status.RUNNING)
 
 
 def run_start(*, conversation: Conversation, trigger: Message) -> Run:
@@ -42,6 +45,17 @@ def run_start(*, conversation: Conversation, trigger: Message) -> Run:
     )
     transaction.on_commit(lambda: enqueue_run(run.pk))
     return run
+
+
+def run_retry(*, run: Run) -> Run:
+    """Run the same turn again: a new run answering the same user message."""
+    if not run.retryable:
+        raise Conflict(f"Run {run.pk} is {run.status}; only a failed or cancelled run can be retried.")
+    with transaction.atomic():
+        conversation = Conversation.objects.select_for_update().get(pk=run.conversation_id)
+        if Run.objects.filter(conversation=conversation, status__in=ACTIVE_STATUSES).exists():
+            raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
+        return run_start(conversation=conversation, trigger=run.trigger)
 
 
 def run_claim(*, run_id: int, worker: str) -> bool:
@@ -64,6 +78,33 @@ def run_cancel(*, run: Run) -> Run:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
     run.refresh_from_db()
     return run
+
+
+WORKER_LOST = (
+    "The worker running this turn stopped before the turn ended ({worker}); nothing of the turn was stored, "
+    "so the conversation is exactly as it was before. Retry the run."
+)
+
+
+def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = None) -> list[int]:
+    """Fail, as retryable, the runs whose worker is gone; the turn was never half-written (CH-5)."""
+    from agents.heartbeat import ttl_seconds
+
+    grace = ttl_seconds() if grace_seconds is None else grace_seconds
+    settled = timezone.now() - timedelta(seconds=grace)
+    candidates = Run.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled).exclude(worker__in=live)
+    reaped = []
+    for run in candidates.select_related("conversation"):
+        error = WORKER_LOST.format(worker=run.worker or "unknown worker")
+        # Conditional: another worker's reaper, or the run itself finishing, may win the race.
+        if Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+            status=Run.Status.FAILED, error=error, finished_at=timezone.now()
+        ):
+            RunEventPublisher(run).publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+            reaped.append(run.pk)
+    if reaped:
+        logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)
+    return reaped
 
 
 def run_execute(*, run_id: int, worker: str) -> None:

@@ -10,10 +10,13 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
 django_asgi_app = get_asgi_application()
 
+from asgiref.sync import sync_to_async  # noqa: E402
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+from agents.dispatch import embedded_recover  # noqa: E402
 from agents.events import register_server_loop  # noqa: E402
 from controlcenter.mode import log_mode  # noqa: E402
 from controlcenter.routing import websocket_urlpatterns  # noqa: E402
@@ -36,6 +39,8 @@ async def application(scope, receive, send):  # noqa: ANN001, ANN201
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if settings.CC_MODE == "embedded":
+                    await sync_to_async(embedded_recover)()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await mcp_endpoint.shutdown()

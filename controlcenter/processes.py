@@ -29,17 +29,23 @@ class WorkerProcess:
     """A real Celery worker (not eager), in its own process group so it can be killed whole."""
 
     def __init__(self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2) -> None:
+        self.env = env
         self.hostname = hostname
         self.log_path = log_path
-        self._log = log_path.open("wb")
+        self.concurrency = concurrency
+        self.start()
+
+    def start(self) -> None:
+        """Start (or start again, after stop or kill) with the same settings; the log starts afresh."""
+        self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "celery", "-A", "controlcenter", "worker", "--loglevel=INFO",
-                f"--concurrency={concurrency}", "--pool=threads", f"--hostname={hostname}",
+                f"--concurrency={self.concurrency}", "--pool=threads", f"--hostname={self.hostname}",
                 "--without-gossip", "--without-mingle",
             ],
             cwd=ROOT,
-            env=env,
+            env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -59,6 +65,7 @@ class WorkerProcess:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
+        self._log.close()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -67,4 +74,5 @@ class WorkerProcess:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+                return
         self._log.close()

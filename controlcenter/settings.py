@@ -90,6 +90,8 @@ if CC_PROVIDER == "openai" and not (OPENAI_API_KEY or OPENAI_BASE_URL):
 CC_SERVER_TOOL_DEFERRAL = env_on_off("CC_SERVER_TOOL_DEFERRAL", True)
 CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
 CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
+# Workers refresh a liveness key this often; a run whose worker misses three beats failed.
+CC_WORKER_HEARTBEAT_SECONDS = env_int("CC_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
 SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
 
 # --- apps -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ api_patterns = [
     ),
     path("api/runs/<int:run_id>/", agents_api.RunDetailApi.as_view(), name="api-run"),
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
+    path("api/runs/<int:run_id>/retry/", agents_api.RunRetryApi.as_view(), name="api-run-retry"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
     # Tool catalog (TD-15)
     path(

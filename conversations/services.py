@@ -7,7 +7,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from agents.models import Run
-from agents.services import run_start
+from agents.services import ACTIVE_STATUSES, run_start
 from controlcenter.errors import Conflict, DomainError
 from conversations.models import Conversation, Message
 
@@ -29,7 +29,7 @@ def message_send(*, conversation: Conversation, text: str) -> tuple[Message, Run
         raise DomainError(f"The message has {len(text)} characters; the limit is {settings.CC_MAX_MESSAGE_CHARS}.")
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        if Run.objects.filter(conversation=locked, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).exists():
+        if Run.objects.filter(conversation=locked, status__in=ACTIVE_STATUSES).exists():
             raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
         message = Message.objects.create(
             conversation=locked,

@@ -6,6 +6,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from agents.models import Run
+from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
 
@@ -38,7 +39,7 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
     except NotFound:
         raise Http404("No such conversation.") from None
     active_run = (
-        Run.objects.filter(conversation=conversation, status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
+        Run.objects.filter(conversation=conversation, status__in=ACTIVE_STATUSES)
         .order_by("-id")
         .first()
     )

@@ -24,7 +24,17 @@ from agents.runtime.request import ModelRequestSpec
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
 
 _WORKSPACE_WORDS = re.compile(r"\b(files?|workspace|directory|folder|ls)\b", re.IGNORECASE)
-_LISTING_TOOL = "list_dir"
+# "run `make test`" asks for the shell: the way to try approvals with no key.
+_SHELL_REQUEST = re.compile(r"\brun\s+`([^`]+)`", re.IGNORECASE)
+
+
+def _choose_tool(prompt: str, offered: set[str]) -> tuple[str, dict[str, Any]] | None:
+    command = _SHELL_REQUEST.search(prompt)
+    if command and "bash" in offered:
+        return "bash", {"command": command.group(1)}
+    if _WORKSPACE_WORDS.search(prompt) and "list_dir" in offered:
+        return "list_dir", {"path": "."}
+    return None
 
 
 _shared: Emulator | None = None
@@ -54,27 +64,26 @@ class OfflineProvider:
             raise error_for_status(exc.status, exc.message) from exc
         last = request.messages[-1] if request.messages else {"role": "user", "content": []}
         results = [block for block in last["content"] if block.get("type") == "tool_result"]
-        wants_listing = False
+        call = None
         if results:
             text = self._describe_results(results)
         else:
             prompt = " ".join(block.get("text", "") for block in last["content"] if block.get("type") == "text")
             text = self._answer(prompt)
-            offered = {tool["name"] for tool in request.tools}
-            wants_listing = bool(_WORKSPACE_WORDS.search(prompt)) and _LISTING_TOOL in offered
-            if wants_listing:
-                text += " Let me look at the workspace."
+            call = _choose_tool(prompt, {tool["name"] for tool in request.tools})
+            if call is not None:
+                text += " Let me look at the workspace." if call[0] == "list_dir" else " Let me run that."
         for chunk in _chunks(text):
             yield TextDelta(chunk)
         content: list[dict[str, Any]] = [{"type": "text", "text": text}]
-        if wants_listing:
-            tool_use = ToolUseBlock(id=_tool_use_id(request), name=_LISTING_TOOL, input={"path": "."})
+        if call is not None:
+            tool_use = ToolUseBlock(id=_tool_use_id(request), name=call[0], input=call[1])
             yield tool_use
             content.append({"type": "tool_use", "id": tool_use.id, "name": tool_use.name, "input": tool_use.input})
-        output_tokens = estimate_text_tokens(text) + (estimate_json_tokens(content[-1]) if wants_listing else 0)
+        output_tokens = estimate_text_tokens(text) + (estimate_json_tokens(content[-1]) if call else 0)
         yield MessageDone(
             content=content,
-            stop_reason="tool_use" if wants_listing else "end_turn",
+            stop_reason="tool_use" if call else "end_turn",
             usage=Usage(
                 input_tokens=cache_usage.input_tokens,
                 cache_creation_input_tokens=cache_usage.cache_creation_input_tokens,
@@ -96,7 +105,7 @@ class OfflineProvider:
 
     @staticmethod
     def _describe_results(results: list[dict[str, Any]]) -> str:
-        parts = []
+        parts: list[str] = []
         for result in results:
             try:
                 observation = json.loads(result.get("content") or "{}")
@@ -104,6 +113,11 @@ class OfflineProvider:
                 observation = {"ok": False}
             if observation.get("ok") is False:
                 parts.append(f"the tool failed: {observation.get('error', 'unknown error')}")
+            elif "exit_code" in observation:
+                output = (observation.get("stdout") or "").strip()
+                parts.append(
+                    f"the command exited with {observation['exit_code']}" + (f": {output[:200]}" if output else "")
+                )
             elif "entries" in observation:
                 names = [entry["name"] for entry in observation["entries"]]
                 listing = ", ".join(names) if names else "nothing yet"
