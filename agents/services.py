@@ -19,6 +19,8 @@ from agents.runtime.request import text_block
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
+from scratchpad import services as scratchpad_services
+from scratchpad.store import turn_toolbox
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.workspace import workspace_root
 
@@ -83,12 +85,19 @@ def run_execute(*, run_id: int, worker: str) -> None:
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
     history = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
     try:
+        # Scratchpad (SP-10, SP-1, SP-7, SP-9): collect expired entries, then put the store in front of the tools.
+        scratchpad_services.gc()
+        toolbox = turn_toolbox(
+            inner=WorkspaceToolBox(workspace_root(run.conversation_id)),
+            run_id=run.pk,
+            conversation_id=run.conversation_id,
+        )
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
             system=[text_block(SYSTEM_PROMPT)],
             history=history,
-            toolbox=WorkspaceToolBox(workspace_root(run.conversation_id)),
+            toolbox=toolbox,
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
         )
