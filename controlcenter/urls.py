@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents import api as agents_api
@@ -27,6 +27,7 @@ api_patterns = [
     path("api/runs/<int:run_id>/", agents_api.RunDetailApi.as_view(), name="api-run"),
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
+    path("api/scratchpad/", include("scratchpad.urls")),
 ]
 
 urlpatterns = [
