@@ -93,7 +93,9 @@ def make_run(owner: Any, text: str = "hello", status: str = Run.Status.RUNNING) 
     message = Message.objects.create(conversation=conversation, role="user", content=[{"type": "text", "text": text}])
     conversation.tip = message
     conversation.save(update_fields=["tip"])
-    return Run.objects.create(conversation=conversation, trigger=message, provider="offline", model="offline-1", status=status)
+    return Run.objects.create(
+        conversation=conversation, trigger=message, provider="offline", model="offline-1", status=status
+    )
 
 
 def next_run(run: Run, text: str = "again") -> Run:
@@ -112,5 +114,8 @@ def server_log(lines: int, *, errors_at_end: int = 0) -> str:
         f"200 {i % 311}ms user={i % 4001}\n"
         for i in range(lines)
     ]
-    out += [f"2026-12-02T23:59:{50 + i:02d}Z ERROR [db.pool] connection refused (attempt {i + 1})\n" for i in range(errors_at_end)]
+    out += [
+        f"2026-12-02T23:59:{50 + i:02d}Z ERROR [db.pool] connection refused (attempt {i + 1})\n"
+        for i in range(errors_at_end)
+    ]
     return "".join(out)

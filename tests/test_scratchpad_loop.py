@@ -90,7 +90,10 @@ def test_800kb_log_history_holds_summary_and_id_and_tail_returns_the_errors(alic
 @pytest.mark.req("SP-9")
 def test_14kb_json_written_through_step_reference_lands_byte_identical(alice, tmp_path):
     body = json.dumps(
-        {"headers": {"Accept": "*/*", "X-Note": "caffè ☕ naïve"}, "items": [{"id": i, "name": f"item {i} è"} for i in range(420)]},
+        {
+            "headers": {"Accept": "*/*", "X-Note": "caffè ☕ naïve"},
+            "items": [{"id": i, "name": f"item {i} è"} for i in range(420)],
+        },
         ensure_ascii=False,
         indent=2,
     )
