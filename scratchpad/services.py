@@ -7,11 +7,13 @@ Entries are rows in the project database, so every worker sees the same scratchp
 from __future__ import annotations
 
 import secrets
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from controlcenter.errors import DomainError, NotFound
@@ -23,9 +25,22 @@ from scratchpad.reader import shape_of
 from scratchpad.summary import binary_summary, text_summary
 from scratchpad.tool import DEFAULT_GREP_TIMEOUT_SECONDS, DEFAULT_READ_MAX_CHARS, run_read
 
+T = TypeVar("T")
 DEFAULT_TTL_SECONDS = 3600
 DEFAULT_PINNED_TTL_SECONDS = 7 * 24 * 3600
 _GC_BATCH = 200
+
+
+def _retry_when_locked(action: Callable[[], T]) -> T:
+    """SQLite (embedded mode) answers a busy table with an error instead of waiting: retry briefly."""
+    for attempt in range(60):
+        try:
+            return action()
+        except OperationalError as exc:
+            if connection.vendor != "sqlite" or "locked" not in str(exc) or attempt == 59:
+                raise
+            time.sleep(0.02 * (1 + attempt % 5))
+    raise AssertionError("unreachable")
 
 
 def default_ttl_seconds() -> int:
@@ -103,26 +118,30 @@ def put(
         "created_at": now,
         "expires_at": now + timedelta(seconds=ttl),
     }
+
+    def store() -> Entry:
+        with transaction.atomic():
+            entry = Entry.objects.create(id=_new_id(), **fields)
+            Chunk.objects.bulk_create(
+                (
+                    Chunk(
+                        entry=entry,
+                        index=chunk.index,
+                        char_start=chunk.char_start,
+                        char_count=chunk.char_count,
+                        line_start=chunk.line_start,
+                        line_count=chunk.line_count,
+                        data=chunk.data,
+                    )
+                    for chunk in chunks
+                ),
+                batch_size=64,
+            )
+            return entry
+
     for _attempt in range(3):
         try:
-            with transaction.atomic():
-                entry = Entry.objects.create(id=_new_id(), **fields)
-                Chunk.objects.bulk_create(
-                    (
-                        Chunk(
-                            entry=entry,
-                            index=chunk.index,
-                            char_start=chunk.char_start,
-                            char_count=chunk.char_count,
-                            line_start=chunk.line_start,
-                            line_count=chunk.line_count,
-                            data=chunk.data,
-                        )
-                        for chunk in chunks
-                    ),
-                    batch_size=64,
-                )
-                return entry
+            return _retry_when_locked(store)
         except IntegrityError:
             # Two random 64-bit ids collided; draw again.
             continue
@@ -230,8 +249,8 @@ def gc(*, now: datetime | None = None) -> int:
     extended one) never matches `expires_at <= now`.
     """
     now = now or timezone.now()
-    deleted = 0
-    while True:
+
+    def collect_batch() -> int | None:
         with transaction.atomic():
             ids = list(
                 Entry.objects.select_for_update(skip_locked=True)
@@ -239,9 +258,14 @@ def gc(*, now: datetime | None = None) -> int:
                 .values_list("id", flat=True)[:_GC_BATCH]
             )
             if not ids:
-                return deleted
+                return None
             Chunk.objects.filter(entry_id__in=ids).delete()
-            deleted += Entry.objects.filter(id__in=ids, expires_at__lte=now).delete()[1].get(Entry._meta.label, 0)
+            return Entry.objects.filter(id__in=ids, expires_at__lte=now).delete()[1].get(Entry._meta.label, 0)
+
+    deleted = 0
+    while (count := _retry_when_locked(collect_batch)) is not None:
+        deleted += count
+    return deleted
 
 
 def pin(*, entry: Entry, ttl_seconds: int | None = None, now: datetime | None = None) -> Entry:
