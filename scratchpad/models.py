@@ -67,7 +67,7 @@ class Chunk(models.Model):
         constraints = [models.UniqueConstraint(fields=["entry", "index"], name="scratchpad_chunk_unique")]
         indexes = [
             models.Index(fields=["entry", "char_start"], name="scratchpad_chunk_char"),
-            models.Index(fields=["entry", "line_start"], name="scratchpad_chunk_line"),
+            models.Index(fields=["entry", "line_start", "index"], name="scratchpad_chunk_line"),
         ]
 
     def __str__(self) -> str:

@@ -14,7 +14,7 @@ from scratchpad.models import Chunk, Entry
 from scratchpad.reader import Chunk as ReadChunk
 from scratchpad.reader import ReadError, Shape
 
-_BATCH = 4
+_MAX_BATCH = 8
 
 
 class DbChunkSource:
@@ -46,20 +46,23 @@ class DbChunkSource:
     def chunks(self, first_index: int) -> Iterator[ReadChunk]:
         text = self.entry.kind == Entry.Kind.TEXT
         index = first_index
+        # Most reads need one chunk; a longer walk (lines, grep) fetches growing batches.
+        batch = 1
         while index < self.entry.chunk_count:
             rows = list(
-                Chunk.objects.filter(entry_id=self.entry.pk, index__gte=index, index__lt=index + _BATCH)
+                Chunk.objects.filter(entry_id=self.entry.pk, index__gte=index, index__lt=index + batch)
                 .order_by("index")
                 .values_list("index", "char_start", "line_start", "data")
             )
-            expected = min(_BATCH, self.entry.chunk_count - index)
+            expected = min(batch, self.entry.chunk_count - index)
             if len(rows) != expected:
                 # Collected while we read: say so rather than return a silent hole.
                 raise ReadError(f"Scratchpad entry {self.entry.pk} expired while it was being read.")
             for row_index, start, line_start, data in rows:
                 self.fetched += 1
                 yield ReadChunk(row_index, start, line_start, decode(bytes(data), text=text))
-            index += _BATCH
+            index += batch
+            batch = min(batch * 2, _MAX_BATCH)
 
 
 def live_entries(*, now: datetime | None = None) -> QuerySet[Entry]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from controlcenter.errors import DomainError, NotFound
 from scratchpad import selectors
-from scratchpad.chunks import encode
+from scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
 from scratchpad.models import Chunk, Entry
 from scratchpad.offload import Payload, rebuild_observation, split_observation, synthetic_observation
 from scratchpad.reader import shape_of
@@ -29,6 +29,7 @@ T = TypeVar("T")
 DEFAULT_TTL_SECONDS = 3600
 DEFAULT_PINNED_TTL_SECONDS = 7 * 24 * 3600
 _GC_BATCH = 200
+_INSERT_BATCH = 32
 
 
 def _retry_when_locked(action: Callable[[], T]) -> T:
@@ -91,9 +92,7 @@ def put(
         raise DomainError(f"kind must be 'text' or 'binary'; got {kind!r}.")
     content = _normalise(content, kind)
     now = now or timezone.now()
-    chunks = encode(content)
     shape = shape_of(content)
-    size_bytes = len(content) if isinstance(content, bytes) else len(content.encode("utf-8"))
     if summary is None:
         summary = binary_summary(content) if isinstance(content, bytes) else text_summary(content)
     fields = {
@@ -104,12 +103,11 @@ def put(
         "step_num": step_num,
         "executor_name": executor_name[:200],
         "kind": shape.kind,
-        "size_bytes": size_bytes,
+        "size_bytes": 0,
         "length": shape.length,
         "newline_count": shape.newline_count,
         "line_count": shape.line_count,
-        "chunk_count": len(chunks),
-        "stored_bytes": sum(len(chunk.data) for chunk in chunks),
+        "chunk_count": -(-shape.length // chunk_size_for(content)),
         "summary": summary,
         "metadata": metadata or {},
         "payload_field": payload_field,
@@ -122,21 +120,8 @@ def put(
     def store() -> Entry:
         with transaction.atomic():
             entry = Entry.objects.create(id=_new_id(), **fields)
-            Chunk.objects.bulk_create(
-                (
-                    Chunk(
-                        entry=entry,
-                        index=chunk.index,
-                        char_start=chunk.char_start,
-                        char_count=chunk.char_count,
-                        line_start=chunk.line_start,
-                        line_count=chunk.line_count,
-                        data=chunk.data,
-                    )
-                    for chunk in chunks
-                ),
-                batch_size=64,
-            )
+            entry.stored_bytes, entry.size_bytes = _insert_chunks(entry.pk, encode_iter(content))
+            Entry.objects.filter(pk=entry.pk).update(stored_bytes=entry.stored_bytes, size_bytes=entry.size_bytes)
             return entry
 
     for _attempt in range(3):
@@ -146,6 +131,55 @@ def put(
             # Two random 64-bit ids collided; draw again.
             continue
     raise DomainError("Could not allocate a scratchpad id.")
+
+
+def _insert_chunks(entry_id: str, chunks: Iterator[EncodedChunk]) -> tuple[int, int]:
+    """Write the chunks as they are compressed; returns (bytes stored, bytes of content)."""
+    stored = raw = 0
+    if connection.vendor == "postgresql":
+        # Binary COPY: the ORM would send each blob as escaped text, which costs more than compressing it.
+        connection.ensure_connection()
+        columns = "entry_id, index, char_start, char_count, line_start, line_count, data"
+        with (
+            connection.connection.cursor() as cursor,
+            cursor.copy(f"COPY {Chunk._meta.db_table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
+        ):
+            copy.set_types(["text", "int4", "int8", "int4", "int8", "int4", "bytea"])
+            for chunk in chunks:
+                stored += len(chunk.data)
+                raw += chunk.raw_size
+                copy.write_row(
+                    (
+                        entry_id,
+                        chunk.index,
+                        chunk.char_start,
+                        chunk.char_count,
+                        chunk.line_start,
+                        chunk.line_count,
+                        chunk.data,
+                    )
+                )
+        return stored, raw
+    batch: list[Chunk] = []
+    for chunk in chunks:
+        stored += len(chunk.data)
+        raw += chunk.raw_size
+        batch.append(
+            Chunk(
+                entry_id=entry_id,
+                index=chunk.index,
+                char_start=chunk.char_start,
+                char_count=chunk.char_count,
+                line_start=chunk.line_start,
+                line_count=chunk.line_count,
+                data=chunk.data,
+            )
+        )
+        if len(batch) == _INSERT_BATCH:
+            Chunk.objects.bulk_create(batch)
+            batch = []
+    Chunk.objects.bulk_create(batch)
+    return stored, raw
 
 
 def _normalise(content: str | bytes, kind: str | None) -> str | bytes:
