@@ -137,8 +137,14 @@ def rebuild_observation(*, content: str | bytes, field: str, encoding: str, enve
     return rebuilt
 
 
-def synthetic_observation(*, entry_id: str, step: int, payload: Payload, summary: str) -> dict[str, Any]:
-    """What the model's history holds instead of a large observation (SP-3)."""
+def synthetic_observation(
+    *, entry_id: str, step: int, payload: Payload, summary: str, ok: bool = True
+) -> dict[str, Any]:
+    """What the model's history holds instead of a large observation (SP-3).
+
+    `ok` stays false for a failed tool whose output was large (a long stderr), so
+    offloading never turns a failure into an apparent success.
+    """
     if payload.field:
         what = f"The full {payload.field!r} of step {step}"
         reference = f"{{{{step{step}.{payload.field}}}}}"
@@ -151,7 +157,7 @@ def synthetic_observation(*, entry_id: str, step: int, payload: Payload, summary
         f"to pass the full value to another tool, write {reference} as that argument."
     )
     return {
-        "ok": True,
+        "ok": ok,
         "scratchpad_id": entry_id,
         "size_bytes": payload.size_bytes,
         "kind": payload.kind,

@@ -159,13 +159,15 @@ def grep(
     context: int,
     max_matches: int,
     timeout_seconds: float,
+    total_seconds: float = 60.0,
 ) -> GrepResult:
     """Lines matching `pattern`, `grep -n` style, with `context` lines around each match.
 
-    Raises TimeoutError when the pattern spends more than `timeout_seconds` in total.
-    A match is reported at the line where it starts.
+    Raises TimeoutError when one search over a block takes more than `timeout_seconds`
+    (catastrophic backtracking), or the pattern more than `total_seconds` in all; time
+    spent fetching chunks does not count. A match is reported at the line where it starts.
     """
-    deadline = time.monotonic() + timeout_seconds
+    spent = [0.0]
     out: list[str] = []
     state = {"matches": 0, "more": False, "last": 0, "after": 0}
     before: deque[tuple[int, str]] = deque(maxlen=max(context, 1))
@@ -184,10 +186,12 @@ def grep(
         found_lines: set[int] = set()
         pos = counted_to = line = 0
         while pos <= len(block) and len(found_lines) <= max_matches:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            budget = min(timeout_seconds, total_seconds - spent[0])
+            if budget <= 0:
                 raise TimeoutError
-            found = pattern.search(block, pos, timeout=remaining)
+            started = time.monotonic()
+            found = pattern.search(block, pos, timeout=budget)
+            spent[0] += time.monotonic() - started
             if found is None:
                 break
             line += block.count("\n", counted_to, found.start())

@@ -231,7 +231,14 @@ def put_observation(
         envelope=payload.envelope,
         now=now,
     )
-    return entry, synthetic_observation(entry_id=entry.pk, step=step_num, payload=payload, summary=entry.summary)
+    synthetic = synthetic_observation(
+        entry_id=entry.pk,
+        step=step_num,
+        payload=payload,
+        summary=entry.summary,
+        ok=observation.get("ok") is not False,
+    )
+    return entry, synthetic
 
 
 def read(

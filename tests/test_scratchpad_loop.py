@@ -270,3 +270,40 @@ def test_run_execute_collects_expired_entries_and_offloads_a_large_listing(alice
     assert results[0]["scratchpad_id"] == entry.pk
     listing = services.full_observation(entry)
     assert len(listing["entries"]) == 120
+
+
+@pytest.mark.req("SP-11")
+@pytest.mark.req("SP-7")
+def test_a_later_turn_neither_sees_nor_reads_an_earlier_turns_entry(alice, tmp_path):
+    from tests.scratchpad_support import next_run
+
+    (tmp_path / "big.txt").write_text("secret line\n" * 1000)
+    first = make_run(alice)
+    earlier = {}
+
+    def remember(request):
+        earlier["id"] = last_results(request)[0]["scratchpad_id"]
+        return say("stored")
+
+    _turn(ScriptedProvider([[tool_use("t1", "read_file", path="big.txt")], remember]), first, tmp_path)
+    second = next_run(first)
+    seen = {}
+
+    def done(request):
+        seen["result"] = last_results(request)[0]
+        return say("done")
+
+    provider = ScriptedProvider([[tool_use("t1", "scratchpad_read", scratchpad_id=earlier["id"], mode="full")], done])
+    _turn(provider, second, tmp_path)
+    assert "scratchpad_read" not in _tool_names(provider.requests[0])
+    assert seen["result"]["ok"] is False
+    assert seen["result"]["error"] == (
+        f"There is no scratchpad entry {earlier['id']!r} in this turn (unknown, expired, or from another turn)."
+    )
+    # Pinned to the conversation, the same entry becomes readable (and offered) in a later turn.
+    services.pin(entry=Entry.objects.get(pk=earlier["id"]))
+    third = next_run(first)
+    provider = ScriptedProvider([[tool_use("t1", "scratchpad_read", scratchpad_id=earlier["id"], n=11)], done])
+    _turn(provider, third, tmp_path)
+    assert "scratchpad_read" in _tool_names(provider.requests[0])
+    assert seen["result"]["content"] == "secret line"

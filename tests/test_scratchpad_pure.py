@@ -167,3 +167,14 @@ def test_content_is_compressed_at_rest():
     text = "2026-12-02T10:00:00Z INFO request served in 12ms\n" * 20_000
     chunks = encode(text)
     assert sum(len(chunk.data) for chunk in chunks) * 4 < len(text.encode())
+
+
+@pytest.mark.req("SP-3")
+def test_synthetic_observation_of_a_failed_tool_stays_a_failure():
+    from scratchpad.offload import synthetic_observation
+
+    observation = {"ok": False, "exit_code": 2, "stderr": "boom\n" * 2000}
+    payload = split_observation(observation, threshold=4096)
+    synthetic = synthetic_observation(entry_id="0" * 16, step=4, payload=payload, summary="s", ok=False)
+    assert synthetic["ok"] is False and synthetic["metadata"] == {"exit_code": 2}
+    assert "{{step4.stderr}}" in synthetic["_note"]
