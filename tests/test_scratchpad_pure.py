@@ -178,3 +178,16 @@ def test_synthetic_observation_of_a_failed_tool_stays_a_failure():
     synthetic = synthetic_observation(entry_id="0" * 16, step=4, payload=payload, summary="s", ok=False)
     assert synthetic["ok"] is False and synthetic["metadata"] == {"exit_code": 2}
     assert "{{step4.stderr}}" in synthetic["_note"]
+
+
+def test_pure_core_modules_import_without_django():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import agents.runtime.observations, scratchpad.summary, scratchpad.references, "
+        "scratchpad.offload, scratchpad.reader, scratchpad.tool, scratchpad.chunks; "
+        "assert not [m for m in sys.modules if m == 'django' or m.startswith('django.')], 'django imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -283,3 +283,11 @@ def test_concurrent_gc_and_put_lose_nothing_live():
     assert survivors == {e.pk for e in live} | set(created)
     for entry in Entry.objects.all():
         assert len(services.full_content(entry)) == entry.length
+
+
+@pytest.mark.req("SP-6")
+def test_lines_read_of_an_enormous_line_is_an_error_pointing_to_range():
+    entry = services.put(turn_id="t", content="short\n" + "x" * 50_000 + "\nend\n", now=T0)
+    result = _read(entry, mode="lines", start=2, end=2)
+    assert result["ok"] is False and "mode=range" in result["error"]
+    assert _read(entry, mode="lines", start=3, end=3)["content"] == "end\n"
