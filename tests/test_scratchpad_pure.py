@@ -191,3 +191,14 @@ def test_pure_core_modules_import_without_django():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.req("SP-6")
+def test_grep_finds_a_match_deep_inside_a_line_longer_than_a_million_characters():
+    text = "start\n" + "a" * 2_500_000 + "NEEDLE" + "b" * 10 + "\nnext NEEDLE\n"
+    source = MemoryChunkSource(encode(text), shape_of(text))
+    result = grep(source, regex.compile("NEEDLE", regex.MULTILINE), context=0, max_matches=10, timeout_seconds=5)
+    assert result.matches == 2 and result.split_lines == [2]
+    first, second = result.content.splitlines()
+    assert first.startswith("2:") and "more characters" in first
+    assert second == "3:next NEEDLE"
