@@ -11,7 +11,7 @@ from agents.models import Run
 from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
 from agents.runtime.request import ModelRequestSpec
 from conversations.models import Conversation, Message
-from toolcatalog.builtins import BUILTINS, BuiltinTool, WorkspaceToolBox
+from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.workspace import resolve_inside
 
 Step = Callable[[ModelRequestSpec], list[dict[str, Any]]] | list[dict[str, Any]]
@@ -72,20 +72,41 @@ def _write_file(arguments: dict[str, Any], root: Path) -> dict[str, Any]:
     return {"ok": True, "path": arguments["path"], "bytes": len(data)}
 
 
-def _schema(name: str, *props: str) -> dict[str, Any]:
+def _schema(*props: str) -> dict[str, Any]:
     return {"type": "object", "properties": {prop: {"type": "string"} for prop in props}}
 
 
+# name -> (description, input schema, function of (arguments, workspace root)).
 TEST_TOOLS = {
-    **BUILTINS,
-    "read_file": BuiltinTool("read_file", "Read a workspace file.", _schema("read_file", "path"), _read_file),
-    "fetch": BuiltinTool("fetch", "GET a URL.", _schema("fetch", "url"), _fetch),
-    "write_file": BuiltinTool("write_file", "Write a file.", _schema("write_file", "path", "content"), _write_file),
+    "read_file": ("Read a workspace file.", _schema("path"), _read_file),
+    "fetch": ("GET a URL.", _schema("url"), _fetch),
+    "write_file": ("Write a file.", _schema("path", "content"), _write_file),
 }
 
 
-def tools_in(root: Path) -> WorkspaceToolBox:
-    return WorkspaceToolBox(root, tools=TEST_TOOLS)
+class ScratchTools:
+    """A ToolBox: the small test tools above in front of the real workspace built-ins (list_dir…)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.workspace = WorkspaceToolBox(root)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        own = [
+            {"name": name, "description": description, "input_schema": schema}
+            for name, (description, schema, _run) in TEST_TOOLS.items()
+        ]
+        builtin = [schema for schema in self.workspace.schemas() if schema["name"] not in TEST_TOOLS]
+        return sorted(own + builtin, key=lambda schema: schema["name"])
+
+    def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        if name in TEST_TOOLS:
+            return TEST_TOOLS[name][2](arguments, self.root)
+        return self.workspace.execute(name, arguments)
+
+
+def tools_in(root: Path) -> ScratchTools:
+    return ScratchTools(root)
 
 
 def make_run(owner: Any, text: str = "hello", status: str = Run.Status.RUNNING) -> Run:
