@@ -307,3 +307,33 @@ def test_a_later_turn_neither_sees_nor_reads_an_earlier_turns_entry(alice, tmp_p
     _turn(provider, third, tmp_path)
     assert "scratchpad_read" in _tool_names(provider.requests[0])
     assert seen["result"]["content"] == "secret line"
+
+
+@pytest.mark.req("SP-9")
+@pytest.mark.req("SP-10")
+def test_reference_to_an_expired_step_is_an_error_and_the_tool_does_not_run(alice, tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    (tmp_path / "big.txt").write_text("q" * 8000)
+    run = make_run(alice)
+    clock = {"now": datetime(2026, 12, 2, 10, 0, tzinfo=UTC)}
+    seen = {}
+
+    def later(request):
+        clock["now"] += timedelta(hours=1, seconds=1)
+        return [tool_use("t2", "write_file", path="out.txt", content="{{step1.content}}")]
+
+    def done(request):
+        seen["result"] = last_results(request)[0]
+        return say("done")
+
+    toolbox = turn_toolbox(
+        inner=tools_in(tmp_path), run_id=run.pk, conversation_id=run.conversation_id, clock=lambda: clock["now"]
+    )
+    provider = ScriptedProvider([[tool_use("t1", "read_file", path="big.txt")], later, done])
+    run_turn(provider=provider, model="m", system=[], history=USER, toolbox=toolbox, emit=lambda *_: None)
+    assert seen["result"]["ok"] is False
+    assert "has expired from the scratchpad" in seen["result"]["error"]
+    assert not (tmp_path / "out.txt").exists()
+    # Expired, the entry is no longer offered either.
+    assert "scratchpad_read" not in _tool_names(provider.requests[2])

@@ -291,3 +291,16 @@ def test_lines_read_of_an_enormous_line_is_an_error_pointing_to_range():
     result = _read(entry, mode="lines", start=2, end=2)
     assert result["ok"] is False and "mode=range" in result["error"]
     assert _read(entry, mode="lines", start=3, end=3)["content"] == "end\n"
+
+
+@pytest.mark.req("SP-10")
+def test_a_read_that_loses_its_chunks_to_gc_says_so_instead_of_returning_a_hole():
+    from scratchpad.reader import ReadError
+
+    entry = services.put(turn_id="t", content="r" * 600_000, now=T0)
+    source = selectors.DbChunkSource(entry)
+    chunks = source.chunks(0)
+    next(chunks)
+    Chunk.objects.filter(entry=entry).delete()
+    with pytest.raises(ReadError, match="expired while it was being read"):
+        list(chunks)
