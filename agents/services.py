@@ -21,6 +21,8 @@ from agents.runtime.request import text_block
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
+from scratchpad import services as scratchpad_services
+from scratchpad.store import turn_toolbox
 from toolcatalog.runtime import CatalogToolBox
 from toolcatalog.services import activations_record
 from toolcatalog.toolbox import run_toolbox
@@ -126,12 +128,16 @@ def run_execute(*, run_id: int, worker: str) -> None:
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
     history = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
     try:
+        # Scratchpad (SP-10): collect expired entries at the start of every turn.
+        scratchpad_services.gc()
         # Tool catalog (TD-2..TD-8): resident schemas, the deferred-name index as a system block.
-        toolbox = run_toolbox(workspace=workspace_root(run.conversation_id), conversation_id=run.conversation_id)
+        catalog = run_toolbox(workspace=workspace_root(run.conversation_id), conversation_id=run.conversation_id)
+        # Scratchpad (SP-1, SP-7, SP-9): large results offloaded, references resolved, reads offered.
+        toolbox = turn_toolbox(inner=catalog, run_id=run.pk, conversation_id=run.conversation_id)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
-            system=[text_block(SYSTEM_PROMPT), *toolbox.surface.system_blocks()],
+            system=[text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()],
             history=history,
             toolbox=toolbox,
             emit=emit,
@@ -152,7 +158,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
         _finish(run, Run.Status.FAILED, error)
         publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
-    reply = _persist_turn(run, outcome, toolbox)
+    reply = _persist_turn(run, outcome, catalog)
     publisher.publish(
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},

@@ -38,11 +38,7 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
     except NotFound:
         raise Http404("No such conversation.") from None
-    active_run = (
-        Run.objects.filter(conversation=conversation, status__in=ACTIVE_STATUSES)
-        .order_by("-id")
-        .first()
-    )
+    active_run = Run.objects.filter(conversation=conversation, status__in=ACTIVE_STATUSES).order_by("-id").first()
     return render(
         request,
         "conversations/detail.html",

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from agents.providers.base import MessageDone, Provider, TextDelta, ToolUseBlock, Usage
 from agents.runtime.request import ModelRequestSpec
@@ -27,6 +27,40 @@ class ToolBox(Protocol):
     def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """Run a tool and return its observation; tool failures are observations, not exceptions."""
         ...
+
+
+@runtime_checkable
+class NumberedToolBox(ToolBox, Protocol):
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Like `execute`, told which tool call of the turn this is (1-based), for `{{stepN}}` references."""
+        ...
+
+
+# Tools whose repeated identical calls are normal use, not a loop (SP-8).
+REPEATABLE_TOOLS = frozenset({"scratchpad_read"})
+
+
+class DuplicateCallGuard:
+    """Refuses a second call of the same tool with the same arguments in one turn (SP-8)."""
+
+    def __init__(self, repeatable: frozenset[str] = REPEATABLE_TOOLS) -> None:
+        self.repeatable = repeatable
+        self.seen: dict[str, int] = {}
+
+    def check(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+        if name in self.repeatable:
+            return None
+        key = name + "\x00" + json.dumps(arguments, sort_keys=True, default=repr)
+        earlier = self.seen.setdefault(key, step)
+        if earlier == step:
+            return None
+        return {
+            "ok": False,
+            "error": (
+                f"{name} was not run: it was already called with exactly these arguments at step {earlier} "
+                "of this turn, and its result is above. Use that result or change the arguments."
+            ),
+        }
 
 
 class TurnCancelled(Exception):
@@ -61,6 +95,8 @@ def run_turn(
     is_cancelled: Callable[[], bool] = lambda: False,
 ) -> TurnOutcome:
     outcome = TurnOutcome()
+    guard = DuplicateCallGuard()
+    tool_step = 0
     for step in range(1, max_steps + 1):
         if is_cancelled():
             raise TurnCancelled()
@@ -94,8 +130,18 @@ def run_turn(
             return outcome
         results = []
         for block in tool_uses:
-            observation = toolbox.execute(block["name"], block.get("input") or {})
-            emit("tool_result", {"step": step, "id": block["id"], "name": block["name"], "output": observation})
+            tool_step += 1
+            arguments = block.get("input") or {}
+            observation = guard.check(tool_step, block["name"], arguments)
+            if observation is None:
+                if isinstance(toolbox, NumberedToolBox):
+                    observation = toolbox.execute_step(tool_step, block["name"], arguments)
+                else:
+                    observation = toolbox.execute(block["name"], arguments)
+            emit(
+                "tool_result",
+                {"step": step, "tool_step": tool_step, "id": block["id"], "name": block["name"], "output": observation},
+            )
             results.append(
                 {
                     "type": "tool_result",

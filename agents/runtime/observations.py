@@ -1,0 +1,104 @@
+"""Large observations in the pure core: offload, references, scratchpad_read (SP-1, SP-7, SP-9).
+
+`ScratchpadToolBox` wraps any ToolBox. For every tool call it resolves
+`{{stepN.field}}` references from the full observations of the turn, runs the
+tool, and hands an observation larger than the threshold to an `ObservationStore`,
+which keeps it and returns the synthetic observation the model sees instead. It also
+offers and runs `scratchpad_read` while the turn has live entries. The store is a
+protocol: the Django-backed one lives in `scratchpad/store.py`.
+
+Step N is the turn's N-th tool call, numbered by the loop (`execute_step`), so
+`{{step2.content}}` is the observation of the second call whatever happened to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from agents.runtime.loop import ToolBox
+from scratchpad import tool as scratchpad_tool
+from scratchpad.offload import jsonable_observation, needs_offload
+from scratchpad.references import UnresolvableReference, has_references, resolve
+
+
+class ObservationStore(Protocol):
+    def has_live_entries(self) -> bool:
+        """Whether the turn can read anything (its own entries or pinned ones)."""
+        ...
+
+    def offload(self, *, step: int, tool: str, observation: dict[str, Any]) -> dict[str, Any]:
+        """Keep the full observation; return the synthetic one for the history (SP-3)."""
+        ...
+
+    def full_observation(self, entry_id: str) -> Any:
+        """The stored observation as the tool returned it; KeyError once it is gone."""
+        ...
+
+    def read(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Run `scratchpad_read` in the turn's scope."""
+        ...
+
+
+class ScratchpadToolBox:
+    def __init__(self, inner: ToolBox, store: ObservationStore, *, threshold: int) -> None:
+        self.inner = inner
+        self.store = store
+        self.threshold = threshold
+        # step -> the inline observation, or the id of the entry holding it.
+        self._inline: dict[int, Any] = {}
+        self._offloaded: dict[int, str] = {}
+        self._last_step = 0
+
+    def schemas(self) -> list[dict[str, Any]]:
+        schemas = [schema for schema in self.inner.schemas() if schema.get("name") != scratchpad_tool.NAME]
+        if self.store.has_live_entries():
+            schemas.append(scratchpad_tool.SCHEMA)
+        return schemas
+
+    def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.execute_step(self._last_step + 1, name, arguments)
+
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        self._last_step = max(self._last_step, step)
+        if name == scratchpad_tool.NAME:
+            # Reads are not offloaded again: their size is capped by the read itself,
+            # and an oversized request is an error that says how to ask for less.
+            return self._keep(step, self.store.read(arguments))
+        if has_references(arguments):
+            try:
+                arguments = resolve(arguments, self._lookup)
+            except UnresolvableReference as exc:
+                return self._keep(step, {"ok": False, "error": f"{name} was not run: {exc}"})
+        observation = self.inner.execute(name, arguments)
+        if needs_offload(observation, self.threshold):
+            synthetic = self.store.offload(step=step, tool=name, observation=observation)
+            self._offloaded[step] = synthetic["scratchpad_id"]
+            return synthetic
+        return self._keep(step, observation)
+
+    def _keep(self, step: int, observation: dict[str, Any]) -> dict[str, Any]:
+        self._inline[step] = observation
+        # The history is JSON: bytes in a small observation travel as base64 text.
+        return jsonable_observation(observation) if _has_bytes(observation) else observation
+
+    def _lookup(self, step: int) -> Any:
+        if step in self._inline:
+            return self._inline[step]
+        if step in self._offloaded:
+            entry_id = self._offloaded[step]
+            try:
+                return self.store.full_observation(entry_id)
+            except KeyError:
+                raise KeyError(f"the observation of step {step} ({entry_id}) has expired from the scratchpad") from None
+        done = f"steps so far: 1..{self._last_step - 1}" if self._last_step > 1 else "no earlier step in this turn"
+        raise KeyError(f"step {step} does not exist ({done})")
+
+
+def _has_bytes(value: Any) -> bool:
+    if isinstance(value, bytes | bytearray):
+        return True
+    if isinstance(value, dict):
+        return any(_has_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_bytes(item) for item in value)
+    return False

@@ -1,0 +1,95 @@
+"""Reads of scratchpad entries: scope checks and a chunk source over the database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from scratchpad.chunks import decode
+from scratchpad.models import Chunk, Entry
+from scratchpad.reader import Chunk as ReadChunk
+from scratchpad.reader import ReadError, Shape
+
+_MAX_BATCH = 8
+
+
+class DbChunkSource:
+    """A reader's view of one entry: locates chunks by index queries, fetches them lazily."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        self.shape = Shape(entry.kind, entry.length, entry.newline_count, entry.line_count)
+        self.fetched = 0
+
+    def index_at_offset(self, offset: int) -> int:
+        index = (
+            Chunk.objects.filter(entry_id=self.entry.pk, char_start__lte=offset)
+            .order_by("-char_start")
+            .values_list("index", flat=True)
+            .first()
+        )
+        return index or 0
+
+    def index_for_line(self, newlines_before: int) -> int:
+        index = (
+            Chunk.objects.filter(entry_id=self.entry.pk, line_start__lt=newlines_before)
+            .order_by("-line_start", "-index")
+            .values_list("index", flat=True)
+            .first()
+        )
+        return index or 0
+
+    def chunks(self, first_index: int) -> Iterator[ReadChunk]:
+        text = self.entry.kind == Entry.Kind.TEXT
+        index = first_index
+        # Most reads need one chunk; a longer walk (lines, grep) fetches growing batches.
+        batch = 1
+        while index < self.entry.chunk_count:
+            rows = list(
+                Chunk.objects.filter(entry_id=self.entry.pk, index__gte=index, index__lt=index + batch)
+                .order_by("index")
+                .values_list("index", "char_start", "line_start", "data")
+            )
+            expected = min(batch, self.entry.chunk_count - index)
+            if len(rows) != expected:
+                # Collected while we read: say so rather than return a silent hole.
+                raise ReadError(f"Scratchpad entry {self.entry.pk} expired while it was being read.")
+            for row_index, start, line_start, data in rows:
+                self.fetched += 1
+                yield ReadChunk(row_index, start, line_start, decode(bytes(data), text=text))
+            index += batch
+            batch = min(batch * 2, _MAX_BATCH)
+
+
+def live_entries(*, now: datetime | None = None) -> QuerySet[Entry]:
+    return Entry.objects.filter(expires_at__gt=now or timezone.now())
+
+
+def entries_visible_to_turn(
+    *, turn_id: str, conversation_id: int | None = None, now: datetime | None = None
+) -> QuerySet[Entry]:
+    """The turn's own live entries, plus its conversation's pinned ones (SP-11)."""
+    scope = Q(turn_id=turn_id)
+    if conversation_id is not None:
+        scope |= Q(pinned=True, conversation_id=conversation_id)
+    return live_entries(now=now).filter(scope)
+
+
+def entry_for_turn(
+    *, entry_id: str, turn_id: str, conversation_id: int | None = None, now: datetime | None = None
+) -> Entry | None:
+    visible = entries_visible_to_turn(turn_id=turn_id, conversation_id=conversation_id, now=now)
+    return visible.filter(pk=entry_id).first()
+
+
+def entries_for_user(*, user: AbstractBaseUser, now: datetime | None = None) -> QuerySet[Entry]:
+    """Live entries whose run's conversation belongs to `user` (RN-3)."""
+    return live_entries(now=now).filter(conversation__owner=user)
+
+
+def entry_for_user(*, user: AbstractBaseUser, entry_id: str, now: datetime | None = None) -> Entry | None:
+    return entries_for_user(user=user, now=now).filter(pk=entry_id).first()

@@ -1,0 +1,325 @@
+"""Scratchpad writes and reads: put, read, list_for_turn, gc, pin (SP-2, SP-10, SP-11).
+
+Entries are rows in the project database, so every worker sees the same scratchpad
+(SP-12). The clock is a parameter (`now`) so TTL behaviour can be tested exactly.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from controlcenter.errors import DomainError, NotFound
+from scratchpad import selectors
+from scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
+from scratchpad.models import Chunk, Entry
+from scratchpad.offload import Payload, rebuild_observation, split_observation, synthetic_observation
+from scratchpad.reader import shape_of
+from scratchpad.summary import binary_summary, text_summary
+from scratchpad.tool import DEFAULT_GREP_TIMEOUT_SECONDS, DEFAULT_READ_MAX_CHARS, run_read
+
+T = TypeVar("T")
+DEFAULT_TTL_SECONDS = 3600
+DEFAULT_PINNED_TTL_SECONDS = 7 * 24 * 3600
+_GC_BATCH = 200
+_INSERT_BATCH = 32
+
+
+def _retry_when_locked(action: Callable[[], T]) -> T:
+    """SQLite (embedded mode) answers a busy table with an error instead of waiting: retry briefly."""
+    for attempt in range(60):
+        try:
+            return action()
+        except OperationalError as exc:
+            if connection.vendor != "sqlite" or "locked" not in str(exc) or attempt == 59:
+                raise
+            time.sleep(0.02 * (1 + attempt % 5))
+    raise AssertionError("unreachable")
+
+
+def default_ttl_seconds() -> int:
+    return int(getattr(settings, "SCRATCHPAD_TTL_SECONDS", DEFAULT_TTL_SECONDS))
+
+
+def read_max_chars() -> int:
+    return int(getattr(settings, "SCRATCHPAD_READ_MAX_CHARS", DEFAULT_READ_MAX_CHARS))
+
+
+def _new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _check_ttl(ttl_seconds: int | None) -> int:
+    if ttl_seconds is None:
+        return default_ttl_seconds()
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
+        raise DomainError(f"ttl_seconds must be a positive integer; got {ttl_seconds!r}.")
+    return ttl_seconds
+
+
+def put(
+    *,
+    turn_id: str,
+    content: str | bytes,
+    kind: str | None = None,
+    step_num: int | None = None,
+    executor_name: str = "",
+    ttl_seconds: int | None = None,
+    run_id: int | None = None,
+    conversation_id: int | None = None,
+    pinned: bool = False,
+    summary: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    payload_field: str = "",
+    payload_encoding: str = "",
+    envelope: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> Entry:
+    """Store `content` for the turn, chunked and compressed, in one transaction."""
+    if not turn_id:
+        raise DomainError("turn_id is required.")
+    ttl = _check_ttl(ttl_seconds)
+    if pinned and conversation_id is None:
+        raise DomainError("Only an entry that belongs to a conversation can be pinned.")
+    if kind not in (None, Entry.Kind.TEXT, Entry.Kind.BINARY):
+        raise DomainError(f"kind must be 'text' or 'binary'; got {kind!r}.")
+    content = _normalise(content, kind)
+    now = now or timezone.now()
+    shape = shape_of(content)
+    if summary is None:
+        summary = binary_summary(content) if isinstance(content, bytes) else text_summary(content)
+    fields = {
+        "turn_id": str(turn_id),
+        "run_id": run_id,
+        "conversation_id": conversation_id,
+        "pinned": pinned,
+        "step_num": step_num,
+        "executor_name": executor_name[:200],
+        "kind": shape.kind,
+        "size_bytes": 0,
+        "length": shape.length,
+        "newline_count": shape.newline_count,
+        "line_count": shape.line_count,
+        "chunk_count": -(-shape.length // chunk_size_for(content)),
+        "summary": summary,
+        "metadata": metadata or {},
+        "payload_field": payload_field,
+        "payload_encoding": payload_encoding,
+        "envelope": envelope or {},
+        "created_at": now,
+        "expires_at": now + timedelta(seconds=ttl),
+    }
+
+    def store() -> Entry:
+        with transaction.atomic():
+            entry = Entry.objects.create(id=_new_id(), **fields)
+            entry.stored_bytes, entry.size_bytes = _insert_chunks(entry.pk, encode_iter(content))
+            Entry.objects.filter(pk=entry.pk).update(stored_bytes=entry.stored_bytes, size_bytes=entry.size_bytes)
+            return entry
+
+    for _attempt in range(3):
+        try:
+            return _retry_when_locked(store)
+        except IntegrityError:
+            # Two random 64-bit ids collided; draw again.
+            continue
+    raise DomainError("Could not allocate a scratchpad id.")
+
+
+def _insert_chunks(entry_id: str, chunks: Iterator[EncodedChunk]) -> tuple[int, int]:
+    """Write the chunks as they are compressed; returns (bytes stored, bytes of content)."""
+    stored = raw = 0
+    if connection.vendor == "postgresql":
+        # Binary COPY: the ORM would send each blob as escaped text, which costs more than compressing it.
+        connection.ensure_connection()
+        columns = "entry_id, index, char_start, char_count, line_start, line_count, data"
+        with (
+            connection.connection.cursor() as cursor,
+            cursor.copy(f"COPY {Chunk._meta.db_table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy,
+        ):
+            copy.set_types(["text", "int4", "int8", "int4", "int8", "int4", "bytea"])
+            for chunk in chunks:
+                stored += len(chunk.data)
+                raw += chunk.raw_size
+                copy.write_row(
+                    (
+                        entry_id,
+                        chunk.index,
+                        chunk.char_start,
+                        chunk.char_count,
+                        chunk.line_start,
+                        chunk.line_count,
+                        chunk.data,
+                    )
+                )
+        return stored, raw
+    batch: list[Chunk] = []
+    for chunk in chunks:
+        stored += len(chunk.data)
+        raw += chunk.raw_size
+        batch.append(
+            Chunk(
+                entry_id=entry_id,
+                index=chunk.index,
+                char_start=chunk.char_start,
+                char_count=chunk.char_count,
+                line_start=chunk.line_start,
+                line_count=chunk.line_count,
+                data=chunk.data,
+            )
+        )
+        if len(batch) == _INSERT_BATCH:
+            Chunk.objects.bulk_create(batch)
+            batch = []
+    Chunk.objects.bulk_create(batch)
+    return stored, raw
+
+
+def _normalise(content: str | bytes, kind: str | None) -> str | bytes:
+    """Text stays text only if it is valid UTF-8; anything else is kept as exact bytes."""
+    if isinstance(content, bytearray | memoryview):
+        content = bytes(content)
+    if isinstance(content, bytes):
+        if kind == Entry.Kind.TEXT:
+            try:
+                return content.decode("utf-8")
+            except UnicodeDecodeError:
+                return content
+        return content
+    if not isinstance(content, str):
+        raise DomainError(f"content must be text or bytes; got {type(content).__name__}.")
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError:
+        return content.encode("utf-8", "surrogateescape")
+    return content.encode("utf-8") if kind == Entry.Kind.BINARY else content
+
+
+def put_observation(
+    *,
+    turn_id: str,
+    step_num: int,
+    executor_name: str,
+    observation: dict[str, Any],
+    threshold: int,
+    run_id: int | None = None,
+    conversation_id: int | None = None,
+    ttl_seconds: int | None = None,
+    now: datetime | None = None,
+) -> tuple[Entry, dict[str, Any]]:
+    """Offload one large observation (SP-1); returns the entry and the synthetic observation (SP-3)."""
+    payload: Payload = split_observation(observation, threshold=threshold)
+    entry = put(
+        turn_id=turn_id,
+        content=payload.content,
+        kind=payload.kind,
+        step_num=step_num,
+        executor_name=executor_name,
+        ttl_seconds=ttl_seconds,
+        run_id=run_id,
+        conversation_id=conversation_id,
+        metadata=payload.metadata,
+        payload_field=payload.field,
+        payload_encoding=payload.encoding,
+        envelope=payload.envelope,
+        now=now,
+    )
+    synthetic = synthetic_observation(
+        entry_id=entry.pk,
+        step=step_num,
+        payload=payload,
+        summary=entry.summary,
+        ok=observation.get("ok") is not False,
+    )
+    return entry, synthetic
+
+
+def read(
+    *,
+    entry_id: str,
+    turn_id: str,
+    arguments: dict[str, Any],
+    conversation_id: int | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """One `scratchpad_read` within a turn's scope; bad input is an error observation."""
+    arguments = {**arguments, "scratchpad_id": entry_id}
+
+    def open_entry(requested: str) -> selectors.DbChunkSource | None:
+        entry = selectors.entry_for_turn(entry_id=requested, turn_id=turn_id, conversation_id=conversation_id, now=now)
+        return None if entry is None else selectors.DbChunkSource(entry)
+
+    return run_read(
+        arguments, open_entry, max_chars=read_max_chars(), grep_timeout_seconds=DEFAULT_GREP_TIMEOUT_SECONDS
+    )
+
+
+def list_for_turn(*, turn_id: str, conversation_id: int | None = None, now: datetime | None = None) -> list[Entry]:
+    """The live entries the turn may see: its own, plus its conversation's pinned ones (SP-11)."""
+    return list(selectors.entries_visible_to_turn(turn_id=turn_id, conversation_id=conversation_id, now=now))
+
+
+def full_content(entry: Entry) -> str | bytes:
+    source = selectors.DbChunkSource(entry)
+    parts = [chunk.value for chunk in source.chunks(0)]
+    return (b"" if entry.kind == Entry.Kind.BINARY else "").join(parts)
+
+
+def full_observation(entry: Entry) -> Any:
+    """The observation exactly as the tool returned it, rebuilt from storage (SP-9)."""
+    content = full_content(entry)
+    if not entry.payload_encoding:
+        return content
+    return rebuild_observation(
+        content=content, field=entry.payload_field, encoding=entry.payload_encoding, envelope=entry.envelope
+    )
+
+
+def gc(*, now: datetime | None = None) -> int:
+    """Delete expired entries; safe to run from several workers at once (SP-10).
+
+    Expired rows are locked with SKIP LOCKED, so two collectors split the work
+    instead of waiting on each other, and a live entry (a fresh put, a pin that just
+    extended one) never matches `expires_at <= now`.
+    """
+    now = now or timezone.now()
+
+    def collect_batch() -> int | None:
+        with transaction.atomic():
+            ids = list(
+                Entry.objects.select_for_update(skip_locked=True)
+                .filter(expires_at__lte=now)
+                .values_list("id", flat=True)[:_GC_BATCH]
+            )
+            if not ids:
+                return None
+            Chunk.objects.filter(entry_id__in=ids).delete()
+            return Entry.objects.filter(id__in=ids, expires_at__lte=now).delete()[1].get(Entry._meta.label, 0)
+
+    deleted = 0
+    while (count := _retry_when_locked(collect_batch)) is not None:
+        deleted += count
+    return deleted
+
+
+def pin(*, entry: Entry, ttl_seconds: int | None = None, now: datetime | None = None) -> Entry:
+    """Keep an entry for later turns of its conversation, with a longer TTL (SP-11)."""
+    now = now or timezone.now()
+    ttl = DEFAULT_PINNED_TTL_SECONDS if ttl_seconds is None else _check_ttl(ttl_seconds)
+    if entry.conversation_id is None:
+        raise DomainError(f"Scratchpad entry {entry.pk} belongs to no conversation and cannot be pinned.")
+    with transaction.atomic():
+        locked = Entry.objects.select_for_update().filter(pk=entry.pk, expires_at__gt=now).first()
+        if locked is None:
+            raise NotFound(f"Scratchpad entry {entry.pk} does not exist.")
+        locked.pinned = True
+        locked.expires_at = max(locked.expires_at, now + timedelta(seconds=ttl))
+        locked.save(update_fields=["pinned", "expires_at"])
+    return locked
