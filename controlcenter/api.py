@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
-from rest_framework import status
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -27,6 +29,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("not_found", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DomainError):
         return Response(error_body(exc.code, exc.message), status=exc.status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(str(exc) or "Not found.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or "You do not have permission to do this.")
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -68,3 +74,39 @@ def error_schema() -> Any:
             )
         },
     )
+
+
+_ERROR_STATUSES = {
+    "400": "The request is malformed or a value is invalid.",
+    "401": "No valid credentials were sent.",
+    "403": "The credentials do not allow this.",
+    "404": "The object does not exist or belongs to someone else.",
+    "405": "The method is not allowed here.",
+    "406": "The requested format is not available.",
+    "409": "The object's state does not allow this now.",
+    "413": "The request body is too large.",
+    "415": "The body's media type is not supported.",
+}
+
+
+def document_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular hook: every operation may answer with the one error shape."""
+    components = result.setdefault("components", {}).setdefault("schemas", {})
+    components["ErrorResponse"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message", "details"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "details": {}},
+            }
+        },
+    }
+    reference = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+    for path_item in result.get("paths", {}).values():
+        for operation in path_item.values():
+            responses = operation.setdefault("responses", {})
+            for status_code, description in _ERROR_STATUSES.items():
+                responses.setdefault(status_code, {"description": description, **reference})
+    return result

@@ -49,3 +49,4 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     *api_patterns,
 ]
+handler404 = "controlcenter.views.not_found"
