@@ -17,6 +17,7 @@ from agents.models import ModelRequest, Run
 from agents.providers.base import ProviderError
 from agents.providers.registry import get_provider
 from agents.runtime.loop import TurnCancelled, TurnOutcome, run_turn
+from agents.runtime.pruning import prune_stale_tool_output
 from agents.runtime.request import text_block
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
@@ -126,7 +127,14 @@ def run_execute(*, run_id: int, worker: str) -> None:
             Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now())
 
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
-    history = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
+    stored = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
+    # TD-12: stale tool output goes in rare deep rewrites; between them requests only append.
+    pruning = prune_stale_tool_output(
+        stored, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
+    )
+    if pruning.rewrote_now:
+        emit("context_pruned", {"results_pruned": pruning.results_pruned, "tokens_freed": pruning.tokens_freed})
+    history = pruning.messages
     try:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()

@@ -92,6 +92,10 @@ CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
 CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
 # Workers refresh a liveness key this often; a run whose worker misses three beats failed.
 CC_WORKER_HEARTBEAT_SECONDS = env_int("CC_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
+# TD-12: prune tool output of turns older than the last KEEP_TURNS only when at least
+# MIN_TOKENS would be freed at once, so pruning is a rare rewrite, not a steady cache miss.
+CC_PRUNE_KEEP_TURNS = env_int("CC_PRUNE_KEEP_TURNS", 3, minimum=1)
+CC_PRUNE_MIN_TOKENS = env_int("CC_PRUNE_MIN_TOKENS", 20_000, minimum=1)
 SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
 
 # --- apps -----------------------------------------------------------------------
