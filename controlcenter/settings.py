@@ -91,6 +91,9 @@ CC_SERVER_TOOL_DEFERRAL = env_on_off("CC_SERVER_TOOL_DEFERRAL", True)
 CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
 CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
 SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
+# Conversation history (CH-1..CH-10): the model's window and the literal tail the ladder keeps.
+CC_CONTEXT_WINDOW_TOKENS = env_int("CC_CONTEXT_WINDOW_TOKENS", 200_000, minimum=1024)
+CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", 8_000, minimum=256)
 
 # --- apps -----------------------------------------------------------------------
 INSTALLED_APPS = [

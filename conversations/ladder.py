@@ -221,9 +221,8 @@ def _drop_images(middle: list[Msg], replaced: list[dict[str, Any]]) -> int:
                 for inner_index, inner_block in enumerate(inner):
                     if inner_block.get("type") == "image":
                         inner[inner_index] = caption(inner_block, message)
-                        replaced.append(
-                            {"kind": "image_dropped", "message": message.get("id"), "block": index, "inner": inner_index}
-                        )
+                        where = {"message": message.get("id"), "block": index, "inner": inner_index}
+                        replaced.append({"kind": "image_dropped", **where})
                         count += 1
     return count
 
