@@ -8,8 +8,9 @@
 Pure: the caller hands in the path as plain messages (with their database `id`)
 and gets back a compacted view plus what each rung freed. The original messages
 are never changed; the database keeps every one of them, so a compaction is a view
-over the path that can be inspected and undone. Snapshots and summaries always
-start from the original messages, never from an earlier pass's output (CH-4).
+over the path that can be inspected and undone. Every pass starts again from the
+stored messages: snapshots image the middle's retained text (after elision and
+image dropping), never an earlier pass's pages (CH-4).
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ def compact(
             report.items = _elide(middle, replaced)
         elif rung == "drop_images" and replacement is None:
             report.items = _drop_images(middle, replaced)
-        elif rung == "snapshot" and original[head_end:tail_start]:
-            source = original[head_end:tail_start]
+        elif rung == "snapshot" and middle:
+            # The retained source text: the middle as the free rungs left it, rebuilt
+            # from the stored messages at every pass, never from earlier pages (CH-4).
+            source = middle
             pages, snapshot_report = snapshots.render(source, shape=shape, image_rule=image_rule)
             candidate = _replacement(source, "snapshot", [page.as_block() for page in pages])
             if transcript_tokens([candidate], image_rule=image_rule) < transcript_tokens(middle, image_rule=image_rule):
@@ -130,11 +133,11 @@ def compact(
             else:
                 pages = []
                 report.note = "the middle is cheaper as text than as pages"
-        elif rung == "summary" and original[head_end:tail_start]:
+        elif rung == "summary" and middle:
             if summarize is None:
                 report.note = "no summarizer is available here (summaries need a model call)"
             else:
-                source = original[head_end:tail_start]
+                source = middle
                 summary = summarize(_bounded_source_text(source))
                 replacement = _replacement(source, "summary", [{"type": "text", "text": summary}])
                 pages = []
