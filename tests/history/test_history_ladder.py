@@ -118,11 +118,8 @@ def test_image_dropping_captions_old_screenshots_and_keeps_recent_ones():
         if b.get("type") == "text" and "image dropped" in b["text"]
     ]
     assert captions and "800x600" in captions[0]
-    assert (
-        result.steps[0].freed
-        == result.steps[0].items * (image_tokens(800, 600) - 0) - sum(len(c) // 4 + 1 for c in captions)
-        or result.steps[0].freed > 0
-    )
+    # Each dropped 800x600 screenshot frees its image tokens less a short caption.
+    assert result.steps[0].freed >= result.steps[0].items * (image_tokens(800, 600) - 50) > 0
     # The latest screenshot is in the tail and stays.
     assert any(b.get("type") == "image" for m in result.messages[-8:] for b in m["content"])
 
