@@ -124,7 +124,7 @@ def test_export_a_path_as_json_and_markdown(explored):
     assert exported["messages"][3]["content"] == path[3].content
     markdown = selectors.conversation_export(conversation=explored, kind="markdown")
     assert markdown.startswith("# History\n")
-    assert "## User (#%d)" % path[0].pk in markdown and "Plan the migration; keep the API stable." in markdown
+    assert f"## User (#{path[0].pk})" in markdown and "Plan the migration; keep the API stable." in markdown
     assert "**Tool call** `list_dir`" in markdown and "**Tool result** for" in markdown
     assert markdown.index("Here is the plan.") < markdown.index("There are three files.")
     with pytest.raises(DomainError, match="Unknown export format"):
