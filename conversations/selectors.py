@@ -29,18 +29,22 @@ def conversation_for_user(*, user: AbstractBaseUser, conversation_id: int) -> Co
         raise NotFound(f"Conversation {conversation_id} does not exist.") from None
 
 
+_PATH_SQL = """
+WITH RECURSIVE path(id, depth) AS (
+    SELECT id, 0 FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.parent_id, p.depth + 1 FROM {table} m JOIN path p ON m.id = p.id WHERE m.parent_id IS NOT NULL
+)
+SELECT m.* FROM {table} m JOIN path p ON m.id = p.id ORDER BY p.depth DESC
+"""
+
+
 def path_to(message: Message | None) -> list[Message]:
-    """Root-to-`message` path of the tree, oldest first."""
+    """Root-to-`message` path of the tree, oldest first, in one query (a recursive CTE walking up the parents)."""
     if message is None:
         return []
-    by_id = {m.pk: m for m in Message.objects.filter(conversation_id=message.conversation_id)}
-    path = []
-    current: Message | None = by_id.get(message.pk, message)
-    while current is not None:
-        path.append(current)
-        current = by_id.get(current.parent_id) if current.parent_id else None
-    path.reverse()
-    return path
+    sql = _PATH_SQL.format(table=Message._meta.db_table)
+    return list(Message.objects.raw(sql, [message.pk, message.conversation_id]))
 
 
 def current_path(conversation: Conversation) -> list[Message]:
