@@ -136,8 +136,9 @@ def conversation_branch(*, conversation: Conversation, message_id: int) -> Conve
             f"Message {message_id} stops in the middle of a turn (a tool call without its result); "
             "branch to its tool result or to the turn's final answer."
         )
-    Conversation.objects.filter(pk=conversation.pk).update(tip=target, updated_at=timezone.now())
-    conversation.refresh_from_db()
+    now = timezone.now()
+    Conversation.objects.filter(pk=conversation.pk).update(tip=target, updated_at=now)
+    conversation.tip, conversation.updated_at = target, now
     return conversation
 
 
