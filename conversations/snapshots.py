@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -116,30 +115,47 @@ def _printable(text: str) -> str:
     return "".join(ch if 32 <= ord(ch) < 256 and ord(ch) != 127 else ("    " if ch == "\t" else "?") for ch in text)
 
 
+BREAK = " \u00b6 "  # a pilcrow marks a line break, so short lines do not waste the rest of a row
+
+
 def source_lines(messages: Sequence[Msg], *, result_cap: int = RESULT_CAP) -> list[Line]:
-    """The retained source text of `messages`: role markers kept, tool results capped and dimmed."""
+    """The retained source text of `messages`, flowed for density.
+
+    Each message starts with its role marker; its narrative flows on in black ink,
+    line breaks shown as a pilcrow; each tool result is its own dimmer paragraph,
+    capped at `result_cap` characters.
+    """
     lines: list[Line] = []
     for message in messages:
         marker = f"[{message.get('role', '?')}" + (f" #{message['id']}" if message.get("id") is not None else "") + "]"
-        lines.append(Line(marker))
+        narrative = [marker]
         for block in message.get("content") or []:
             kind = block.get("type")
             if kind == "text":
-                lines.extend(Line(part) for part in block.get("text", "").splitlines() or [""])
+                narrative.append(_flow(block.get("text", "")))
             elif kind == "tool_use":
                 arguments = json.dumps(block.get("input") or {}, sort_keys=True, ensure_ascii=False)
-                lines.append(Line(f"-> {block.get('name')} {arguments}"))
-            elif kind == "tool_result":
-                lines.extend(_result_lines(block, result_cap))
+                narrative.append(f"-> {block.get('name')} {arguments}")
             elif kind == "image":
                 size = image_size(block)
-                lines.append(Line(f"[image {size[0]}x{size[1]}]" if size else "[image]", dim=True))
+                narrative.append(f"[image {size[0]}x{size[1]}]" if size else "[image]")
+            elif kind == "tool_result":
+                if narrative:
+                    lines.append(Line(" ".join(narrative)))
+                    narrative = []
+                lines.append(_result_line(block, result_cap))
             else:
-                lines.append(Line(json.dumps(block, sort_keys=True, ensure_ascii=False)[:result_cap], dim=True))
+                narrative.append(json.dumps(block, sort_keys=True, ensure_ascii=False)[:result_cap])
+        if narrative:
+            lines.append(Line(" ".join(narrative)))
     return lines
 
 
-def _result_lines(block: dict[str, Any], cap: int) -> list[Line]:
+def _flow(text: str) -> str:
+    return BREAK.join(part.rstrip() for part in text.splitlines())
+
+
+def _result_line(block: dict[str, Any], cap: int) -> Line:
     content = block.get("content")
     if isinstance(content, list):
         text = "\n".join(
@@ -152,33 +168,65 @@ def _result_lines(block: dict[str, Any], cap: int) -> list[Line]:
     status = "error" if block.get("is_error") else "result"
     if len(text) > cap:
         text = text[:cap] + f" ... [{len(text) - cap} more chars in the transcript]"
-    return [Line(f"<- {status}: " + (text.splitlines() or [""])[0], dim=True)] + [
-        Line(part, dim=True) for part in text.splitlines()[1:]
-    ]
+    return Line(f"<- {status}: {_flow(text)}", dim=True)
 
 
-def layout(lines: Sequence[Line], shape: PageShape) -> list[list[Line]]:
-    """Wrap lines to the page's columns and cut them into pages of its rows."""
-    wrapped: list[Line] = []
+Row = list[Line]
+
+
+def layout(lines: Sequence[Line], shape: PageShape) -> list[list[Row]]:
+    """Flow the lines into one stream, wrap it to the page's columns, and cut it into pages.
+
+    Messages follow each other on the same row (their role markers show where one
+    starts), so short messages do not leave half-empty rows; ink changes mid-row.
+    """
+    pieces, inks = [], []
     for line in lines:
-        text = _printable(line.text)
-        parts = textwrap.wrap(
-            text, shape.columns, break_long_words=True, replace_whitespace=False, drop_whitespace=False
-        ) or [""]
-        wrapped.extend(Line(part, line.dim) for part in parts)
-    return [wrapped[i : i + shape.rows] for i in range(0, len(wrapped), shape.rows)]
+        text = _printable(line.text) + " "
+        pieces.append(text)
+        inks.append((len(text), line.dim))
+    stream = "".join(pieces)
+    dim_at = bytearray()
+    for length, dim in inks:
+        dim_at.extend([dim] * length)
+    rows: list[Row] = []
+    position, total, columns = 0, len(stream), shape.columns
+    while position < total:
+        end = min(position + columns, total)
+        if end < total and stream[end] != " ":
+            space = stream.rfind(" ", position, end)
+            if space > position + columns // 2:
+                end = space + 1
+        rows.append(_segments(stream, dim_at, position, end))
+        position = end
+    return [rows[i : i + shape.rows] for i in range(0, len(rows), shape.rows)]
 
 
-def render_page(lines: Sequence[Line], shape: PageShape) -> Page:
+def _segments(stream: str, dim_at: bytearray, start: int, end: int) -> Row:
+    segments: Row = []
+    run_start = start
+    for index in range(start + 1, end + 1):
+        if index == end or dim_at[index] != dim_at[run_start]:
+            segments.append(Line(stream[run_start:index], bool(dim_at[run_start])))
+            run_start = index
+    return segments
+
+
+def render_page(rows: Sequence[Row], shape: PageShape) -> Page:
     image = Image.new("L", (shape.width, shape.height), PAPER)
     draw = ImageDraw.Draw(image)
     font = _font()
-    for row, line in enumerate(lines):
-        y = shape.margin + row * shape.cell_height
-        draw.text((shape.margin, y), line.text, font=font, fill=DIM_INK if line.dim else INK)
+    for row_index, row in enumerate(rows):
+        y = shape.margin + row_index * shape.cell_height
+        column = 0
+        for segment in row:
+            x = shape.margin + column * shape.cell_width
+            draw.text((x, y), segment.text, font=font, fill=DIM_INK if segment.dim else INK)
+            column += len(segment.text)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", optimize=False)
-    return Page(buffer.getvalue(), sum(len(line.text) for line in lines), shape.width, shape.height)
+    chars = sum(len(segment.text) for row in rows for segment in row)
+    return Page(buffer.getvalue(), chars, shape.width, shape.height)
 
 
 def render(
