@@ -6,11 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conversations import ladder
 from conversations.transcript import pairing_problems, transcript_tokens, trim_for_resume
 
 
 @st.composite
-def transcripts(draw):
+def transcripts(draw, *, broken: bool = True):
     """Random turns: prompts, answers, tool rounds with one or more calls, sometimes a broken pair."""
     messages = []
     counter = 0
@@ -28,7 +29,7 @@ def transcripts(draw):
                 }
             )
             # Sometimes a result is missing: a transcript saved by a buggy writer.
-            kept = [i for i in ids if draw(st.booleans()) or not draw(st.booleans())]
+            kept = [i for i in ids if not broken or draw(st.booleans()) or not draw(st.booleans())]
             if kept:
                 body = draw(st.text(max_size=400))
                 messages.append(
@@ -72,3 +73,19 @@ def test_trim_never_starts_on_a_tool_result_even_when_it_would_fit():
     # Starting at the result (index 2) fits but orphans it; the only valid cut inside the budget is none.
     assert trimmed.messages == [] and trimmed.dropped == 4
     assert trim_for_resume(messages, budget_tokens=10_000).messages == messages
+
+
+@pytest.mark.req("CH-1")
+@pytest.mark.req("CH-6")
+@settings(max_examples=60, deadline=None)
+@given(messages=transcripts(broken=False), tail=st.integers(0, 400), rungs=st.sampled_from(["free", "all"]))
+def test_the_ladder_never_produces_a_transcript_a_provider_would_reject(messages, tail, rungs):
+    for index, message in enumerate(messages):
+        message["id"] = index + 1
+    chosen = ladder.FREE_RUNGS if rungs == "free" else ("elide", "drop_images", "snapshot")
+    result = ladder.compact(messages, rungs=chosen, tail_tokens=tail)
+    assert pairing_problems(result.messages) == []
+    roles = [message["role"] for message in result.messages]
+    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    assert not roles or roles[0] == "user"
+    assert result.tokens_after <= result.tokens_before
