@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -66,7 +67,10 @@ class ConversationDetailApi(APIView):
 class MessageCreateApi(APIView):
     """The message tree (GET) and sending a message or a slash command (POST)."""
 
-    @extend_schema(responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}))
+    @extend_schema(
+        operation_id="conversations_message_tree",
+        responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}),
+    )
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
         return Response(selectors.message_tree(conversation=conversation))
@@ -200,7 +204,7 @@ class ContextApi(APIView):
 class ExportApi(APIView):
     """The current path as JSON (`json`) or Markdown (`markdown`)."""
 
-    @extend_schema(responses={200: serializers.DictField(), 400: ERROR})
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 400: ERROR})
     def get(self, request: Request, conversation_id: int, kind: str) -> HttpResponse:
         exported = selectors.conversation_export(conversation=_conversation(request, conversation_id), kind=kind)
         if isinstance(exported, str):
