@@ -263,3 +263,29 @@ def _merge_roles(messages: Sequence[Msg]) -> list[Msg]:
         else:
             merged.append(message)
     return merged
+
+
+class ContextOverflow(Exception):
+    """One pass of the ladder could not bring the history under the limit."""
+
+    def __init__(self, result: LadderResult, limit_tokens: int) -> None:
+        super().__init__(
+            f"The history is still {result.tokens_after} tokens after compaction (rung: {result.rung}); "
+            f"the limit is {limit_tokens}. It was {result.tokens_before} tokens before."
+        )
+        self.result = result
+        self.limit_tokens = limit_tokens
+
+
+def compact_to_fit(messages: Sequence[Msg], *, limit_tokens: int, **options: Any) -> LadderResult:
+    """One pass of the ladder toward `limit_tokens`; never loops (CH-2).
+
+    If the pass does not fit, the caller gets a clear error with the size still
+    left, rather than another pass that would shave the same history again.
+    """
+    if limit_tokens <= 0:
+        raise ValueError("limit_tokens must be positive")
+    result = compact(messages, target_tokens=limit_tokens, **options)
+    if result.tokens_after > limit_tokens:
+        raise ContextOverflow(result, limit_tokens)
+    return result

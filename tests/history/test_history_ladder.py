@@ -227,3 +227,20 @@ def test_compact_service_records_the_pass_and_keeps_every_message(conversation, 
     assert [step["rung"] for step in row.steps] == ["elide", "drop_images"]
     assert row.replaced and all(item["kind"] == "elided" for item in row.replaced)
     assert list(Message.objects.filter(conversation=conversation).values_list("id", "content")) == stored
+
+
+@pytest.mark.req("CH-2")
+def test_compact_to_fit_makes_one_pass_and_says_how_large_the_history_still_is():
+    session = long_session(turns=20)
+    calls = []
+
+    def summarize(text: str) -> str:
+        calls.append(text)
+        return "short"
+
+    fitted = ladder.compact_to_fit(session, limit_tokens=transcript_tokens(session) // 3, tail_tokens=600)
+    assert fitted.tokens_after <= transcript_tokens(session) // 3
+    # A tail that alone exceeds the limit cannot be helped: one pass, then a clear error.
+    with pytest.raises(ladder.ContextOverflow, match=r"still \d+ tokens after compaction .* the limit is 500") as error:
+        ladder.compact_to_fit(session, limit_tokens=500, tail_tokens=100_000, summarize=summarize)
+    assert error.value.result.tokens_after > 500 and len(calls) <= 1
