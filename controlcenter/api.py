@@ -56,26 +56,6 @@ def _flatten(errors: Any, prefix: str = "") -> str:
     return f"{prefix}{errors}"
 
 
-def error_schema() -> Any:
-    """The OpenAPI description of the error shape, for `extend_schema(responses=...)`."""
-    from drf_spectacular.utils import inline_serializer
-    from rest_framework import serializers
-
-    return inline_serializer(
-        "Error",
-        {
-            "error": inline_serializer(
-                "ErrorBody",
-                {
-                    "code": serializers.CharField(),
-                    "message": serializers.CharField(),
-                    "details": serializers.JSONField(),
-                },
-            )
-        },
-    )
-
-
 _ERROR_STATUSES = {
     "400": "The request is malformed or a value is invalid.",
     "401": "No valid credentials were sent.",

@@ -97,6 +97,9 @@ CC_WORKER_HEARTBEAT_SECONDS = env_int("CC_WORKER_HEARTBEAT_SECONDS", 5, minimum=
 CC_PRUNE_KEEP_TURNS = env_int("CC_PRUNE_KEEP_TURNS", 3, minimum=1)
 CC_PRUNE_MIN_TOKENS = env_int("CC_PRUNE_MIN_TOKENS", 20_000, minimum=1)
 SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
+# Conversation history (CH-1..CH-10): the model's window and the literal tail the ladder keeps.
+CC_CONTEXT_WINDOW_TOKENS = env_int("CC_CONTEXT_WINDOW_TOKENS", 200_000, minimum=1024)
+CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", 8_000, minimum=256)
 
 # --- apps -----------------------------------------------------------------------
 INSTALLED_APPS = [

@@ -25,6 +25,22 @@ api_patterns = [
         conversations_api.MessageCreateApi.as_view(),
         name="api-conversation-messages",
     ),
+    # Conversation history (CH-5..CH-10)
+    *[
+        path(f"api/conversations/<int:conversation_id>/{route}", view.as_view(), name=name)
+        for route, view, name in [
+            ("messages/<int:message_id>/", conversations_api.MessageDetailApi, "api-message"),
+            ("messages/<int:message_id>/edit/", conversations_api.MessageEditApi, "api-message-edit"),
+            ("branch/", conversations_api.BranchApi, "api-conversation-branch"),
+            ("fork/", conversations_api.ForkApi, "api-conversation-fork"),
+            ("checkpoints/", conversations_api.CheckpointListApi, "api-conversation-checkpoints"),
+            ("rewind/", conversations_api.RewindApi, "api-conversation-rewind"),
+            ("compact/", conversations_api.CompactApi, "api-conversation-compact"),
+            ("context/", conversations_api.ContextApi, "api-conversation-context"),
+            ("export/<str:kind>/", conversations_api.ExportApi, "api-conversation-export"),
+            ("retry/", conversations_api.RetryApi, "api-conversation-retry"),
+        ]
+    ],
     path("api/runs/<int:run_id>/", agents_api.RunDetailApi.as_view(), name="api-run"),
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
     path("api/runs/<int:run_id>/retry/", agents_api.RunRetryApi.as_view(), name="api-run-retry"),

@@ -1,19 +1,34 @@
 from __future__ import annotations
 
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.serializers import RunSerializer
-from controlcenter.api import error_schema
 from conversations import selectors, services
 from conversations.serializers import (
+    BranchSerializer,
+    CheckpointCreateSerializer,
+    CheckpointSerializer,
+    CompactionSerializer,
+    CompactSerializer,
     ConversationCreateSerializer,
     ConversationSerializer,
+    ForkSerializer,
     MessageCreateSerializer,
+    MessageEditSerializer,
     MessageSerializer,
+    RewindDigestSerializer,
+    RewindSerializer,
+)
+
+COMMAND_RESULT = inline_serializer(
+    "CommandResult",
+    {"command": serializers.CharField(), "detail": serializers.CharField(), "data": serializers.DictField()},
 )
 
 
@@ -49,21 +64,154 @@ class ConversationDetailApi(APIView):
 
 
 class MessageCreateApi(APIView):
+    """The message tree (GET) and sending a message or a slash command (POST)."""
+
+    @extend_schema(
+        operation_id="conversations_message_tree",
+        responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}),
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(selectors.message_tree(conversation=conversation))
+
     @extend_schema(
         request=MessageCreateSerializer,
         responses={
             201: inline_serializer("MessageSent", {"message": MessageSerializer(), "run": RunSerializer()}),
-            400: error_schema(),
-            404: error_schema(),
-            409: error_schema(),
+            200: inline_serializer("CommandDone", {"command": COMMAND_RESULT}),
         },
     )
     def post(self, request: Request, conversation_id: int) -> Response:
         conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
         payload = MessageCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        message, run = services.message_send(conversation=conversation, text=payload.validated_data["text"])
+        sent = services.message_send(conversation=conversation, text=payload.validated_data["text"])
+        if sent.command is not None:
+            return Response({"command": sent.command.as_dict()})
         return Response(
-            {"message": MessageSerializer(message).data, "run": RunSerializer(run).data},
+            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
             status=status.HTTP_201_CREATED,
         )
+
+
+def _conversation(request: Request, conversation_id: int):
+    return selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+
+
+class MessageDetailApi(APIView):
+    @extend_schema(responses=MessageSerializer)
+    def get(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        message = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
+        return Response(MessageSerializer(message).data)
+
+
+class MessageEditApi(APIView):
+    """Edit a prompt and re-run it as a sibling; the old answer stays reachable (CH-7)."""
+
+    @extend_schema(
+        request=MessageEditSerializer,
+        responses={201: inline_serializer("MessageEdited", {"message": MessageSerializer(), "run": RunSerializer()})},
+    )
+    def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        payload = MessageEditSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        sent = services.message_edit(
+            conversation=conversation, message_id=message_id, text=payload.validated_data["text"]
+        )
+        return Response(
+            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class BranchApi(APIView):
+    @extend_schema(request=BranchSerializer, responses={200: ConversationSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        payload = BranchSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        services.conversation_branch(conversation=conversation, message_id=payload.validated_data["message"])
+        return Response(ConversationSerializer(conversation).data)
+
+
+class ForkApi(APIView):
+    @extend_schema(request=ForkSerializer, responses={201: ConversationSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        payload = ForkSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        fork = services.conversation_fork(conversation=conversation, title=payload.validated_data["title"])
+        return Response(ConversationSerializer(fork).data, status=status.HTTP_201_CREATED)
+
+
+class CheckpointListApi(APIView):
+    @extend_schema(responses=CheckpointSerializer(many=True))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        return Response(CheckpointSerializer(selectors.checkpoints_for(conversation=conversation), many=True).data)
+
+    @extend_schema(request=CheckpointCreateSerializer, responses={201: CheckpointSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        payload = CheckpointCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        checkpoint = services.checkpoint_create(conversation=conversation, label=payload.validated_data["label"])
+        return Response(CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
+
+
+class RewindApi(APIView):
+    @extend_schema(responses=RewindDigestSerializer(many=True))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        return Response(RewindDigestSerializer(selectors.rewinds_for(conversation=conversation), many=True).data)
+
+    @extend_schema(request=RewindSerializer, responses={200: RewindDigestSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        payload = RewindSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        record = services.conversation_rewind(conversation=conversation, label=payload.validated_data["label"])
+        return Response(RewindDigestSerializer(record).data)
+
+
+class CompactApi(APIView):
+    """Run the ladder now (CH-10 /compact; `rungs: ["elide", "drop_images"]` is /shake)."""
+
+    @extend_schema(responses=CompactionSerializer(many=True))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        return Response(CompactionSerializer(selectors.compactions_for(conversation=conversation), many=True).data)
+
+    @extend_schema(request=CompactSerializer, responses={201: CompactionSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = _conversation(request, conversation_id)
+        payload = CompactSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        compaction, _ = services.conversation_compact(conversation=conversation, rungs=payload.validated_data["rungs"])
+        return Response(CompactionSerializer(compaction).data, status=status.HTTP_201_CREATED)
+
+
+class ContextApi(APIView):
+    @extend_schema(responses=inline_serializer("ContextView", {"used_tokens": serializers.IntegerField()}))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        return Response(selectors.conversation_context(conversation=_conversation(request, conversation_id)))
+
+
+class ExportApi(APIView):
+    """The current path as JSON (`json`) or Markdown (`markdown`)."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, conversation_id: int, kind: str) -> HttpResponse:
+        exported = selectors.conversation_export(conversation=_conversation(request, conversation_id), kind=kind)
+        if isinstance(exported, str):
+            return HttpResponse(exported, content_type="text/markdown; charset=utf-8")
+        return Response(exported)
+
+
+class RetryApi(APIView):
+    @extend_schema(request=None, responses={201: RunSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        run = services.conversation_retry(conversation=_conversation(request, conversation_id))
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)

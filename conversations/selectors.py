@@ -1,10 +1,17 @@
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from controlcenter.errors import NotFound
-from conversations.models import Conversation, Message
+from controlcenter.errors import DomainError, NotFound
+from conversations import export, transcript
+from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+
+PREVIEW_CHARS = 160
 
 
 def conversations_for_user(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
@@ -22,19 +29,130 @@ def conversation_for_user(*, user: AbstractBaseUser, conversation_id: int) -> Co
         raise NotFound(f"Conversation {conversation_id} does not exist.") from None
 
 
+_PATH_SQL = """
+WITH RECURSIVE path(id, depth) AS (
+    SELECT id, 0 FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.parent_id, p.depth + 1 FROM {table} m JOIN path p ON m.id = p.id WHERE m.parent_id IS NOT NULL
+)
+SELECT m.* FROM {table} m JOIN path p ON m.id = p.id ORDER BY p.depth DESC
+"""
+
+
 def path_to(message: Message | None) -> list[Message]:
-    """Root-to-`message` path of the tree, oldest first."""
+    """Root-to-`message` path of the tree, oldest first, in one query (a recursive CTE walking up the parents)."""
     if message is None:
         return []
-    by_id = {m.pk: m for m in Message.objects.filter(conversation_id=message.conversation_id)}
-    path = []
-    current: Message | None = by_id.get(message.pk, message)
-    while current is not None:
-        path.append(current)
-        current = by_id.get(current.parent_id) if current.parent_id else None
-    path.reverse()
-    return path
+    sql = _PATH_SQL.format(table=Message._meta.db_table)
+    return list(Message.objects.raw(sql, [message.pk, message.conversation_id]))
 
 
 def current_path(conversation: Conversation) -> list[Message]:
     return path_to(conversation.tip)
+
+
+def message_in_conversation(*, conversation: Conversation, message_id: int) -> Message:
+    """A message of this conversation; a message elsewhere is bad input, not a lookup miss."""
+    message = Message.objects.filter(pk=message_id, conversation=conversation).first()
+    if message is None:
+        raise DomainError(f"Message {message_id} is not part of conversation {conversation.pk}.")
+    return message
+
+
+def as_plain(message: Message) -> dict[str, Any]:
+    """The message as the pure core takes it: Anthropic shape plus its database id."""
+    return {"id": message.pk, "role": message.role, "content": message.content}
+
+
+def path_messages(conversation: Conversation) -> list[dict[str, Any]]:
+    return [as_plain(message) for message in current_path(conversation)]
+
+
+def message_tree(*, conversation: Conversation) -> dict[str, Any]:
+    """Every message with its parent and children, and which ones the current path holds (CH-7)."""
+    rows = list(Message.objects.filter(conversation=conversation).values("id", "parent_id", "role", "content"))
+    by_id = {row["id"]: row for row in rows}
+    children: dict[int | None, list[int]] = {}
+    for row in rows:
+        children.setdefault(row["parent_id"], []).append(row["id"])
+    on_path = set()
+    current = conversation.tip_id
+    while current is not None:
+        on_path.add(current)
+        current = by_id[current]["parent_id"] if current in by_id else None
+    return {
+        "conversation": conversation.pk,
+        "tip": conversation.tip_id,
+        "roots": children.get(None, []),
+        "messages": [
+            {
+                "id": row["id"],
+                "parent": row["parent_id"],
+                "role": row["role"],
+                "preview": _preview(row["content"]),
+                "children": children.get(row["id"], []),
+                "on_path": row["id"] in on_path,
+            }
+            for row in rows
+        ],
+    }
+
+
+def _preview(content: list[dict[str, Any]]) -> str:
+    parts = []
+    for block in content or []:
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(block.get("text", ""))
+        elif kind == "tool_use":
+            parts.append(f"[tool call {block.get('name')}]")
+        elif kind == "tool_result":
+            parts.append("[tool result]")
+        else:
+            parts.append(f"[{kind}]")
+    return " ".join(parts)[:PREVIEW_CHARS]
+
+
+def checkpoints_for(*, conversation: Conversation) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(conversation=conversation)
+
+
+def rewinds_for(*, conversation: Conversation) -> QuerySet[RewindDigest]:
+    return RewindDigest.objects.filter(conversation=conversation)
+
+
+def compactions_for(*, conversation: Conversation) -> QuerySet[Compaction]:
+    return Compaction.objects.filter(conversation=conversation)
+
+
+def conversation_export(*, conversation: Conversation, kind: str) -> dict[str, Any] | str:
+    meta = {
+        "id": conversation.pk,
+        "title": conversation.title,
+        "tip": conversation.tip_id,
+        "forked_from": conversation.forked_from_id,
+    }
+    messages = path_messages(conversation)
+    if kind == "json":
+        return export.export_json(meta, messages)
+    if kind in ("markdown", "md"):
+        return export.export_markdown(meta, messages)
+    raise DomainError(f"Unknown export format {kind!r}; use 'json' or 'markdown'.")
+
+
+def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
+    """The Context view, from a request built with the same parts a run uses (CH-10 /context)."""
+    # Imported here: agents.services imports this module to load paths.
+    from agents.runtime.request import ModelRequestSpec, text_block
+    from agents.services import SYSTEM_PROMPT
+    from toolcatalog.builtins import WorkspaceToolBox
+
+    # Schemas do not touch the workspace, so the root is not created for a read.
+    toolbox = WorkspaceToolBox(Path(settings.CC_WORKSPACE_ROOT))
+    request = ModelRequestSpec(
+        model=settings.CC_MODEL,
+        system=[text_block(SYSTEM_PROMPT)],
+        tools=toolbox.schemas(),
+        messages=transcript.api_messages(path_messages(conversation)),
+    )
+    return export.context_breakdown(request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS)

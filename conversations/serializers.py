@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from conversations.models import Conversation, Message
+from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 
 class MessageSerializer(serializers.ModelSerializer):
@@ -24,3 +24,50 @@ class ConversationCreateSerializer(serializers.Serializer):
 
 class MessageCreateSerializer(serializers.Serializer):
     text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+class MessageEditSerializer(serializers.Serializer):
+    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+class BranchSerializer(serializers.Serializer):
+    message = serializers.IntegerField(min_value=1)
+
+
+class ForkSerializer(serializers.Serializer):
+    title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+
+
+class CheckpointCreateSerializer(serializers.Serializer):
+    label = serializers.CharField(max_length=64, trim_whitespace=False)
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "label", "message", "created_at"]
+
+
+class RewindSerializer(serializers.Serializer):
+    label = serializers.CharField(required=False, allow_null=True, max_length=64, default=None)
+
+
+class RewindDigestSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RewindDigest
+        fields = ["id", "label", "target", "explored_tip", "digest", "created_at"]
+
+
+class CompactSerializer(serializers.Serializer):
+    rungs = serializers.ListField(
+        child=serializers.ChoiceField(choices=["elide", "drop_images", "snapshot"]),
+        required=False,
+        allow_empty=False,
+        default=["elide", "drop_images", "snapshot"],
+    )
+
+
+class CompactionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Compaction
+        fields = ["id", "rung", "tip", "tokens_before", "tokens_after", "steps", "replaced", "trigger", "created_at"]

@@ -96,6 +96,14 @@
     });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) { statusLine.textContent = (body.error && body.error.message) || `Error ${response.status}`; return; }
+    if (body.command) {
+      // A slash command ran its service and started no run (CH-10).
+      input.value = "";
+      statusLine.textContent = body.command.detail;
+      if (body.command.command === "fork") window.location = `/conversations/${body.command.data.conversation}/`;
+      else if (["branch", "rewind"].includes(body.command.command)) window.location.reload();
+      return;
+    }
     const article = el("article", "message user");
     article.appendChild(el("header", null, "user"));
     article.appendChild(el("div", "text", text));

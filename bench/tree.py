@@ -1,0 +1,101 @@
+"""Tree benchmark: load a deep path, branch, fork (CH-7, CH-8).
+
+    python manage.py bench tree --json [--messages 100000 --depth 10000 --fork-depth 1000]
+
+Builds one conversation of `--messages` messages whose tip sits at `--depth`, times
+`path_to(tip)`, `conversation_branch` and `conversation_fork` of a `--fork-depth`
+path, then deletes everything it made.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.color import no_style
+from django.db import connection, transaction
+from django.db.models import Max
+
+from conversations import selectors, services
+from conversations.models import Conversation, Message
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--depth", type=int, default=10_000)
+    parser.add_argument("--fork-depth", type=int, default=1_000)
+    parser.add_argument("--repeat", type=int, default=5)
+
+
+def _chains(conversation: Conversation, total: int, depth: int) -> list[Message]:
+    """`total` messages as chains of `depth` (side branches hang off the main chain's root)."""
+    base = (Message.objects.aggregate(top=Max("id"))["top"] or 0) + 1
+    rows = []
+    for index in range(total):
+        chain, position = divmod(index, depth)
+        parent = None if index == 0 else (base if position == 0 else base + index - 1)
+        role = "user" if position % 2 == 0 else "assistant"
+        text = f"chain {chain} message {position}: " + "lorem ipsum dolor sit amet " * 4
+        rows.append(
+            Message(
+                pk=base + index,
+                conversation=conversation,
+                parent_id=parent,
+                role=role,
+                content=[{"type": "text", "text": text}],
+            )
+        )
+    for start in range(0, len(rows), 5_000):
+        Message.objects.bulk_create(rows[start : start + 5_000])
+    with connection.cursor() as cursor:
+        for sql in connection.ops.sequence_reset_sql(no_style(), [Message]):
+            cursor.execute(sql)
+    return rows
+
+
+def _median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 2)
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    user, _ = get_user_model().objects.get_or_create(username="bench-tree")
+    Conversation.objects.filter(owner=user).delete()
+    try:
+        with transaction.atomic():
+            big = Conversation.objects.create(owner=user, title="bench tree")
+            rows = _chains(big, options["messages"], options["depth"])
+            tip = rows[options["depth"] - 1]
+            Conversation.objects.filter(pk=big.pk).update(tip=tip)
+            small = Conversation.objects.create(owner=user, title="bench fork")
+            chain = _chains(small, options["fork_depth"], options["fork_depth"])
+            Conversation.objects.filter(pk=small.pk).update(tip=chain[-1])
+        big.refresh_from_db()
+        small.refresh_from_db()
+        loaded = selectors.path_to(big.tip)
+        assert len(loaded) == options["depth"], len(loaded)
+        path_load_ms = _median_ms(lambda: selectors.path_to(big.tip), options["repeat"])
+        targets = [rows[options["depth"] // 2].pk, tip.pk]
+        flip = iter(targets * 100)
+        branch_ms = _median_ms(
+            lambda: services.conversation_branch(conversation=big, message_id=next(flip)), options["repeat"] * 4
+        )
+        fork_ms = _median_ms(lambda: services.conversation_fork(conversation=small), max(3, options["repeat"] // 2))
+        return {
+            "database": connection.vendor,
+            "messages": options["messages"],
+            "depth": options["depth"],
+            "path_load_ms": path_load_ms,
+            "branch_ms": branch_ms,
+            f"fork_ms_{options['fork_depth']}": fork_ms,
+            "targets_ms": {"path_load_ms": 100, "branch_ms": 5, "fork_ms_1000": 1000},
+        }
+    finally:
+        Conversation.objects.filter(owner=user).delete()
+        user.delete()

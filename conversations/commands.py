@@ -1,0 +1,76 @@
+"""Slash commands (CH-10): a pure parser; `services.command_run` dispatches what it returns.
+
+A message that starts with '/' is a command, never a prompt: a typo must not start
+a model run, so an unknown command or a bad argument is a clear error that lists
+the valid forms.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+USAGE: dict[str, str] = {
+    "compact": "/compact  run the context ladder now (elision, image dropping, snapshots)",
+    "shake": "/shake  the free rungs only: elision and image dropping",
+    "context": "/context  what fills the context window, by category, with token counts",
+    "tree": "/tree  the conversation's message tree",
+    "branch": "/branch <message id>  move the branch tip to that message",
+    "fork": "/fork  copy the current path into a new conversation",
+    "checkpoint": "/checkpoint <label>  label the current turn boundary",
+    "rewind": "/rewind [label]  go back to a checkpoint (the latest one without a label)",
+}
+
+
+class CommandError(ValueError):
+    """The text is not a valid command; the message says what is."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    message_id: int | None = None
+    label: str | None = None
+
+
+def is_command(text: str) -> bool:
+    return text.lstrip().startswith("/")
+
+
+def usage() -> str:
+    return "Valid commands:\n" + "\n".join(f"  {line}" for line in USAGE.values())
+
+
+def parse(text: str) -> Command:
+    words = text.strip().split()
+    if not words or not words[0].startswith("/") or words[0] == "/":
+        raise CommandError("A command starts with '/' followed by its name. " + usage())
+    name, args = words[0][1:].lower(), words[1:]
+    if name not in USAGE:
+        raise CommandError(f"Unknown command /{name}. " + usage())
+    if name in ("compact", "shake", "context", "tree", "fork"):
+        if args:
+            raise CommandError(f"/{name} takes no arguments. Usage: {USAGE[name]}")
+        return Command(name)
+    if name == "branch":
+        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+            raise CommandError(f"/branch needs one message id (a number). Usage: {USAGE[name]}")
+        return Command(name, message_id=int(args[0].lstrip("#")))
+    if name == "checkpoint":
+        if len(args) != 1:
+            raise CommandError(f"/checkpoint needs one label. Usage: {USAGE[name]}")
+        return Command(name, label=validate_label(args[0]))
+    if len(args) > 1:
+        raise CommandError(f"/rewind takes at most one label. Usage: {USAGE[name]}")
+    return Command(name, label=validate_label(args[0]) if args else None)
+
+
+def validate_label(label: str) -> str:
+    if not LABEL_PATTERN.match(label):
+        raise CommandError(
+            f"{label[:80]!r} is not a valid label: use 1 to 64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit."
+        )
+    return label

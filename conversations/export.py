@@ -1,0 +1,109 @@
+"""Pure views of a path: JSON and Markdown export (CH-10), the rewind digest (CH-9), the Context view."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from agents.runtime.request import ModelRequestSpec
+from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from conversations.transcript import Msg, block_tokens, text_of, tool_result_ids
+
+PREVIEW_CHARS = 200
+
+
+def export_json(conversation: dict[str, Any], messages: Sequence[Msg]) -> dict[str, Any]:
+    return {"format": "controlcenter.path/1", "conversation": conversation, "messages": list(messages)}
+
+
+def export_markdown(conversation: dict[str, Any], messages: Sequence[Msg]) -> str:
+    out = [f"# {conversation.get('title', 'Conversation')}", ""]
+    for message in messages:
+        out += [f"## {str(message['role']).capitalize()} (#{message.get('id')})", ""]
+        for block in message.get("content") or []:
+            kind = block.get("type")
+            if kind == "text":
+                out += [block.get("text", ""), ""]
+            elif kind == "tool_use":
+                arguments = json.dumps(block.get("input") or {}, indent=2, sort_keys=True, ensure_ascii=False)
+                out += [
+                    f"**Tool call** `{block.get('name')}` (`{block.get('id')}`)",
+                    "",
+                    "```json",
+                    arguments,
+                    "```",
+                    "",
+                ]
+            elif kind == "tool_result":
+                content = block.get("content")
+                body = content if isinstance(content, str) else json.dumps(content, indent=2, ensure_ascii=False)
+                label = "Tool error" if block.get("is_error") else "Tool result"
+                out += [f"**{label}** for `{block.get('tool_use_id')}`", "", "```", body, "```", ""]
+            elif kind == "image":
+                out += ["*[image]*", ""]
+            else:
+                out += ["```json", json.dumps(block, sort_keys=True, ensure_ascii=False), "```", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def exploration_digest(explored: Sequence[Msg]) -> dict[str, Any]:
+    """What an exploration tried, which tools it called, and how it ended (CH-9)."""
+    tools: Counter[str] = Counter()
+    errors = 0
+    tried = []
+    for message in explored:
+        for block in message.get("content") or []:
+            if block.get("type") == "tool_use":
+                tools[block.get("name", "?")] += 1
+            elif block.get("type") == "tool_result" and (
+                block.get("is_error") or '"ok": false' in str(block.get("content"))
+            ):
+                errors += 1
+        if message.get("role") == "user" and not tool_result_ids(message):
+            tried.append(text_of(message)[:PREVIEW_CHARS])
+    last_answer = next((text_of(m) for m in reversed(explored) if m.get("role") == "assistant" and text_of(m)), "")
+    return {
+        "messages": len(explored),
+        "from_message": explored[0].get("id") if explored else None,
+        "to_message": explored[-1].get("id") if explored else None,
+        "tried": tried,
+        "tools": dict(sorted(tools.items())),
+        "tool_errors": errors,
+        "outcome": last_answer[: PREVIEW_CHARS * 2],
+    }
+
+
+CATEGORIES = ("system", "resident_tools", "tool_index", "messages", "tool_results", "images", "snapshots")
+
+
+def context_breakdown(request: ModelRequestSpec, *, window_tokens: int, tool_index_tokens: int = 0) -> dict[str, Any]:
+    """What fills the window, by category, for a request built the way a run builds it (CH-10 /context)."""
+    counts = dict.fromkeys(CATEGORIES, 0)
+    counts["system"] = sum(estimate_text_tokens(block.get("text", "")) for block in request.system)
+    counts["resident_tools"] = sum(estimate_json_tokens(tool) for tool in request.tools)
+    counts["tool_index"] = tool_index_tokens
+    for message in request.messages:
+        counts["messages"] += 4
+        in_snapshot = any(
+            b.get("type") == "text" and str(b.get("text", "")).startswith("[snapshot of ")
+            for b in message.get("content") or []
+        )
+        for block in message.get("content") or []:
+            kind = block.get("type")
+            tokens = block_tokens(block)
+            if kind == "tool_result":
+                counts["tool_results"] += tokens
+            elif kind == "image":
+                counts["snapshots" if in_snapshot else "images"] += tokens
+            else:
+                counts["messages"] += tokens
+    used = sum(counts.values())
+    return {
+        "window_tokens": window_tokens,
+        "used_tokens": used,
+        "free_tokens": max(0, window_tokens - used),
+        "categories": [{"name": name, "tokens": counts[name]} for name in CATEGORIES]
+        + [{"name": "free", "tokens": max(0, window_tokens - used)}],
+    }

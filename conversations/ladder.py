@@ -1,0 +1,291 @@
+"""The context recovery ladder, cheapest rung first (CH-1, CH-2).
+
+    elide        old, uneventful tool results become a stub       free, loses nothing read again
+    drop_images  old screenshots become a caption                 free
+    snapshot     the middle becomes pages of glyphs (snapshots)   free: no model call, no key
+    summary      the middle becomes a summary                     one model call, last resort
+
+Pure: the caller hands in the path as plain messages (with their database `id`)
+and gets back a compacted view plus what each rung freed. The original messages
+are never changed; the database keeps every one of them, so a compaction is a view
+over the path that can be inspected and undone. Every pass starts again from the
+stored messages: snapshots image the middle's retained text (after elision and
+image dropping), never an earlier pass's pages (CH-4).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conversations import snapshots
+from conversations.transcript import Msg, image_size, transcript_tokens, trim_for_resume
+
+RUNGS = ("elide", "drop_images", "snapshot", "summary")
+FREE_RUNGS = ("elide", "drop_images")
+DEFAULT_TAIL_TOKENS = 8_000
+# The summary request must never itself overflow: its input is capped.
+SUMMARY_INPUT_CHARS = 60_000
+_SCRATCHPAD_ID = re.compile(r'"(?:scratchpad_id|entry_id)"\s*:\s*"?([\w-]+)')
+
+Summarize = Callable[[str], str]
+
+
+@dataclass
+class RungReport:
+    rung: str
+    tokens_before: int
+    tokens_after: int
+    items: int = 0
+    note: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def freed(self) -> int:
+        return self.tokens_before - self.tokens_after
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rung": self.rung,
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "freed": self.freed,
+            "items": self.items,
+            "note": self.note,
+            **({"detail": self.detail} if self.detail else {}),
+        }
+
+
+@dataclass
+class LadderResult:
+    messages: list[Msg]
+    tokens_before: int
+    tokens_after: int
+    steps: list[RungReport]
+    replaced: list[dict[str, Any]]
+    pages: list[snapshots.Page] = field(default_factory=list)
+
+    @property
+    def rung(self) -> str:
+        """The most expensive rung that changed anything ('none' when nothing did)."""
+        changed = [step.rung for step in self.steps if step.items]
+        return changed[-1] if changed else "none"
+
+
+def compact(
+    messages: Sequence[Msg],
+    *,
+    rungs: Sequence[str] = RUNGS,
+    target_tokens: int = 0,
+    tail_tokens: int = DEFAULT_TAIL_TOKENS,
+    summarize: Summarize | None = None,
+    shape: snapshots.PageShape = snapshots.PAGE_SHAPES["area"],
+    image_rule: str = "area",
+) -> LadderResult:
+    """Climb the requested rungs in ladder order until the view fits `target_tokens` (0: climb them all).
+
+    The head (the first message: the task and its constraints) and the tail (the
+    most recent messages within `tail_tokens`, cut where no call loses its result)
+    stay literal; only the old middle is elided, dropped, imaged or summarized.
+    """
+    unknown = [rung for rung in rungs if rung not in RUNGS]
+    if unknown:
+        raise ValueError(f"unknown rung(s) {', '.join(unknown)}; the rungs are {', '.join(RUNGS)}")
+    original = [dict(message) for message in messages]
+    tokens_before = transcript_tokens(original, image_rule=image_rule)
+    head_end = 1 if original and original[0].get("role") == "user" else 0
+    tail_start = max(head_end, trim_for_resume(original[head_end:], budget_tokens=tail_tokens).start + head_end)
+    head, middle, tail = original[:head_end], copy.deepcopy(original[head_end:tail_start]), original[tail_start:]
+    replacement: Msg | None = None
+    steps: list[RungReport] = []
+    replaced: list[dict[str, Any]] = []
+    pages: list[snapshots.Page] = []
+
+    def view() -> list[Msg]:
+        return _merge_roles([*head, *([replacement] if replacement else middle), *tail])
+
+    current = tokens_before
+    for rung in RUNGS:
+        if rung not in rungs:
+            continue
+        if target_tokens and current <= target_tokens:
+            break
+        report = RungReport(rung, current, current)
+        if rung == "elide" and replacement is None:
+            report.items = _elide(middle, replaced)
+        elif rung == "drop_images" and replacement is None:
+            report.items = _drop_images(middle, replaced)
+        elif rung == "snapshot" and middle:
+            # The retained source text: the middle as the free rungs left it, rebuilt
+            # from the stored messages at every pass, never from earlier pages (CH-4).
+            source = middle
+            pages, snapshot_report = snapshots.render(source, shape=shape, image_rule=image_rule)
+            candidate = _replacement(source, "snapshot", [page.as_block() for page in pages])
+            if transcript_tokens([candidate], image_rule=image_rule) < transcript_tokens(middle, image_rule=image_rule):
+                replacement = candidate
+                report.items = len(pages)
+                report.detail = snapshot_report.as_dict()
+                replaced.append({"kind": "snapshot", "messages": _ids(source), "pages": len(pages)})
+            else:
+                pages = []
+                report.note = "the middle is cheaper as text than as pages"
+        elif rung == "summary" and middle:
+            if summarize is None:
+                report.note = "no summarizer is available here (summaries need a model call)"
+            else:
+                source = middle
+                summary = summarize(_bounded_source_text(source))
+                replacement = _replacement(source, "summary", [{"type": "text", "text": summary}])
+                pages = []
+                report.items = 1
+                replaced.append({"kind": "summary", "messages": _ids(source)})
+        current = transcript_tokens(view(), image_rule=image_rule)
+        report.tokens_after = current
+        steps.append(report)
+    return LadderResult(view(), tokens_before, current, steps, replaced, pages)
+
+
+def _ids(messages: Sequence[Msg]) -> list[Any]:
+    return [message.get("id") for message in messages]
+
+
+def _tool_names(messages: Sequence[Msg]) -> dict[str, str]:
+    return {
+        block["id"]: block.get("name", "?")
+        for message in messages
+        for block in message.get("content") or []
+        if block.get("type") == "tool_use"
+    }
+
+
+def _result_text(block: dict[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    return json.dumps(content, sort_keys=True, ensure_ascii=False)
+
+
+def _is_uneventful(block: dict[str, Any]) -> bool:
+    if block.get("is_error"):
+        return False
+    text = _result_text(block)
+    # A failed tool reports ok=false in its observation; failures are what one re-reads.
+    return '"ok": false' not in text and '"ok":false' not in text
+
+
+def _elide(middle: list[Msg], replaced: list[dict[str, Any]]) -> int:
+    names = _tool_names(middle)
+    count = 0
+    for message in middle:
+        for index, block in enumerate(message.get("content") or []):
+            if block.get("type") != "tool_result" or not _is_uneventful(block) or block.get("elided"):
+                continue
+            text = _result_text(block)
+            where = f"message #{message.get('id')}" if message.get("id") is not None else "the transcript"
+            found = _SCRATCHPAD_ID.search(text)
+            scratchpad = f", scratchpad entry {found.group(1)}" if found else ""
+            stub = (
+                f"[elided: {len(text)} chars of uneventful {names.get(block.get('tool_use_id'), 'tool')} output; "
+                f"{where}{scratchpad} keeps it in full]"
+            )
+            if len(stub) >= len(text):
+                continue
+            # The tool_use_id stays, so the call keeps its result and the pairing holds.
+            message["content"][index] = {"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": stub}
+            replaced.append({"kind": "elided", "message": message.get("id"), "block": index, "chars": len(text)})
+            count += 1
+    return count
+
+
+def _drop_images(middle: list[Msg], replaced: list[dict[str, Any]]) -> int:
+    count = 0
+
+    def caption(block: dict[str, Any], message: Msg) -> dict[str, Any]:
+        size = image_size(block)
+        shape = f"{size[0]}x{size[1]} " if size else ""
+        return {
+            "type": "text",
+            "text": f"[image dropped: {shape}screenshot from message #{message.get('id')}; the transcript keeps it]",
+        }
+
+    for message in middle:
+        content = message.get("content") or []
+        for index, block in enumerate(content):
+            if block.get("type") == "image":
+                content[index] = caption(block, message)
+                replaced.append({"kind": "image_dropped", "message": message.get("id"), "block": index})
+                count += 1
+            elif block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+                inner = block["content"]
+                for inner_index, inner_block in enumerate(inner):
+                    if inner_block.get("type") == "image":
+                        inner[inner_index] = caption(inner_block, message)
+                        where = {"message": message.get("id"), "block": index, "inner": inner_index}
+                        replaced.append({"kind": "image_dropped", **where})
+                        count += 1
+    return count
+
+
+def _replacement(source: Sequence[Msg], kind: str, blocks: list[dict[str, Any]]) -> Msg:
+    ids = [i for i in _ids(source) if i is not None]
+    span = f"messages #{ids[0]}-#{ids[-1]}" if ids else f"{len(source)} messages"
+    intro = {
+        "type": "text",
+        "text": f"[{kind} of {span} ({len(source)} messages); the database keeps them verbatim]",
+    }
+    return {"role": "user", "content": [intro, *blocks]}
+
+
+def _bounded_source_text(source: Sequence[Msg]) -> str:
+    text = "\n".join(line.text for line in snapshots.source_lines(source))
+    if len(text) <= SUMMARY_INPUT_CHARS:
+        return text
+    half = SUMMARY_INPUT_CHARS // 2
+    return text[:half] + f"\n[... {len(text) - 2 * half} chars left out ...]\n" + text[-half:]
+
+
+def _merge_roles(messages: Sequence[Msg]) -> list[Msg]:
+    """Join consecutive messages of one role, as providers do, so the view alternates."""
+    merged: list[Msg] = []
+    for message in messages:
+        if merged and merged[-1]["role"] == message["role"]:
+            previous = merged[-1]
+            ids = previous.get("ids", [previous.get("id")])
+            merged[-1] = {
+                "role": message["role"],
+                "content": [*previous["content"], *message["content"]],
+                "ids": [*ids, message.get("id")],
+            }
+        else:
+            merged.append(message)
+    return merged
+
+
+class ContextOverflow(Exception):
+    """One pass of the ladder could not bring the history under the limit."""
+
+    def __init__(self, result: LadderResult, limit_tokens: int) -> None:
+        super().__init__(
+            f"The history is still {result.tokens_after} tokens after compaction (rung: {result.rung}); "
+            f"the limit is {limit_tokens}. It was {result.tokens_before} tokens before."
+        )
+        self.result = result
+        self.limit_tokens = limit_tokens
+
+
+def compact_to_fit(messages: Sequence[Msg], *, limit_tokens: int, **options: Any) -> LadderResult:
+    """One pass of the ladder toward `limit_tokens`; never loops (CH-2).
+
+    If the pass does not fit, the caller gets a clear error with the size still
+    left, rather than another pass that would shave the same history again.
+    """
+    if limit_tokens <= 0:
+        raise ValueError("limit_tokens must be positive")
+    result = compact(messages, target_tokens=limit_tokens, **options)
+    if result.tokens_after > limit_tokens:
+        raise ContextOverflow(result, limit_tokens)
+    return result

@@ -1,0 +1,178 @@
+"""Pure transcript helpers: token estimates, call/result pairing, trim for resume (CH-6).
+
+Messages are plain dicts in the Anthropic shape (`role`, `content` blocks); an
+optional `id` key carries the database id through and is never sent. No Django here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+
+Msg = dict[str, Any]
+
+# Image billing rules, chosen per provider. Anthropic documents about
+# width * height / 750 tokens after scaling the image to fit 1568 px on the long
+# edge and about 1.15 megapixels; some providers bill a flat rate per image.
+AREA_DIVISOR = 750
+AREA_MAX_EDGE = 1568
+AREA_MAX_PIXELS = 1_150_000
+FIXED_IMAGE_TOKENS = 1120
+FIXED_MAX_EDGE = 2048
+UNKNOWN_IMAGE_TOKENS = 1600
+
+
+def image_tokens(width: int, height: int, *, rule: str = "area") -> int:
+    """Estimated tokens a provider bills for one image of this size."""
+    if width <= 0 or height <= 0:
+        return 0
+    if rule == "fixed":
+        # A flat rate per image up to the maximum size; larger ones are split into tiles.
+        tiles = -(-width // FIXED_MAX_EDGE) * -(-height // FIXED_MAX_EDGE)
+        return FIXED_IMAGE_TOKENS * tiles
+    if rule != "area":
+        raise ValueError(f"unknown image billing rule {rule!r}; use 'area' or 'fixed'")
+    scale = min(1.0, AREA_MAX_EDGE / max(width, height), (AREA_MAX_PIXELS / (width * height)) ** 0.5)
+    w, h = int(width * scale), int(height * scale)
+    return max(1, (w * h + AREA_DIVISOR - 1) // AREA_DIVISOR)
+
+
+def image_size(block: dict[str, Any]) -> tuple[int, int] | None:
+    """Width and height of an image block, from a hint or from the image header."""
+    if "width" in block and "height" in block:
+        return int(block["width"]), int(block["height"])
+    source = block.get("source") or {}
+    if source.get("type") != "base64":
+        return None
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(base64.b64decode(source.get("data", ""), validate=False))) as image:
+            return image.size
+    except (binascii.Error, OSError, ValueError):
+        return None
+
+
+def block_tokens(block: dict[str, Any], *, image_rule: str = "area") -> int:
+    kind = block.get("type")
+    if kind == "text":
+        return estimate_text_tokens(block.get("text", ""))
+    if kind == "image":
+        size = image_size(block)
+        return image_tokens(*size, rule=image_rule) if size else UNKNOWN_IMAGE_TOKENS
+    if kind == "tool_result":
+        content = block.get("content")
+        if isinstance(content, list):
+            return 8 + sum(block_tokens(inner, image_rule=image_rule) for inner in content)
+        return 8 + estimate_text_tokens(content if isinstance(content, str) else json.dumps(content))
+    return estimate_json_tokens(block)
+
+
+def message_tokens(message: Msg, *, image_rule: str = "area") -> int:
+    # A few tokens of framing per message, like the providers' own accounting.
+    return 4 + sum(block_tokens(block, image_rule=image_rule) for block in message.get("content") or [])
+
+
+def transcript_tokens(messages: Sequence[Msg], *, image_rule: str = "area") -> int:
+    return sum(message_tokens(message, image_rule=image_rule) for message in messages)
+
+
+def tool_use_ids(message: Msg) -> list[str]:
+    return [b["id"] for b in message.get("content") or [] if b.get("type") == "tool_use"]
+
+
+def tool_result_ids(message: Msg) -> list[str]:
+    return [b["tool_use_id"] for b in message.get("content") or [] if b.get("type") == "tool_result"]
+
+
+def pairing_problems(messages: Sequence[Msg]) -> list[str]:
+    """Why a provider would reject this transcript's tool pairing; empty when it is sendable."""
+    problems = []
+    calls: set[str] = set()
+    results: set[str] = set()
+    for message in messages:
+        for result_id in tool_result_ids(message):
+            if result_id not in calls:
+                problems.append(f"tool result {result_id} has no tool call before it")
+            results.add(result_id)
+        calls.update(tool_use_ids(message))
+    problems.extend(f"tool call {call_id} has no result" for call_id in sorted(calls - results))
+    return problems
+
+
+def is_clean_boundary(messages: Sequence[Msg]) -> bool:
+    """A transcript ending here is a finished turn: a final answer with no pending tool call."""
+    if not messages:
+        return True
+    last = messages[-1]
+    return last.get("role") == "assistant" and not tool_use_ids(last)
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    messages: list[Msg]
+    start: int
+    tokens: int
+    dropped: int
+
+
+def valid_cut_starts(messages: Sequence[Msg]) -> list[int]:
+    """Indexes where a suffix may start: it begins with a user turn and keeps every call with its result."""
+    n = len(messages)
+    # Walk backwards so each check is O(1): a suffix is valid when every result in it
+    # has its call in it and every call in it has its result in it.
+    starts = []
+    calls_in: set[str] = set()
+    results_in: set[str] = set()
+    unmatched_results = 0
+    unmatched_calls = 0
+    for index in range(n - 1, -1, -1):
+        message = messages[index]
+        for call_id in tool_use_ids(message):
+            calls_in.add(call_id)
+            if call_id in results_in:
+                unmatched_results -= 1
+            else:
+                unmatched_calls += 1
+        for result_id in tool_result_ids(message):
+            # Only a call earlier than its result can match it; a result before its
+            # call stays unmatched, so no cut that includes it is offered.
+            results_in.add(result_id)
+            unmatched_results += 1
+        if unmatched_results == 0 and unmatched_calls == 0 and message.get("role") == "user":
+            starts.append(index)
+    starts.reverse()
+    return starts
+
+
+def trim_for_resume(messages: Sequence[Msg], *, budget_tokens: int, image_rule: str = "area") -> Trimmed:
+    """The longest suffix within `budget_tokens` that starts with a user turn and orphans nothing (CH-6).
+
+    A transcript that cannot be sent is worse than a short one, so when no valid
+    suffix fits the budget the result is empty rather than a cut through a pair.
+    """
+    sizes = [message_tokens(message, image_rule=image_rule) for message in messages]
+    suffix_tokens = [0] * (len(messages) + 1)
+    for index in range(len(messages) - 1, -1, -1):
+        suffix_tokens[index] = suffix_tokens[index + 1] + sizes[index]
+    for start in valid_cut_starts(messages):
+        if suffix_tokens[start] <= budget_tokens:
+            kept = list(messages[start:])
+            return Trimmed(kept, start, suffix_tokens[start], start)
+    return Trimmed([], len(messages), 0, len(messages))
+
+
+def text_of(message: Msg) -> str:
+    return "\n".join(b.get("text", "") for b in message.get("content") or [] if b.get("type") == "text")
+
+
+def api_messages(messages: Sequence[Msg]) -> list[Msg]:
+    """The messages as a provider takes them: only `role` and `content`."""
+    return [{"role": message["role"], "content": message["content"]} for message in messages]
