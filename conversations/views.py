@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -8,6 +11,19 @@ from django.views.decorators.http import require_http_methods
 from agents.models import Run
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
+from conversations.models import Message
+
+# The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
+SLASH_COMMANDS = [
+    ("/compact", "Run the context recovery ladder now"),
+    ("/shake", "Free rungs only: elide old tool output, drop old images"),
+    ("/context", "What fills the context window, by category"),
+    ("/tree", "Open the tree navigator"),
+    ("/branch", "Move the branch tip to another message"),
+    ("/fork", "Copy this path into a new conversation"),
+    ("/checkpoint", "Mark this turn boundary with a label"),
+    ("/rewind", "Return to a checkpoint, keeping a digest"),
+]
 
 
 @login_required
@@ -22,7 +38,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("conversation-detail", conversation_id=conversation.pk)
     search = request.GET.get("q", "").strip()
-    conversations = selectors.conversations_for_user(user=request.user, search=search)[:100]
+    conversations = selectors.conversations_with_activity(user=request.user, search=search)[:100]
     return render(
         request,
         "conversations/list.html",
@@ -31,23 +47,64 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _pretty(raw: Any) -> str:
+    """Tool results are stored as JSON text; show them indented when they parse."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return raw
+    return json.dumps(raw, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def _present(path: list[Message], run_by_trigger: dict[int, int]) -> list[dict[str, Any]]:
+    """The path as the page shows it: each tool call carries its result, so a message
+    holding only tool results is folded into the call that asked for them."""
+    results: dict[str, dict[str, Any]] = {}
+    for message in path:
+        for block in message.content:
+            if block.get("type") == "tool_result":
+                results[block.get("tool_use_id", "")] = block
+    shown = []
+    for message in path:
+        blocks = []
+        for block in message.content:
+            kind = block.get("type")
+            if kind == "text":
+                blocks.append({"type": "text", "text": block.get("text", "")})
+            elif kind == "tool_use":
+                result = results.get(block.get("id", ""))
+                blocks.append(
+                    {
+                        "type": "tool",
+                        "name": block.get("name", ""),
+                        "input": _pretty(block.get("input")),
+                        "result": _pretty(result.get("content")) if result else None,
+                        "is_error": bool(result and result.get("is_error")),
+                    }
+                )
+            elif kind == "image":
+                blocks.append({"type": "image"})
+        if blocks:
+            shown.append({"message": message, "blocks": blocks, "run_id": run_by_trigger.get(message.pk)})
+    return shown
+
+
 @login_required
 def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpResponse:
     try:
         conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
     except NotFound:
         raise Http404("No such conversation.") from None
-    active_run = (
-        Run.objects.filter(conversation=conversation, status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
-        .order_by("-id")
-        .first()
-    )
+    runs = list(Run.objects.filter(conversation=conversation).values("id", "trigger_id", "status").order_by("id"))
+    active_run = next((run for run in reversed(runs) if run["status"] in (Run.Status.QUEUED, Run.Status.RUNNING)), None)
     return render(
         request,
         "conversations/detail.html",
         {
             "conversation": conversation,
-            "path": selectors.current_path(conversation),
-            "active_run": active_run,
+            "messages": _present(selectors.current_path(conversation), {run["trigger_id"]: run["id"] for run in runs}),
+            "active_run": active_run["id"] if active_run else None,
+            "slash_commands": SLASH_COMMANDS,
         },
     )
