@@ -203,3 +203,65 @@ def test_a_finished_run_pushes_fresh_figures_to_the_dashboard(alice):
     assert update["snapshot"]["recent_runs"][0]["id"] == run.pk
     assert update["snapshot"]["recent_runs"][0]["status"] == "succeeded"
     assert update["snapshot"]["totals"]["uncached"] == recorded.input_tokens
+
+
+def _path(conversation, shapes) -> Message:
+    parent = None
+    for role, content in shapes:
+        parent = Message.objects.create(conversation=conversation, parent=parent, role=role, content=content)
+    conversation.tip = parent
+    conversation.save()
+    return parent
+
+
+@pytest.mark.django_db
+def test_conversation_page_shows_a_tool_call_with_its_result_and_folds_the_result_message(alice):
+    conversation = Conversation.objects.create(owner=alice, title="tools")
+    _path(
+        conversation,
+        [
+            ("user", [{"type": "text", "text": "list please"}]),
+            ("assistant", [{"type": "tool_use", "id": "t1", "name": "list_dir", "input": {"path": "."}}]),
+            (
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": '{"ok": false, "error": "nope"}',
+                        "is_error": True,
+                    }
+                ],
+            ),
+            ("assistant", [{"type": "text", "text": "It failed."}]),
+        ],
+    )
+    html = _client(alice).get(f"/conversations/{conversation.pk}/").content.decode()
+    assert html.count("<article") == 3  # the tool-result message is shown inside the call
+    assert '<details class="tool failed">' in html
+    assert "{&quot;path&quot;: &quot;.&quot;}" in html and "&quot;error&quot;: &quot;nope&quot;" in html
+
+
+@pytest.mark.django_db
+def test_long_conversation_page_renders_the_latest_messages_and_offers_all(alice):
+    conversation = Conversation.objects.create(owner=alice, title="long")
+    _path(conversation, [("user", [{"type": "text", "text": f"message {n}"}]) for n in range(230)])
+    client = _client(alice)
+    html = client.get(f"/conversations/{conversation.pk}/").content.decode()
+    assert html.count("<article") == 200
+    assert "Show the 30 earlier messages" in html
+    assert "message 229" in html and ">message 29<" not in html
+    everything = client.get(f"/conversations/{conversation.pk}/?all=1").content.decode()
+    assert everything.count("<article") == 230 and "earlier message" not in everything
+
+
+@pytest.mark.django_db
+def test_conversation_list_searches_titles_and_own_message_text_only(alice, bob):
+    mine = Conversation.objects.create(owner=alice, title="groceries")
+    _path(mine, [("user", [{"type": "text", "text": "find the zebra crossing"}])])
+    theirs = Conversation.objects.create(owner=bob, title="zebra notes")
+    _path(theirs, [("user", [{"type": "text", "text": "zebra"}])])
+    client = _client(alice)
+    assert "groceries" in client.get("/?q=ZEBRA").content.decode()
+    assert "zebra notes" not in client.get("/?q=zebra").content.decode()
+    assert "No conversation matches" in client.get("/?q=giraffe").content.decode()

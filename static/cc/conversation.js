@@ -49,6 +49,16 @@
     return runs.get(runId);
   }
 
+  // The server sends tool input and output as compact JSON (cheap to render for long
+  // conversations); indent it when a call is opened. `toggle` does not bubble: capture it.
+  document.addEventListener("toggle", (event) => {
+    if (!event.target.open) return;
+    for (const pre of event.target.querySelectorAll("pre.json:not([data-pretty])")) {
+      pre.dataset.pretty = "1";
+      try { pre.textContent = JSON.stringify(JSON.parse(pre.textContent), null, 2); } catch { /* not JSON: as is */ }
+    }
+  }, true);
+
   // --- tool calls: one collapsible per call, its result filled in when it arrives ---
   function toolCall(state, p) {
     const details = el("details", "tool");
