@@ -213,6 +213,7 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
     expected = page.evaluate("fetch('/dashboard/data/').then(r => r.json())")
     assert ratio.inner_text() == f"{expected['totals']['cache_ratio'] * 100:.1f}%"
     expect(page.locator("#recent-runs tbody tr").first).to_contain_text("moves the ratio")
+    expect(page.locator("#by-day tbody tr").first).to_contain_text(ratio.inner_text())  # one model, one day
     _screenshot(page, "dashboard")
 
 

@@ -67,6 +67,20 @@
       body.appendChild(tr);
     }
 
+    const byDay = document.querySelector("#by-day tbody");
+    byDay.replaceChildren();
+    for (const row of snapshot.by_day) {
+      const tr = el("tr");
+      [row.day, row.model, tokens(row.uncached), tokens(row.cache_write), tokens(row.cache_read), tokens(row.output), percent(row.cache_ratio)]
+        .forEach((value, i) => tr.appendChild(el("td", value, i >= 2 ? { class: "num" } : {})));
+      byDay.appendChild(tr);
+    }
+    if (!snapshot.by_day.length) {
+      const tr = el("tr");
+      tr.appendChild(el("td", "No usage recorded yet.", { colspan: "7", class: "muted" }));
+      byDay.appendChild(tr);
+    }
+
     const ratioScale = { min: 0, max: 1, ticks: { callback: (v) => `${Math.round(v * 100)}%` } };
     chart("chart-ratio-time", {
       type: "line",
