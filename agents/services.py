@@ -108,11 +108,11 @@ def run_execute(*, run_id: int, worker: str) -> None:
         publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     reply = _persist_turn(run, outcome)
-    publish_dashboard_update(user_id=run.conversation.owner_id)
     publisher.publish(
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
     )
+    publish_dashboard_update(user_id=run.conversation.owner_id)
 
 
 @transaction.atomic
