@@ -102,10 +102,14 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
     except NotFound:
         raise Http404("No such conversation.") from None
-    runs = list(Run.objects.filter(conversation=conversation).values("id", "trigger_id", "status").order_by("id"))
-    active_run = next((run for run in reversed(runs) if run["status"] in (Run.Status.QUEUED, Run.Status.RUNNING)), None)
+    active_run = (
+        Run.objects.filter(conversation=conversation, status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
+        .order_by("-id")
+        .first()
+    )
+    runs = Run.objects.filter(conversation=conversation).values_list("trigger_id", "id").order_by("id")
     # Presented whole, then cut, so a call shown on the page always has its result.
-    shown = _present(selectors.current_path(conversation), {run["trigger_id"]: run["id"] for run in runs})
+    shown = _present(selectors.current_path(conversation), dict(runs))
     earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
     return render(
         request,
@@ -114,7 +118,7 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
             "conversation": conversation,
             "messages": shown[earlier:],
             "earlier": earlier,
-            "active_run": active_run["id"] if active_run else None,
+            "active_run": active_run.pk if active_run else None,
             "slash_commands": SLASH_COMMANDS,
         },
     )
