@@ -11,7 +11,7 @@ from django.views.decorators.http import require_http_methods
 from agents.models import Run
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
-from conversations.models import Message
+from conversations.models import Conversation, Message
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
 SLASH_COMMANDS = [
@@ -107,18 +107,21 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         .order_by("-id")
         .first()
     )
-    runs = Run.objects.filter(conversation=conversation).values_list("trigger_id", "id").order_by("id")
-    # Presented whole, then cut, so a call shown on the page always has its result.
-    shown = _present(selectors.current_path(conversation), dict(runs))
-    earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
     return render(
         request,
         "conversations/detail.html",
         {
             "conversation": conversation,
-            "messages": shown[earlier:],
-            "earlier": earlier,
-            "active_run": active_run.pk if active_run else None,
+            **_page_messages(request, conversation),
+            "active_run": active_run,
             "slash_commands": SLASH_COMMANDS,
         },
     )
+
+
+def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
+    runs = Run.objects.filter(conversation=conversation).values_list("trigger_id", "id").order_by("id")
+    # Presented whole, then cut, so a call shown on the page always has its result.
+    shown = _present(selectors.current_path(conversation), dict(runs))
+    earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
+    return {"messages": shown[earlier:], "earlier": earlier}
