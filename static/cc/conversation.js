@@ -273,7 +273,11 @@
       body: JSON.stringify({ text }),
     });
     const body = await response.json().catch(() => ({}));
-    if (!response.ok) { statusLine.textContent = errorText(body, response); return; }
+    if (!response.ok) { statusLine.textContent = body.detail || `Error ${response.status}`; return; }
+    const article = el("article", "message user");
+    article.appendChild(el("header", null, "user"));
+    article.appendChild(el("div", "text", text));
+    messages.appendChild(article);
     input.value = "";
     closeMenu();
     if (!body.run) {
@@ -285,10 +289,6 @@
       statusLine.textContent = "Command done.";
       return;
     }
-    const article = el("article", "message user");
-    article.appendChild(el("header", null, "user"));
-    article.appendChild(el("div", "text", text));
-    messages.appendChild(article);
     activeRun = body.run.id;
     cancelButton.hidden = false;
     showRun(activeRun);
