@@ -114,6 +114,13 @@ def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server, page):  # n
     page.keyboard.type("/zzz")
     expect(menu).to_be_hidden()  # nothing matches: no empty menu
 
+    page.fill("#composer-input", "")
+    page.locator("h1").click()  # focus away from the composer
+    page.keyboard.press("/")  # "/" anywhere starts a command
+    expect(composer).to_be_focused()
+    expect(composer).to_have_value("/")
+    expect(menu).to_be_visible()
+
 
 @pytest.mark.req("RN-4")
 def test_approval_prompt_takes_focus_and_answers_enter_and_escape(embedded_server, page, tmp_path):  # noqa: F811

@@ -297,6 +297,15 @@
   }
 
   form.addEventListener("submit", (event) => { event.preventDefault(); send(); });
+  // "/" anywhere outside a field starts a command in the composer.
+  document.addEventListener("keydown", (event) => {
+    const target = event.target;
+    if (event.key !== "/" || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (target.closest("input, textarea, select, [contenteditable]")) return;
+    event.preventDefault();
+    input.focus();
+    if (!input.value) { input.value = "/"; updateMenu(); }
+  });
   cancelButton.addEventListener("click", async () => {
     if (!activeRun) return;
     const response = await fetch(`/api/runs/${activeRun}/cancel/`, { method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf } });
