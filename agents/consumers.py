@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agents import selectors
-from agents.events import conversation_group, run_group
+from agents.events import conversation_group, dashboard_group, run_group
 
 
 class _EventsConsumer(AsyncJsonWebsocketConsumer):
@@ -50,3 +50,25 @@ class ConversationEventsConsumer(_EventsConsumer):
         return await database_sync_to_async(selectors.conversation_visible_to)(
             conversation_id=conversation_id, user=user
         )
+
+
+class DashboardConsumer(AsyncJsonWebsocketConsumer):
+    """The signed-in user's dashboard figures, pushed when one of their runs finishes."""
+
+    group: str = ""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.group = dashboard_group(user.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def dashboard_update(self, message: dict[str, Any]) -> None:
+        await self.send_json({"type": "dashboard_update", "snapshot": message["snapshot"]})

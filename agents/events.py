@@ -116,3 +116,28 @@ class RunEventPublisher:
         except Exception:
             # The event is in the log; a live viewer catches up from there.
             logger.exception("could not broadcast event %s of run %s", self.seq, self.run.pk)
+
+
+# --- the observability dashboard ------------------------------------------------------
+
+
+def dashboard_group(user_id: int) -> str:
+    return f"dashboard-{user_id}"
+
+
+def publish_dashboard_update(*, user_id: int) -> None:
+    """Send the user's fresh dashboard figures to their open dashboards.
+
+    Called by the run service once a turn is persisted. The figures are computed here,
+    by the sender, so the consumer stays transport. A failure is logged and swallowed:
+    the run is already committed, and a reload shows the same figures.
+    """
+    from django.contrib.auth import get_user_model
+
+    from agents.dashboard import dashboard_snapshot
+
+    try:
+        user = get_user_model().objects.get(pk=user_id)
+        broadcast([dashboard_group(user_id)], {"type": "dashboard.update", "snapshot": dashboard_snapshot(user=user)})
+    except Exception:
+        logger.exception("could not send the dashboard update of user %s", user_id)

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from agents.models import Run, RunEvent
+from agents.models import ModelRequest, Run, RunEvent
+from controlcenter.errors import NotFound
 from conversations.models import Conversation
 
 
@@ -21,3 +25,101 @@ def runs_for_user(*, user: AbstractBaseUser) -> QuerySet[Run]:
 
 def run_events_after(*, run: Run, after: int) -> QuerySet[RunEvent]:
     return RunEvent.objects.filter(run=run, seq__gt=after).order_by("seq")
+
+
+# --- the run page ---------------------------------------------------------------------
+
+_TIMELINE_TEXT_PREVIEW = 400
+_PAYLOAD_PREVIEW = 400
+
+
+def run_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
+    """The run if `user` owns its conversation; another user's answers exactly like a missing one."""
+    try:
+        return Run.objects.select_related("conversation").get(pk=run_id, conversation__owner=user)
+    except Run.DoesNotExist:
+        raise NotFound(f"Run {run_id} does not exist.") from None
+
+
+def cache_verdict(request: ModelRequest) -> str:
+    """'hit' when the provider read from its cache; 'miss' when a breakpoint was set but nothing
+    was read; 'uncached' when the request marked no breakpoint and read nothing."""
+    if request.cache_read_input_tokens > 0:
+        return "hit"
+    if request.breakpoints or request.cache_creation_input_tokens > 0:
+        return "miss"
+    return "uncached"
+
+
+def run_model_requests(*, run: Run) -> list[dict[str, Any]]:
+    rows = []
+    for request in ModelRequest.objects.filter(run=run).order_by("step", "id"):
+        prompt = request.prompt_tokens
+        rows.append(
+            {
+                "request": request,
+                "prompt": prompt,
+                "verdict": cache_verdict(request),
+                "cache_ratio": request.cache_read_input_tokens / prompt if prompt else None,
+            }
+        )
+    return rows
+
+
+def _event_summary(event_type: str, payload: dict[str, Any]) -> str:
+    if event_type == "run_started":
+        return f"{payload.get('provider')}/{payload.get('model')} on {payload.get('worker', '?')}"
+    if event_type == "tool_call":
+        return f"{payload.get('name')}({json.dumps(payload.get('input'), sort_keys=True)[:_PAYLOAD_PREVIEW]})"
+    if event_type == "tool_result":
+        output = payload.get("output") or {}
+        outcome = "failed" if isinstance(output, dict) and output.get("ok") is False else "ok"
+        return f"{payload.get('name')} {outcome}"
+    if event_type == "usage":
+        return (
+            f"step {payload.get('step')}: {payload.get('input_tokens', 0)} uncached, "
+            f"{payload.get('cache_creation_input_tokens', 0)} cache write, "
+            f"{payload.get('cache_read_input_tokens', 0)} cache read, {payload.get('output_tokens', 0)} output"
+        )
+    if event_type == "approval_requested":
+        return f"{payload.get('name')} waits for approval ({payload.get('approval_id')})"
+    if event_type == "approval_decided":
+        return f"approval {payload.get('approval_id')}: {payload.get('decision')}"
+    if event_type == "run_finished":
+        return " ".join(part for part in (payload.get("status", ""), payload.get("error", "")) if part)
+    return json.dumps(payload, sort_keys=True, ensure_ascii=False)[:_PAYLOAD_PREVIEW]
+
+
+def run_timeline(*, run: Run) -> list[dict[str, Any]]:
+    """The run's events oldest first, consecutive text deltas of a step folded into one row."""
+    timeline: list[dict[str, Any]] = []
+    start = None
+    for event in RunEvent.objects.filter(run=run).order_by("seq").only("seq", "type", "payload", "created_at"):
+        start = start or event.created_at
+        offset_ms = int((event.created_at - start).total_seconds() * 1000)
+        previous = timeline[-1] if timeline else None
+        if (
+            event.type == "text_delta"
+            and previous is not None
+            and previous["type"] == "text_delta"
+            and previous["step"] == event.payload.get("step")
+        ):
+            previous["count"] += 1
+            previous["last_seq"] = event.seq
+            if len(previous["summary"]) < _TIMELINE_TEXT_PREVIEW:
+                previous["summary"] = (previous["summary"] + event.payload.get("text", ""))[:_TIMELINE_TEXT_PREVIEW]
+            continue
+        timeline.append(
+            {
+                "seq": event.seq,
+                "last_seq": event.seq,
+                "type": event.type,
+                "step": event.payload.get("step"),
+                "offset_ms": offset_ms,
+                "count": 1,
+                "summary": event.payload.get("text", "")[:_TIMELINE_TEXT_PREVIEW]
+                if event.type == "text_delta"
+                else _event_summary(event.type, event.payload),
+            }
+        )
+    return timeline

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents.events import RunEventPublisher
+from agents.events import RunEventPublisher, publish_dashboard_update
 from agents.models import ModelRequest, Run
 from agents.providers.base import ProviderError
 from agents.providers.registry import get_provider
@@ -171,6 +171,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
     )
+    publish_dashboard_update(user_id=run.conversation.owner_id)
 
 
 @transaction.atomic

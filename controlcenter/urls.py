@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents import api as agents_api
+from agents import views as agents_views
 from controlcenter.health import healthz
 from conversations import api as conversations_api
 from conversations import views as conversations_views
@@ -59,6 +60,9 @@ api_patterns = [
 urlpatterns = [
     path("", conversations_views.conversation_list, name="conversation-list"),
     path("conversations/<int:conversation_id>/", conversations_views.conversation_detail, name="conversation-detail"),
+    path("runs/<int:run_id>/", agents_views.run_detail, name="run-detail"),
+    path("dashboard/", agents_views.dashboard, name="dashboard"),
+    path("dashboard/data/", agents_views.dashboard_data, name="dashboard-data"),
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),

@@ -5,8 +5,10 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast
 
+from agents.models import Run
 from controlcenter.errors import DomainError, NotFound
 from conversations import export, transcript
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
@@ -156,3 +158,25 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
         messages=transcript.api_messages(path_messages(conversation)),
     )
     return export.context_breakdown(request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS)
+
+
+def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
+    """The user's conversations, most recently active first, each with its message count and
+    its latest run; `search` matches titles and the text of the user's own messages."""
+    latest_run = Run.objects.filter(conversation=OuterRef("pk")).order_by("-id")
+    queryset = Conversation.objects.filter(owner=user)
+    if search:
+        # The stored JSON as text: portable across PostgreSQL and SQLite, and a person's
+        # conversations are few enough that a scan is fine.
+        matching = (
+            Message.objects.filter(conversation__owner=user, role=Message.Role.USER)
+            .annotate(as_text=Cast("content", TextField()))
+            .filter(as_text__icontains=search)
+            .values("conversation_id")
+        )
+        queryset = queryset.filter(Q(title__icontains=search) | Q(pk__in=matching))
+    return queryset.annotate(
+        message_count=Count("messages"),
+        last_run_id=Subquery(latest_run.values("id")[:1]),
+        last_run_status=Subquery(latest_run.values("status")[:1]),
+    ).order_by("-updated_at")

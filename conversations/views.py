@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -9,6 +12,23 @@ from agents.models import Run
 from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
+from conversations.models import Conversation, Message
+
+# The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
+SLASH_COMMANDS = [
+    ("/compact", "Run the context recovery ladder now"),
+    ("/shake", "Free rungs only: elide old tool output, drop old images"),
+    ("/context", "What fills the context window, by category"),
+    ("/tree", "Open the tree navigator"),
+    ("/branch", "Move the branch tip to another message"),
+    ("/fork", "Copy this path into a new conversation"),
+    ("/checkpoint", "Mark this turn boundary with a label"),
+    ("/rewind", "Return to a checkpoint, keeping a digest"),
+]
+# The page renders the latest messages of a long path; "show all" renders every one. The
+# template is most of a page's server time (a 1,000-message path costs ~130 ms and 600 KB
+# of HTML rendered whole, see bench/pages.py), and the latest turns are what a person reads.
+PAGE_MESSAGES = 200
 
 
 @login_required
@@ -23,13 +43,58 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("conversation-detail", conversation_id=conversation.pk)
     search = request.GET.get("q", "").strip()
-    conversations = selectors.conversations_for_user(user=request.user, search=search)[:100]
+    conversations = selectors.conversations_with_activity(user=request.user, search=search)[:100]
     return render(
         request,
         "conversations/list.html",
         {"conversations": conversations, "search": search, "error": error},
         status=400 if error else 200,
     )
+
+
+def _compact(raw: Any) -> str:
+    """Tool input and output as compact JSON; the page indents it when a call is opened.
+
+    Indenting here would use the pure-Python JSON encoder on every result of the path
+    (a third of the render time of a 1,000-message page); results are stored as JSON text
+    already, so they pass through untouched.
+    """
+    if isinstance(raw, str):
+        return raw
+    return json.dumps(raw, ensure_ascii=False, sort_keys=True)
+
+
+def _present(path: list[Message], run_by_trigger: dict[int, int]) -> list[dict[str, Any]]:
+    """The path as the page shows it: each tool call carries its result, so a message
+    holding only tool results is folded into the call that asked for them."""
+    results: dict[str, dict[str, Any]] = {}
+    for message in path:
+        for block in message.content:
+            if block.get("type") == "tool_result":
+                results[block.get("tool_use_id", "")] = block
+    shown = []
+    for message in path:
+        blocks = []
+        for block in message.content:
+            kind = block.get("type")
+            if kind == "text":
+                blocks.append({"type": "text", "text": block.get("text", "")})
+            elif kind == "tool_use":
+                result = results.get(block.get("id", ""))
+                blocks.append(
+                    {
+                        "type": "tool",
+                        "name": block.get("name", ""),
+                        "input": _compact(block.get("input")),
+                        "result": _compact(result.get("content")) if result else None,
+                        "is_error": bool(result and result.get("is_error")),
+                    }
+                )
+            elif kind == "image":
+                blocks.append({"type": "image"})
+        if blocks:
+            shown.append({"message": message, "blocks": blocks, "run_id": run_by_trigger.get(message.pk)})
+    return shown
 
 
 @login_required
@@ -44,7 +109,16 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         "conversations/detail.html",
         {
             "conversation": conversation,
-            "path": selectors.current_path(conversation),
+            **_page_messages(request, conversation),
             "active_run": active_run,
+            "slash_commands": SLASH_COMMANDS,
         },
     )
+
+
+def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
+    runs = Run.objects.filter(conversation=conversation).values_list("trigger_id", "id").order_by("id")
+    # Presented whole, then cut, so a call shown on the page always has its result.
+    shown = _present(selectors.current_path(conversation), dict(runs))
+    earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
+    return {"messages": shown[earlier:], "earlier": earlier}

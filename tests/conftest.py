@@ -81,7 +81,9 @@ def _free_port() -> int:
 @pytest.fixture
 def embedded_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(CC_VAR_DIR=str(tmp_path / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=str(ROOT))
+    # Keep any PYTHONPATH the caller set (after this tree, which must win).
+    pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(CC_VAR_DIR=str(tmp_path / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=pythonpath)
     controlcenter = [sys.executable, "-m", "controlcenter.cli"]
     setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert setup.returncode == 0, setup.stderr

@@ -1,5 +1,7 @@
 // Live conversation page: send through the API, stream run events over a websocket,
 // and catch up from the stored event log after a reconnect (events carry a seq).
+// Everything works from the keyboard: Enter sends, "/" opens the command menu,
+// an approval prompt takes focus and answers Enter (approve) or Escape (deny).
 (() => {
   const root = document.getElementById("conversation");
   if (!root) return;
@@ -9,33 +11,138 @@
   const form = document.getElementById("composer");
   const input = document.getElementById("composer-input");
   const cancelButton = document.getElementById("cancel");
+  const runLink = document.getElementById("run-link");
+  const menu = document.getElementById("slash-menu");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-  const runs = new Map(); // run id -> {lastSeq, article, text}
+  const runs = new Map(); // run id -> {lastSeq, article, text, tools: Map(tool_use_id -> details)}
+  const approvals = new Map(); // approval id -> prompt element
   let activeRun = root.dataset.activeRun ? Number(root.dataset.activeRun) : null;
 
   function el(tag, cls, text) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
-    if (text !== undefined) node.textContent = text;
+    if (text !== undefined && text !== null) node.textContent = text;
     return node;
+  }
+  const pretty = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 2));
+  const errorText = (body, response) =>
+    body.detail || (body.error && (body.error.message || body.error)) || `Error ${response.status}`;
+
+  function showRun(runId) {
+    runLink.href = `/runs/${runId}/`;
+    runLink.textContent = `Run ${runId} details`;
+    runLink.hidden = false;
   }
 
   function runState(runId) {
     if (!runs.has(runId)) {
       const article = el("article", "message assistant");
       article.dataset.runId = runId;
-      article.appendChild(el("header", null, "assistant"));
+      const header = el("header", null, "assistant · ");
+      const link = el("a", null, `run ${runId}`);
+      link.href = `/runs/${runId}/`;
+      header.appendChild(link);
+      article.appendChild(header);
       messages.appendChild(article);
-      runs.set(runId, { lastSeq: 0, article, text: null });
+      runs.set(runId, { lastSeq: 0, article, text: null, tools: new Map() });
     }
     return runs.get(runId);
   }
 
-  function toolDetails(summary, body) {
+  // The server sends tool input and output as compact JSON (cheap to render for long
+  // conversations); indent it when a call is opened. `toggle` does not bubble: capture it.
+  document.addEventListener("toggle", (event) => {
+    if (!event.target.open) return;
+    for (const pre of event.target.querySelectorAll("pre.json:not([data-pretty])")) {
+      pre.dataset.pretty = "1";
+      try { pre.textContent = JSON.stringify(JSON.parse(pre.textContent), null, 2); } catch { /* not JSON: as is */ }
+    }
+  }, true);
+
+  // --- tool calls: one collapsible per call, its result filled in when it arrives ---
+  function toolCall(state, p) {
     const details = el("details", "tool");
-    details.appendChild(el("summary", null, summary));
-    details.appendChild(el("pre", null, body));
-    return details;
+    const summary = el("summary");
+    summary.append(el("span", "tool-name", p.name), " ", el("span", "tool-state muted", "running…"));
+    details.append(summary, el("h3", null, "Arguments"), el("pre", null, pretty(p.input)));
+    state.tools.set(p.id, details);
+    state.article.appendChild(details);
+  }
+
+  function toolResult(state, p) {
+    let details = state.tools.get(p.id);
+    if (!details) { toolCall(state, { id: p.id, name: p.name, input: {} }); details = state.tools.get(p.id); }
+    const failed = p.output && p.output.ok === false;
+    const badge = details.querySelector(".tool-state");
+    badge.className = "tool-state";
+    badge.textContent = failed ? "failed" : "ok";
+    details.classList.toggle("failed", Boolean(failed));
+    details.append(el("h3", null, "Result"), el("pre", null, pretty(p.output)));
+  }
+
+  // --- approvals (RN-4): the prompt takes focus; Enter approves, Escape denies ---
+  function approvalRequested(state, p) {
+    if (approvals.has(p.approval_id)) return;
+    const prompt = el("div", "approval");
+    prompt.tabIndex = -1;
+    prompt.dataset.approvalId = p.approval_id;
+    prompt.setAttribute("role", "group");
+    const title = el("p", null);
+    title.id = `approval-${p.approval_id}-title`;
+    title.append("The agent asks to run ", el("code", null, p.name), ".");
+    prompt.setAttribute("aria-labelledby", title.id);
+    const args = el("details", "tool");
+    args.open = true;
+    args.append(el("summary", null, "Arguments"), el("pre", null, pretty(p.input)));
+    const row = el("div", "row");
+    const approve = el("button", "approve");
+    approve.type = "button";
+    approve.append("Approve ", el("kbd", null, "Enter"));
+    const deny = el("button", "deny secondary");
+    deny.type = "button";
+    deny.append("Deny ", el("kbd", null, "Esc"));
+    const feedback = el("span", "feedback muted");
+    feedback.setAttribute("role", "status");
+    row.append(approve, deny, feedback);
+    prompt.append(title, args, row);
+    approve.addEventListener("click", () => decide(p.approval_id, "approve"));
+    deny.addEventListener("click", () => decide(p.approval_id, "deny"));
+    prompt.addEventListener("keydown", (event) => {
+      if (prompt.classList.contains("decided")) return;
+      if (event.key === "Escape") { event.preventDefault(); decide(p.approval_id, "deny"); }
+      // On a focused button Enter is that button's own click; elsewhere it approves.
+      else if (event.key === "Enter" && event.target.tagName !== "BUTTON") { event.preventDefault(); decide(p.approval_id, "approve"); }
+    });
+    approvals.set(p.approval_id, prompt);
+    state.text = null;
+    state.article.appendChild(prompt);
+    statusLine.textContent = `Waiting for your approval to run ${p.name}.`;
+    prompt.focus();
+  }
+
+  function approvalDecided(p) {
+    const prompt = approvals.get(p.approval_id);
+    if (!prompt || prompt.classList.contains("decided")) return;
+    const approved = p.decision === "approve" || p.decision === "approved";
+    prompt.classList.add("decided");
+    prompt.querySelectorAll("button").forEach((button) => { button.disabled = true; });
+    prompt.querySelector(".feedback").textContent = approved ? "Approved." : "Denied.";
+    prompt.dataset.decision = approved ? "approved" : "denied";
+    if (prompt.contains(document.activeElement) || document.activeElement === prompt) input.focus();
+  }
+
+  async function decide(approvalId, decision) {
+    const prompt = approvals.get(approvalId);
+    const feedback = prompt.querySelector(".feedback");
+    feedback.textContent = decision === "approve" ? "Approving…" : "Denying…";
+    const response = await fetch(`/api/approvals/${approvalId}/${decision}/`, {
+      method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf },
+    });
+    if (response.ok) { approvalDecided({ approval_id: approvalId, decision }); return; }
+    const body = await response.json().catch(() => ({}));
+    feedback.textContent = `Could not ${decision}: ${errorText(body, response)}`;
+    feedback.setAttribute("role", "alert");
+    prompt.focus();
   }
 
   function apply(event) {
@@ -46,6 +153,7 @@
     switch (event.type) {
       case "run_started":
         statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}.`;
+        showRun(event.run_id);
         break;
       case "text_delta":
         if (!state.text) { state.text = el("div", "text"); state.article.appendChild(state.text); }
@@ -53,13 +161,19 @@
         break;
       case "tool_call":
         state.text = null;
-        state.article.appendChild(toolDetails(`tool call ${p.name}`, JSON.stringify(p.input, null, 2)));
+        toolCall(state, p);
         break;
       case "tool_result":
-        state.article.appendChild(toolDetails(`tool result ${p.name}`, JSON.stringify(p.output, null, 2)));
+        toolResult(state, p);
+        break;
+      case "approval_requested":
+        approvalRequested(state, p);
+        break;
+      case "approval_decided":
+        approvalDecided(p);
         break;
       case "usage":
-        statusLine.textContent = `Step ${p.step}: ${p.input_tokens} input, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
+        statusLine.textContent = `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
         break;
       case "run_finished":
         statusLine.textContent = p.status === "succeeded" ? "Run finished." : `Run ${p.status}. ${p.error || ""}`;
@@ -79,11 +193,75 @@
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/conversations/${conversationId}/`);
-    socket.onopen = () => { retryDelay = 500; if (activeRun) catchUp(activeRun); };
+    socket.onopen = () => { retryDelay = 500; root.dataset.live = "1"; if (activeRun) catchUp(activeRun); };
     socket.onmessage = (message) => apply(JSON.parse(message.data));
-    socket.onclose = () => { setTimeout(connect, retryDelay); retryDelay = Math.min(retryDelay * 2, 8000); };
+    socket.onclose = () => {
+      delete root.dataset.live;
+      setTimeout(connect, retryDelay);
+      retryDelay = Math.min(retryDelay * 2, 8000);
+    };
   }
   connect();
+
+  // --- the slash-command menu: a combobox on the composer (CH-10) ---
+  const options = [...menu.querySelectorAll("[role=option]")];
+  let activeOption = -1;
+
+  function visibleOptions() { return options.filter((option) => !option.hidden); }
+
+  function setActive(index) {
+    const visible = visibleOptions();
+    options.forEach((option) => option.setAttribute("aria-selected", "false"));
+    if (!visible.length) { activeOption = -1; input.removeAttribute("aria-activedescendant"); return; }
+    activeOption = (index + visible.length) % visible.length;
+    const option = visible[activeOption];
+    option.setAttribute("aria-selected", "true");
+    input.setAttribute("aria-activedescendant", option.id);
+    option.scrollIntoView({ block: "nearest" });
+  }
+
+  function closeMenu() {
+    menu.hidden = true;
+    input.setAttribute("aria-expanded", "false");
+    input.removeAttribute("aria-activedescendant");
+    activeOption = -1;
+  }
+
+  function updateMenu() {
+    // Only while the first word is being typed: "/co" filters, "/compact now" does not.
+    const match = /^\/(\S*)$/.exec(input.value.slice(0, input.selectionEnd));
+    if (!match || input.value.slice(input.selectionEnd).trim()) { closeMenu(); return; }
+    const typed = `/${match[1]}`.toLowerCase();
+    options.forEach((option) => { option.hidden = !option.dataset.command.startsWith(typed); });
+    if (!visibleOptions().length) { closeMenu(); return; }
+    menu.hidden = false;
+    input.setAttribute("aria-expanded", "true");
+    setActive(0);
+  }
+
+  function pick(option) {
+    input.value = `${option.dataset.command} `;
+    input.setSelectionRange(input.value.length, input.value.length);
+    closeMenu();
+    input.focus();
+  }
+
+  options.forEach((option) => option.addEventListener("mousedown", (event) => { event.preventDefault(); pick(option); }));
+  input.addEventListener("input", updateMenu);
+  input.addEventListener("blur", closeMenu);
+
+  input.addEventListener("keydown", (event) => {
+    if (!menu.hidden) {
+      if (event.key === "ArrowDown") { event.preventDefault(); setActive(activeOption + 1); return; }
+      if (event.key === "ArrowUp") { event.preventDefault(); setActive(activeOption - 1); return; }
+      if ((event.key === "Enter" && !event.shiftKey) || event.key === "Tab") {
+        const option = visibleOptions()[activeOption];
+        if (option) { event.preventDefault(); pick(option); return; }
+      }
+      if (event.key === "Escape") { event.preventDefault(); closeMenu(); return; }
+    }
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); send(); }
+  });
 
   async function send() {
     const text = input.value;
@@ -109,19 +287,38 @@
     article.appendChild(el("div", "text", text));
     messages.appendChild(article);
     input.value = "";
+    closeMenu();
+    if (!body.run) {
+      // A slash command answered by the server without starting a run: show what it said.
+      const note = el("article", "message note");
+      note.append(el("header", null, text.trim().split(/\s+/)[0]));
+      note.append(el("pre", null, body.detail || body.message || JSON.stringify(body, null, 2)));
+      messages.appendChild(note);
+      statusLine.textContent = "Command done.";
+      return;
+    }
     activeRun = body.run.id;
     cancelButton.hidden = false;
+    showRun(activeRun);
     runState(activeRun);
     catchUp(activeRun);
   }
 
   form.addEventListener("submit", (event) => { event.preventDefault(); send(); });
-  input.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); send(); }
+  // "/" anywhere outside a field starts a command in the composer.
+  document.addEventListener("keydown", (event) => {
+    const target = event.target;
+    if (event.key !== "/" || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (target.closest("input, textarea, select, [contenteditable]")) return;
+    event.preventDefault();
+    input.focus();
+    if (!input.value) { input.value = "/"; updateMenu(); }
   });
   cancelButton.addEventListener("click", async () => {
     if (!activeRun) return;
-    await fetch(`/api/runs/${activeRun}/cancel/`, { method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf } });
+    const response = await fetch(`/api/runs/${activeRun}/cancel/`, { method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf } });
+    if (response.ok) statusLine.textContent = "Cancelling…";
+    else statusLine.textContent = errorText(await response.json().catch(() => ({})), response);
   });
-  if (activeRun) cancelButton.hidden = false;
+  if (activeRun) { cancelButton.hidden = false; showRun(activeRun); }
 })();

@@ -1,0 +1,176 @@
+"""Observability dashboard: the aggregates it shows, read from recorded usage (RN-2, TD-15).
+
+Everything here is a read. Cache ratio = cache-read tokens / all prompt tokens processed
+(uncached input + cache writes + cache reads), as TD-15 defines it; a window with no
+prompt tokens has no ratio (None), never a flattering 0 or 1.
+
+The runtime helper builds similar cache-ratio selectors; these are kept in this one
+module so they can be unified at merge.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Count, F, Max, Sum, Value
+from django.db.models.functions import Coalesce, TruncDate
+from django.utils import timezone
+
+from agents.models import ModelRequest, Run
+
+# Token categories, in the order the dashboard stacks them.
+CATEGORIES = (
+    ("uncached", "input_tokens", "Uncached input"),
+    ("cache_write", "cache_creation_input_tokens", "Cache writes"),
+    ("cache_read", "cache_read_input_tokens", "Cache reads"),
+    ("output", "output_tokens", "Output"),
+)
+IN_FLIGHT = (Run.Status.QUEUED, Run.Status.RUNNING)
+
+
+def cache_ratio(*, uncached: int, cache_write: int, cache_read: int) -> float | None:
+    prompt = uncached + cache_write + cache_read
+    return None if prompt == 0 else cache_read / prompt
+
+
+def _sums(prefix: str = "") -> dict[str, Any]:
+    """Sum of each token category over the grouped requests (0 when there are none)."""
+    return {key: Coalesce(Sum(f"{prefix}{field}"), Value(0)) for key, field, _ in CATEGORIES}
+
+
+def _with_ratio(row: dict[str, Any]) -> dict[str, Any]:
+    row["prompt"] = row["uncached"] + row["cache_write"] + row["cache_read"]
+    row["cache_ratio"] = cache_ratio(
+        uncached=row["uncached"], cache_write=row["cache_write"], cache_read=row["cache_read"]
+    )
+    return row
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def usage_totals(*, user: AbstractBaseUser, since: Any) -> dict[str, Any]:
+    requests = ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+    totals = requests.aggregate(**_sums(), requests=Count("id"), runs=Count("run", distinct=True))
+    return _with_ratio(totals)
+
+
+def usage_by_day_and_model(*, user: AbstractBaseUser, since: Any) -> list[dict[str, Any]]:
+    rows = (
+        ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "model")
+        .annotate(**_sums())
+        .order_by("day", "model")
+    )
+    return [_with_ratio({**row, "day": row["day"].isoformat()}) for row in rows]
+
+
+def usage_by_conversation(*, user: AbstractBaseUser, since: Any, limit: int = 10) -> list[dict[str, Any]]:
+    """The conversations that processed the most prompt tokens, with their cache ratio."""
+    rows = (
+        ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        .values("run__conversation_id", "run__conversation__title")
+        .annotate(**_sums(), runs=Count("run", distinct=True), last=Max("created_at"))
+        .annotate(prompt_total=F("uncached") + F("cache_write") + F("cache_read"))
+        .order_by("-prompt_total", "-last")[:limit]
+    )
+    return [
+        _with_ratio(
+            {
+                "conversation_id": row["run__conversation_id"],
+                "title": row["run__conversation__title"],
+                "runs": row["runs"],
+                **{key: row[key] for key, _, _ in CATEGORIES},
+            }
+        )
+        for row in rows
+    ]
+
+
+def recent_runs(*, user: AbstractBaseUser, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest runs with their summed usage: one grouped query, newest first."""
+    rows = (
+        Run.objects.filter(conversation__owner=user)
+        .values("id", "status", "model", "conversation_id", "conversation__title", "created_at", "finished_at")
+        .annotate(**_sums("model_requests__"), requests=Count("model_requests"))
+        .order_by("-id")[:limit]
+    )
+    return [
+        _with_ratio(
+            {
+                **{k: v for k, v in row.items() if k not in ("conversation__title", "created_at", "finished_at")},
+                "title": row["conversation__title"],
+                "created_at": _iso(row["created_at"]),
+                "finished_at": _iso(row["finished_at"]),
+            }
+        )
+        for row in rows
+    ]
+
+
+def runs_in_flight(*, user: AbstractBaseUser) -> list[dict[str, Any]]:
+    rows = (
+        Run.objects.filter(conversation__owner=user, status__in=IN_FLIGHT)
+        .values("id", "status", "model", "conversation_id", "conversation__title", "created_at", "started_at")
+        .order_by("id")
+    )
+    return [
+        {
+            "id": row["id"],
+            "status": row["status"],
+            "model": row["model"],
+            "conversation_id": row["conversation_id"],
+            "title": row["conversation__title"],
+            "created_at": _iso(row["created_at"]),
+            "started_at": _iso(row["started_at"]),
+        }
+        for row in rows
+    ]
+
+
+def ratio_series_by_model(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Cache ratio over time: one point per finished run, one series per model, oldest first."""
+    finished = [run for run in reversed(runs) if run["requests"]]
+    models = sorted({run["model"] for run in finished})
+    return {
+        "labels": [f"#{run['id']}" for run in finished],
+        "series": [
+            {
+                "model": model,
+                "points": [
+                    round(run["cache_ratio"], 4) if run["model"] == model and run["cache_ratio"] is not None else None
+                    for run in finished
+                ],
+            }
+            for model in models
+        ],
+    }
+
+
+def dashboard_snapshot(*, user: AbstractBaseUser, days: int = 14, runs: int = 50) -> dict[str, Any]:
+    """Everything the dashboard draws, JSON-ready; the page and the live updates share it."""
+    now = timezone.now()
+    since = now - timedelta(days=days)
+    latest = recent_runs(user=user, limit=runs)
+    totals = usage_totals(user=user, since=since)
+    return {
+        "generated_at": now.isoformat(),
+        "window_days": days,
+        "categories": [{"key": key, "label": label, "total": totals[key]} for key, _, label in CATEGORIES],
+        "totals": totals,
+        "by_day": usage_by_day_and_model(user=user, since=since),
+        "by_conversation": usage_by_conversation(user=user, since=since),
+        "ratio_over_time": ratio_series_by_model(latest),
+        "recent_runs": latest[:20],
+        "in_flight": runs_in_flight(user=user),
+        "status_counts": dict(
+            Run.objects.filter(conversation__owner=user, created_at__gte=since)
+            .values_list("status")
+            .annotate(n=Count("id"))
+            .order_by()
+        ),
+    }
