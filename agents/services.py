@@ -10,12 +10,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agents import approvals
 from agents.events import RunEventPublisher
 from agents.models import ModelRequest, Run
-from agents.providers.base import ProviderError
+from agents.providers.base import PromptTooLong, ProviderError
 from agents.providers.registry import get_provider
-from agents.runtime.loop import TurnCancelled, TurnOutcome, run_turn
+from agents.runtime.actions import ActionLimits, ApprovalNeeded
+from agents.runtime.loop import TurnCancelled, TurnOutcome, reactive_compaction_hook, run_turn
 from agents.runtime.request import text_block
+from agents.runtime.tokens import estimate_json_tokens
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
@@ -54,7 +57,7 @@ def run_cancel(*, run: Run) -> Run:
     if run.is_finished:
         raise Conflict(f"Run {run.pk} has already finished ({run.status}).")
     # A queued run is cancelled at once; a running one stops at its next check.
-    if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
+    if Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
         status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
     ):
         RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
@@ -88,13 +91,22 @@ def run_execute(*, run_id: int, worker: str) -> None:
             model=run.model,
             system=[text_block(SYSTEM_PROMPT)],
             history=history,
-            toolbox=WorkspaceToolBox(workspace_root(run.conversation_id), conversation_id=run.conversation_id),
+            toolbox=_run_toolbox(run),
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
+            **_runtime_options(run),
         )
+    except ApprovalNeeded as pause:
+        approvals.approval_pause(run=run, pause=pause, publisher=publisher)
+        return
     except TurnCancelled:
         _finish(run, Run.Status.CANCELLED, "")
         publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+        return
+    except PromptTooLong as exc:
+        error = _too_long_message(run, history, exc)
+        _finish(run, Run.Status.FAILED, error)
+        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except ProviderError as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -126,23 +138,41 @@ def _persist_turn(run: Run, outcome: TurnOutcome) -> Message:
     Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
         tip=parent, updated_at=timezone.now()
     )
-    ModelRequest.objects.bulk_create(
-        ModelRequest(
-            run=run,
-            step=step.step,
-            model=run.model,
-            input_tokens=step.usage.input_tokens,
-            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
-            cache_read_input_tokens=step.usage.cache_read_input_tokens,
-            output_tokens=step.usage.output_tokens,
-            breakpoints=step.breakpoints,
-            stop_reason=step.stop_reason,
-            duration_ms=step.duration_ms,
-        )
-        for step in outcome.steps
-    )
+    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
+    Run.objects.filter(pk=run.pk).update(pending_turn=None)
     _finish(run, Run.Status.SUCCEEDED, "")
     return parent
+
+
+# --- runtime options: approvals, limits, parallel tools, prompt too long (RN-4) -------
+
+
+def _run_toolbox(run: Run) -> approvals.GatedToolBox:
+    # The loop asks a person before a call that requires approval, so the inner box runs what it gets.
+    inner = WorkspaceToolBox(
+        workspace_root(run.conversation_id), conversation_id=run.conversation_id, approve=lambda name, arguments: True
+    )
+    return approvals.GatedToolBox(inner)
+
+
+def _runtime_options(run: Run) -> dict[str, Any]:
+    return {
+        "limits": ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+        "max_parallel_tools": settings.CC_MAX_PARALLEL_TOOLS,
+        "resume": approvals.paused_turn_of(run),
+        "decisions": approvals.decisions_for(run),
+        "on_prompt_too_long": reactive_compaction_hook,
+    }
+
+
+def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLong) -> str:
+    measured = exc.tokens if exc.tokens is not None else estimate_json_tokens(history)
+    limit = f" against a maximum of {exc.maximum}" if exc.maximum is not None else ""
+    return (
+        f"The prompt is too long for {run.model}: {measured} tokens{limit} "
+        f"({len(history)} messages in the conversation path). Nothing of this turn was kept; "
+        "shorten the conversation (branch from an earlier message) or start a new one."
+    )
 
 
 def _finish(run: Run, status: str, error: str) -> None:

@@ -27,6 +27,11 @@ api_patterns = [
     path("api/runs/<int:run_id>/", agents_api.RunDetailApi.as_view(), name="api-run"),
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
+    # runtime: approvals and cache metrics (RN-4, RN-2)
+    path("api/runs/<int:run_id>/approvals/", agents_api.RunApprovalsApi.as_view(), name="api-run-approvals"),
+    path("api/approvals/<int:approval_id>/approve/", agents_api.ApprovalApproveApi.as_view(), name="api-approve"),
+    path("api/approvals/<int:approval_id>/deny/", agents_api.ApprovalDenyApi.as_view(), name="api-deny"),
+    path("api/metrics/cache/", agents_api.CacheMetricsApi.as_view(), name="api-metrics-cache"),
 ]
 
 urlpatterns = [

@@ -29,7 +29,9 @@ def message_send(*, conversation: Conversation, text: str) -> tuple[Message, Run
         raise DomainError(f"The message has {len(text)} characters; the limit is {settings.CC_MAX_MESSAGE_CHARS}.")
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        if Run.objects.filter(conversation=locked, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).exists():
+        if Run.objects.filter(
+            conversation=locked, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
+        ).exists():
             raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
         message = Message.objects.create(
             conversation=locked,
