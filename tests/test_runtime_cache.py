@@ -57,7 +57,11 @@ def test_every_request_carries_the_four_breakpoints_in_ttl_order():
     spec = ModelRequestSpec(
         model=MODEL,
         system=SYSTEM,
-        tools=[{"name": "a", "input_schema": {}}, {"name": "b", "input_schema": {}}, {"name": "c", "defer_loading": True}],
+        tools=[
+            {"name": "a", "input_schema": {}},
+            {"name": "b", "input_schema": {}},
+            {"name": "c", "defer_loading": True},
+        ],
         messages=[user("one"), {"role": "assistant", "content": [text_block("two")]}, user("three")],
     )
     place_breakpoints(spec, previous_end=1)
@@ -72,9 +76,7 @@ def test_every_request_carries_the_four_breakpoints_in_ttl_order():
 
 @pytest.mark.req("TD-13")
 def test_a_resident_count_from_the_toolbox_keeps_the_marker_before_appended_activations():
-    spec = ModelRequestSpec(
-        model=MODEL, system=SYSTEM, tools=[{"name": n} for n in "abcd"], messages=[user("hi")]
-    )
+    spec = ModelRequestSpec(model=MODEL, system=SYSTEM, tools=[{"name": n} for n in "abcd"], messages=[user("hi")])
     place_breakpoints(spec, previous_end=None, resident_count=2)
     assert spec.cache_points[0].index == 1
     assert spec.breakpoints == ["tools", "system", "current_turn"]
