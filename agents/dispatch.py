@@ -41,3 +41,29 @@ def enqueue_run(run_id: int) -> None:
         run_turn.delay(run_id)
     else:
         _embedded_pool().submit(_execute_in_thread, run_id)
+
+
+def _subagent_in_thread(job: dict) -> None:
+    from agents.subagents import subagent_execute
+
+    close_old_connections()
+    try:
+        subagent_execute(job)
+    finally:
+        close_old_connections()
+
+
+def enqueue_subagent(job: dict) -> None:
+    """One child of a fan-out (TD-14), where runs run."""
+    if settings.CC_MODE == "services":
+        from agents.tasks import run_subagent
+
+        run_subagent.delay(job)
+    else:
+        _subagent_pool().submit(_subagent_in_thread, job)
+
+
+@cache
+def _subagent_pool() -> ThreadPoolExecutor:
+    # Own pool: the parent run holds a thread of the run pool while it waits for its children.
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="cc-embedded-subagent")

@@ -72,6 +72,8 @@ class ModelRequest(models.Model):
     cache_creation_5m_input_tokens = models.PositiveIntegerField(default=0)
     cache_creation_1h_input_tokens = models.PositiveIntegerField(default=0)
     request_id = models.CharField(max_length=128, blank=True)
+    # "<fan-out id>/<child index>" for a subagent's request, recorded under its parent run (TD-14).
+    subagent = models.CharField(max_length=64, blank=True)
     breakpoints = models.JSONField(default=list)
     stop_reason = models.CharField(max_length=32, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)

@@ -19,6 +19,7 @@ from agents.runtime.actions import ActionLimits, ApprovalNeeded
 from agents.runtime.loop import TurnCancelled, TurnOutcome, reactive_compaction_hook, run_turn
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
+from agents.subagents import SpawningToolBox
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
@@ -97,7 +98,13 @@ def run_execute(*, run_id: int, worker: str) -> None:
             **_runtime_options(run),
         )
     except ApprovalNeeded as pause:
-        approvals.approval_pause(run=run, pause=pause, publisher=publisher)
+        try:
+            approvals.approval_pause(run=run, pause=pause, publisher=publisher)
+        except Exception as exc:
+            logger.exception("run %s could not pause for approval", run.pk)
+            error = f"internal error while pausing for approval: {type(exc).__name__}: {exc}"
+            _finish(run, Run.Status.FAILED, error)
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except TurnCancelled:
         _finish(run, Run.Status.CANCELLED, "")
@@ -152,7 +159,7 @@ def _run_toolbox(run: Run) -> approvals.GatedToolBox:
     inner = WorkspaceToolBox(
         workspace_root(run.conversation_id), conversation_id=run.conversation_id, approve=lambda name, arguments: True
     )
-    return approvals.GatedToolBox(inner)
+    return approvals.GatedToolBox(SpawningToolBox(inner, run_id=run.pk))
 
 
 def _runtime_options(run: Run) -> dict[str, Any]:

@@ -21,7 +21,8 @@ def services_env(database_name: str) -> dict[str, str]:
     host = db["HOST"] or "127.0.0.1"
     env["DATABASE_URL"] = f"postgres://{db['USER']}:{db['PASSWORD']}@{host}:{db['PORT'] or 5432}/{database_name}"
     env["REDIS_URL"] = settings.REDIS_URL
-    env["PYTHONPATH"] = str(ROOT)
+    # This checkout first; entries the caller already had stay after it.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return env
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 
@@ -14,7 +13,7 @@ from agents.models import Approval, Run, RunEvent
 from agents.providers.emulator import Emulator, ScriptedPolicy
 from agents.providers.emulator_server import EmulatorServer
 from agents.services import run_execute
-from controlcenter.processes import ROOT, WorkerProcess, services_env
+from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from toolcatalog.workspace import workspace_root
 
@@ -131,7 +130,6 @@ def worker_env(model_server, tmp_path) -> dict[str, str]:
         ANTHROPIC_API_KEY="test-key",
         ANTHROPIC_BASE_URL=model_server.base_url,
         CC_WORKSPACE_ROOT=str(settings.CC_WORKSPACE_ROOT),
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
     )
     return env
 
