@@ -38,7 +38,7 @@ def enqueue_run(run_id: int) -> None:
     if settings.CC_MODE == "services":
         from agents.tasks import run_turn
 
-        run_turn.delay(run_id)
+        run_turn.apply_async((run_id,), queue=settings.CC_RUN_QUEUE)
     else:
         _embedded_pool().submit(_execute_in_thread, run_id)
 
@@ -58,7 +58,7 @@ def enqueue_subagent(job: dict) -> None:
     if settings.CC_MODE == "services":
         from agents.tasks import run_subagent
 
-        run_subagent.delay(job)
+        run_subagent.apply_async((job,), queue=settings.CC_RUN_QUEUE)
     else:
         _subagent_pool().submit(_subagent_in_thread, job)
 

@@ -29,7 +29,9 @@ def services_env(database_name: str) -> dict[str, str]:
 class WorkerProcess:
     """A real Celery worker (not eager), in its own process group so it can be killed whole."""
 
-    def __init__(self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2) -> None:
+    def __init__(
+        self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2, queue: str | None = None
+    ) -> None:
         self.hostname = hostname
         self.log_path = log_path
         self._log = log_path.open("wb")
@@ -37,7 +39,7 @@ class WorkerProcess:
             [
                 sys.executable, "-m", "celery", "-A", "controlcenter", "worker", "--loglevel=INFO",
                 f"--concurrency={concurrency}", "--pool=threads", f"--hostname={hostname}",
-                "--without-gossip", "--without-mingle",
+                "--without-gossip", "--without-mingle", *([f"--queues={queue}"] if queue else []),
             ],
             cwd=ROOT,
             env=env,

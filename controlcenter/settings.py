@@ -236,5 +236,7 @@ for _item in env_list("CC_TOOL_ACTION_LIMITS", []):
 CC_MAX_PARALLEL_TOOLS = env_int("CC_MAX_PARALLEL_TOOLS", 8, minimum=1)
 # How long a fan-out's siblings wait for the first child to start streaming (TD-14).
 CC_SUBAGENT_RELEASE_WAIT_SECONDS = env_int("CC_SUBAGENT_RELEASE_WAIT_SECONDS", 10, minimum=0)
+# The Celery queue runs and subagents go to (a worker consumes it with -Q); lets pools be separated.
+CC_RUN_QUEUE = env_str("CC_RUN_QUEUE", "celery")
 # How long the parent waits for a fan-out's answers.
 CC_SUBAGENT_TIMEOUT_SECONDS = env_int("CC_SUBAGENT_TIMEOUT_SECONDS", 600, minimum=1)

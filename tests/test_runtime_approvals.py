@@ -26,6 +26,8 @@ def model_server(settings, tmp_path):
     """The emulator over HTTP, scripted to call bash once and then finish; runs use the Anthropic adapter."""
     emulator = Emulator(policy=ScriptedPolicy([[BASH], "Done with the shell."]))
     with EmulatorServer(emulator) as server:
+        # A queue of its own: the session's shared worker has no key for the emulator.
+        settings.CC_RUN_QUEUE = f"runtime-test-{uuid.uuid4().hex[:8]}"
         settings.ANTHROPIC_API_KEY = "test-key"
         settings.ANTHROPIC_BASE_URL = server.base_url
         settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
@@ -130,6 +132,7 @@ def worker_env(model_server, tmp_path) -> dict[str, str]:
         ANTHROPIC_API_KEY="test-key",
         ANTHROPIC_BASE_URL=model_server.base_url,
         CC_WORKSPACE_ROOT=str(settings.CC_WORKSPACE_ROOT),
+        CC_RUN_QUEUE=settings.CC_RUN_QUEUE,
     )
     return env
 
@@ -144,13 +147,10 @@ def test_an_approval_pending_across_a_worker_restart_is_resumed_by_the_new_worke
 
     if settings.CC_MODE != "services":
         pytest.fail("this test needs DATABASE_URL and REDIS_URL (a real Celery worker)")
-    import redis
-
     from agents.dispatch import enqueue_run
 
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
     env = worker_env(model_server, tmp_path)
-    first = WorkerProcess(env, f"first-{uuid.uuid4().hex[:6]}@%h", tmp_path / "first.log")
+    first = WorkerProcess(env, f"first-{uuid.uuid4().hex[:6]}@%h", tmp_path / "first.log", queue=settings.CC_RUN_QUEUE)
     try:
         first.wait_ready()
         run = make_run(alice)
@@ -162,7 +162,9 @@ def test_an_approval_pending_across_a_worker_restart_is_resumed_by_the_new_worke
         first.stop()
     assert first.process.poll() is not None
 
-    second = WorkerProcess(env, f"second-{uuid.uuid4().hex[:6]}@%h", tmp_path / "second.log")
+    second = WorkerProcess(
+        env, f"second-{uuid.uuid4().hex[:6]}@%h", tmp_path / "second.log", queue=settings.CC_RUN_QUEUE
+    )
     try:
         second.wait_ready()
         approval = Approval.objects.get(run=run)

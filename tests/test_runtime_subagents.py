@@ -33,6 +33,8 @@ def policy(payload: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.fixture
 def model_server(settings, tmp_path):
     with EmulatorServer(Emulator(policy=policy)) as server:
+        # A queue of its own: the session's shared worker has no key for the emulator.
+        settings.CC_RUN_QUEUE = f"runtime-test-{uuid.uuid4().hex[:8]}"
         settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
         settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
         settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS = 10
@@ -45,16 +47,20 @@ def child_worker(model_server, tmp_path, settings):
     if settings.CC_MODE != "services":
         yield None
         return
-    import redis
-
-    redis.Redis.from_url(settings.REDIS_URL).flushdb()
     env = services_env(connection.settings_dict["NAME"])
     env.update(
         ANTHROPIC_API_KEY="test-key",
         ANTHROPIC_BASE_URL=model_server.base_url,
         CC_WORKSPACE_ROOT=str(settings.CC_WORKSPACE_ROOT),
+        CC_RUN_QUEUE=settings.CC_RUN_QUEUE,
     )
-    worker = WorkerProcess(env, f"children-{uuid.uuid4().hex[:6]}@%h", tmp_path / "children.log", concurrency=5)
+    worker = WorkerProcess(
+        env,
+        f"children-{uuid.uuid4().hex[:6]}@%h",
+        tmp_path / "children.log",
+        concurrency=5,
+        queue=settings.CC_RUN_QUEUE,
+    )
     worker.wait_ready()
     yield worker
     worker.stop()
