@@ -38,8 +38,14 @@ class GatedToolBox:
         self._thread = threading.current_thread()
 
     def requires_approval(self, name: str) -> bool:
+        if name in settings.CC_TOOL_AUTO_APPROVE:
+            return False
+        # A catalog toolbox knows its own tools' flags; otherwise the built-in registry does.
+        inner = getattr(self.inner, "requires_approval", None)
+        if callable(inner):
+            return bool(inner(name))
         tool = BUILTINS.get(name)
-        return bool(tool is not None and tool.requires_approval and name not in settings.CC_TOOL_AUTO_APPROVE)
+        return bool(tool is not None and tool.requires_approval)
 
     def schemas(self) -> list[dict[str, Any]]:
         return self.inner.schemas()

@@ -80,6 +80,8 @@ def test_a_call_that_requires_approval_pauses_the_run_outside_the_transcript_and
         "name": "bash",
         "input": BASH["input"],
     }
+    busy = alice_api.post(f"/api/conversations/{run.conversation_id}/messages/", {"text": "more"}, format="json")
+    assert busy.status_code == 409  # a waiting run is still in flight
     listed = alice_api.get(f"/api/runs/{run.pk}/approvals/").json()
     assert [(a["id"], a["status"]) for a in listed] == [(approval.pk, "pending")]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -80,7 +81,8 @@ def test_a_fan_out_of_five_children_shares_one_prefix_and_returns_their_answers_
     assert run.status == Run.Status.SUCCEEDED, run.error
     messages = list(Message.objects.filter(conversation=conversation).order_by("id"))
     observation = json.loads(messages[2].content[0]["content"])
-    assert observation["ok"] is True
+    log = child_worker.log_path.read_text()[-4000:] if child_worker else ""
+    assert observation["ok"] is True, (observation, log)
     assert [r["text"] for r in observation["results"]] == [f"answer to: {task}" for task in TASKS]
 
     children = list(ModelRequest.objects.filter(run=run).exclude(subagent="").order_by("subagent"))
@@ -97,3 +99,20 @@ def test_a_fan_out_of_five_children_shares_one_prefix_and_returns_their_answers_
     reads = sum(by_index[i].cache_read_input_tokens for i in (1, 2, 3, 4))
     prompt = sum(by_index[i].prompt_tokens for i in (1, 2, 3, 4))
     assert reads / prompt >= 0.9
+
+
+@pytest.mark.django_db
+@pytest.mark.req("TD-14")
+def test_siblings_wait_for_the_first_child_at_most_the_bounded_time_and_go_at_once_when_released():
+    from agents.subagents import release_siblings, wait_for_release
+
+    unreleased = uuid.uuid4().hex
+    began = time.monotonic()
+    assert wait_for_release(unreleased, 1.0) is False
+    assert 0.9 <= time.monotonic() - began < 3.0  # a slow first child costs a cache hit, never the fan-out
+
+    released = uuid.uuid4().hex
+    release_siblings(released, 2)
+    began = time.monotonic()
+    assert wait_for_release(released, 5.0) is True and wait_for_release(released, 5.0) is True
+    assert time.monotonic() - began < 1.0
