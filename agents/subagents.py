@@ -115,7 +115,15 @@ def release_siblings(fanout_id: str, siblings: int) -> None:
 
 def wait_for_release(fanout_id: str, timeout: float) -> bool:
     if settings.CC_MODE == "services":
-        return _redis().blpop([f"cc:fanout:{fanout_id}:gate"], timeout=max(timeout, 0.01)) is not None
+        deadline = time.monotonic() + timeout
+        client = _redis()
+        while True:
+            # Short slices: a blocking pop longer than the client's socket timeout would fail.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if client.blpop([f"cc:fanout:{fanout_id}:gate"], timeout=min(1.0, max(left, 0.01))) is not None:
+                return True
     return _local_fanout(fanout_id).released.wait(timeout)
 
 
@@ -136,7 +144,7 @@ def _collect(fanout_id: str, count: int, timeout: float) -> list[dict[str, Any]]
         if left <= 0:
             break
         if settings.CC_MODE == "services":
-            item = _redis().blpop([f"cc:fanout:{fanout_id}:results"], timeout=max(1, int(left)))
+            item = _redis().blpop([f"cc:fanout:{fanout_id}:results"], timeout=min(1.0, max(left, 0.01)))
             if item is not None:
                 results.append(json.loads(item[1]))
         else:

@@ -38,7 +38,9 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
     except NotFound:
         raise Http404("No such conversation.") from None
     active_run = (
-        Run.objects.filter(conversation=conversation, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING])
+        Run.objects.filter(
+            conversation=conversation, status__in=[Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING]
+        )
         .order_by("-id")
         .first()
     )
