@@ -8,8 +8,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import selectors, services
-from agents.serializers import RunEventSerializer, RunSerializer
+from agents import approvals, selectors, services
+from agents.models import Approval
+from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
 
 
 class RunDetailApi(APIView):
@@ -35,7 +36,13 @@ class RunRetryApi(APIView):
 
 class RunEventsApi(APIView):
     @extend_schema(
-        parameters=[OpenApiParameter("after", int, description="Return events with a sequence number above this.")],
+        parameters=[
+            OpenApiParameter(
+                "after",
+                {"type": "integer", "minimum": 0},
+                description="Return events with a sequence number above this.",
+            )
+        ],
         responses=RunEventSerializer(many=True),
     )
     def get(self, request: Request, run_id: int) -> Response:
@@ -45,3 +52,48 @@ class RunEventsApi(APIView):
             raise ValidationError({"after": f"{raw_after!r} is not a non-negative integer."})
         events = selectors.run_events_after(run=run, after=int(raw_after))
         return Response(RunEventSerializer(events, many=True).data)
+
+
+class RunApprovalsApi(APIView):
+    @extend_schema(responses=ApprovalSerializer(many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        return Response(ApprovalSerializer(selectors.approvals_of(run=run), many=True).data)
+
+
+class ApprovalDecideApi(APIView):
+    """POST /api/approvals/<id>/approve/ or /deny/: owner only (404 otherwise), 409 once decided."""
+
+    decision = ""
+
+    @extend_schema(request=None, responses=ApprovalSerializer)
+    def post(self, request: Request, approval_id: int) -> Response:
+        approval = approvals.approval_decide(approval_id=approval_id, user=request.user, decision=self.decision)
+        return Response(ApprovalSerializer(approval).data)
+
+
+class ApprovalApproveApi(ApprovalDecideApi):
+    decision = Approval.Status.APPROVED
+
+
+class ApprovalDenyApi(ApprovalDecideApi):
+    decision = Approval.Status.DENIED
+
+
+class CacheMetricsApi(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("group", str, enum=list(selectors.CACHE_GROUPS), description="Default: day."),
+            OpenApiParameter("run", {"type": "integer", "minimum": 0}, description="Only this run's requests."),
+        ],
+        responses=CacheMetricSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        group = request.query_params.get("group", "day")
+        if group not in selectors.CACHE_GROUPS:
+            raise ValidationError({"group": f"{group!r} is not one of {', '.join(selectors.CACHE_GROUPS)}."})
+        raw_run = request.query_params.get("run")
+        if raw_run is not None and not raw_run.isdigit():
+            raise ValidationError({"run": f"{raw_run!r} is not a run id."})
+        rows = selectors.cache_metrics(user=request.user, group=group, run_id=int(raw_run) if raw_run else None)
+        return Response(CacheMetricSerializer(rows, many=True).data)

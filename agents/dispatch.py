@@ -38,7 +38,7 @@ def enqueue_run(run_id: int) -> None:
     if settings.CC_MODE == "services":
         from agents.tasks import run_turn
 
-        run_turn.delay(run_id)
+        run_turn.apply_async((run_id,), queue=settings.CC_RUN_QUEUE)
     else:
         _embedded_pool().submit(_execute_in_thread, run_id)
 
@@ -51,3 +51,29 @@ def embedded_recover() -> None:
     runs_reap_orphans(live=(), grace_seconds=0)
     for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
         enqueue_run(run_id)
+
+
+def _subagent_in_thread(job: dict) -> None:
+    from agents.subagents import subagent_execute
+
+    close_old_connections()
+    try:
+        subagent_execute(job)
+    finally:
+        close_old_connections()
+
+
+def enqueue_subagent(job: dict) -> None:
+    """One child of a fan-out (TD-14), where runs run."""
+    if settings.CC_MODE == "services":
+        from agents.tasks import run_subagent
+
+        run_subagent.apply_async((job,), queue=settings.CC_RUN_QUEUE)
+    else:
+        _subagent_pool().submit(_subagent_in_thread, job)
+
+
+@cache
+def _subagent_pool() -> ThreadPoolExecutor:
+    # Own pool: the parent run holds a thread of the run pool while it waits for its children.
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="cc-embedded-subagent")

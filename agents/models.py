@@ -7,6 +7,8 @@ class Run(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
         RUNNING = "running"
+        # Paused until a person decides on a tool call (RN-4); `pending_turn` holds the partial turn.
+        WAITING = "waiting"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         CANCELLED = "cancelled"
@@ -24,6 +26,9 @@ class Run(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     cancel_requested = models.BooleanField(default=False)
+    # The messages this turn produced before it paused for approval (RN-4). Kept here, not in
+    # the transcript, which is written only at the turn boundary (CH-5).
+    pending_turn = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -68,6 +73,12 @@ class ModelRequest(models.Model):
     cache_creation_input_tokens = models.PositiveIntegerField(default=0)
     cache_read_input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
+    # The TTL split of cache_creation_input_tokens, as the provider reports it (RN-2).
+    cache_creation_5m_input_tokens = models.PositiveIntegerField(default=0)
+    cache_creation_1h_input_tokens = models.PositiveIntegerField(default=0)
+    request_id = models.CharField(max_length=128, blank=True)
+    # "<fan-out id>/<child index>" for a subagent's request, recorded under its parent run (TD-14).
+    subagent = models.CharField(max_length=64, blank=True)
     breakpoints = models.JSONField(default=list)
     stop_reason = models.CharField(max_length=32, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
@@ -82,3 +93,30 @@ class ModelRequest(models.Model):
     @property
     def prompt_tokens(self) -> int:
         return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+class Approval(models.Model):
+    """A person's decision on one tool call of a paused run (RN-4)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        DENIED = "denied"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    tool_use_id = models.CharField(max_length=128)
+    tool_name = models.CharField(max_length=128)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    decided_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="tool_approvals"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "tool_use_id"], name="approval_run_tool_use_unique")]
+
+    def __str__(self) -> str:
+        return f"approval {self.pk} of {self.tool_name} in run {self.run_id} ({self.status})"

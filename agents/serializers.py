@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from agents.models import ModelRequest, Run, RunEvent
+from agents.models import Approval, ModelRequest, Run, RunEvent
 
 
 class ModelRequestSerializer(serializers.ModelSerializer):
@@ -14,7 +14,10 @@ class ModelRequestSerializer(serializers.ModelSerializer):
             "input_tokens",
             "cache_creation_input_tokens",
             "cache_read_input_tokens",
+            "cache_creation_5m_input_tokens",
+            "cache_creation_1h_input_tokens",
             "output_tokens",
+            "request_id",
             "breakpoints",
             "stop_reason",
             "duration_ms",
@@ -48,3 +51,22 @@ class RunEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = RunEvent
         fields = ["seq", "type", "payload", "created_at"]
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    decided_by = serializers.CharField(source="decided_by.username", default=None, read_only=True)
+
+    class Meta:
+        model = Approval
+        fields = ["id", "run", "tool_use_id", "tool_name", "input", "status", "decided_by", "decided_at", "created_at"]
+
+
+class CacheMetricSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    requests = serializers.IntegerField()
+    input_tokens = serializers.IntegerField()
+    cache_creation_input_tokens = serializers.IntegerField()
+    cache_read_input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    cache_ratio = serializers.FloatField()

@@ -12,13 +12,17 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agents import approvals
 from agents.events import RunEventPublisher, publish_dashboard_update
 from agents.models import ModelRequest, Run
-from agents.providers.base import ProviderError
+from agents.providers.base import PromptTooLong, ProviderError
 from agents.providers.registry import get_provider
-from agents.runtime.loop import TurnCancelled, TurnOutcome, run_turn
+from agents.runtime.actions import ActionLimits, ApprovalNeeded
+from agents.runtime.loop import TurnCancelled, TurnOutcome, reactive_compaction_hook, run_turn
 from agents.runtime.pruning import prune_stale_tool_output
 from agents.runtime.request import text_block
+from agents.runtime.tokens import estimate_json_tokens
+from agents.subagents import SpawningToolBox
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
@@ -36,7 +40,8 @@ SYSTEM_PROMPT = (
     "you are given; say plainly what you did and what you found."
 )
 _CANCEL_POLL_SECONDS = 0.5
-ACTIVE_STATUSES = (Run.Status.QUEUED, Run.Status.RUNNING)
+# A run in one of these holds the conversation: no new message or retry until it ends.
+ACTIVE_STATUSES = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING)
 
 
 def run_start(*, conversation: Conversation, trigger: Message) -> Run:
@@ -72,8 +77,8 @@ def run_claim(*, run_id: int, worker: str) -> bool:
 def run_cancel(*, run: Run) -> Run:
     if run.is_finished:
         raise Conflict(f"Run {run.pk} has already finished ({run.status}).")
-    # A queued run is cancelled at once; a running one stops at its next check.
-    if Run.objects.filter(pk=run.pk, status=Run.Status.QUEUED).update(
+    # A queued or waiting run is cancelled at once; a running one stops at its next check.
+    if Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
         status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
     ):
         RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
@@ -138,10 +143,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
     try:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()
-        # Tool catalog (TD-2..TD-8): resident schemas, the deferred-name index as a system block.
-        catalog = run_toolbox(workspace=workspace_root(run.conversation_id), conversation_id=run.conversation_id)
-        # Scratchpad (SP-1, SP-7, SP-9): large results offloaded, references resolved, reads offered.
-        toolbox = turn_toolbox(inner=catalog, run_id=run.pk, conversation_id=run.conversation_id)
+        catalog, toolbox = _run_toolboxes(run)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
@@ -150,10 +152,25 @@ def run_execute(*, run_id: int, worker: str) -> None:
             toolbox=toolbox,
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
+            **_runtime_options(run),
         )
+    except ApprovalNeeded as pause:
+        try:
+            approvals.approval_pause(run=run, pause=pause, publisher=publisher)
+        except Exception as exc:
+            logger.exception("run %s could not pause for approval", run.pk)
+            error = f"internal error while pausing for approval: {type(exc).__name__}: {exc}"
+            _finish(run, Run.Status.FAILED, error)
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        return
     except TurnCancelled:
         _finish(run, Run.Status.CANCELLED, "")
         publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+        return
+    except PromptTooLong as exc:
+        error = _too_long_message(run, history, exc)
+        _finish(run, Run.Status.FAILED, error)
+        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except ProviderError as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -186,24 +203,52 @@ def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Me
     Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
         tip=parent, updated_at=timezone.now()
     )
-    ModelRequest.objects.bulk_create(
-        ModelRequest(
-            run=run,
-            step=step.step,
-            model=run.model,
-            input_tokens=step.usage.input_tokens,
-            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
-            cache_read_input_tokens=step.usage.cache_read_input_tokens,
-            output_tokens=step.usage.output_tokens,
-            breakpoints=step.breakpoints,
-            stop_reason=step.stop_reason,
-            duration_ms=step.duration_ms,
-        )
-        for step in outcome.steps
-    )
+    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
     activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
+    Run.objects.filter(pk=run.pk).update(pending_turn=None)
     _finish(run, Run.Status.SUCCEEDED, "")
     return parent
+
+
+# --- runtime options: approvals, limits, parallel tools, prompt too long (RN-4) -------
+
+
+def _run_toolboxes(run: Run) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
+    """The run's catalog toolbox, and the stack the loop talks to, outermost first:
+
+    approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
+    offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
+    catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
+    """
+    catalog = run_toolbox(
+        workspace=workspace_root(run.conversation_id),
+        conversation_id=run.conversation_id,
+        # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
+        approve=lambda tool, arguments: None,
+    )
+    spawning = SpawningToolBox(catalog, run_id=run.pk)
+    scratchpad = turn_toolbox(inner=spawning, run_id=run.pk, conversation_id=run.conversation_id)
+    return catalog, approvals.GatedToolBox(scratchpad)
+
+
+def _runtime_options(run: Run) -> dict[str, Any]:
+    return {
+        "limits": ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+        "max_parallel_tools": settings.CC_MAX_PARALLEL_TOOLS,
+        "resume": approvals.paused_turn_of(run),
+        "decisions": approvals.decisions_for(run),
+        "on_prompt_too_long": reactive_compaction_hook,
+    }
+
+
+def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLong) -> str:
+    measured = exc.tokens if exc.tokens is not None else estimate_json_tokens(history)
+    limit = f" against a maximum of {exc.maximum}" if exc.maximum is not None else ""
+    return (
+        f"The prompt is too long for {run.model}: {measured} tokens{limit} "
+        f"({len(history)} messages in the conversation path). Nothing of this turn was kept; "
+        "shorten the conversation (branch from an earlier message) or start a new one."
+    )
 
 
 def _finish(run: Run, status: str, error: str) -> None:

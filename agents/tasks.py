@@ -8,3 +8,10 @@ from agents import services
 @shared_task(name="agents.run_turn", acks_late=True)
 def run_turn(run_id: int) -> None:
     services.run_execute(run_id=run_id, worker=run_turn.request.hostname or "celery")
+
+
+@shared_task(name="agents.run_subagent")
+def run_subagent(job: dict) -> None:
+    from agents.subagents import subagent_execute
+
+    subagent_execute(job)

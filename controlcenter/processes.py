@@ -21,15 +21,19 @@ def services_env(database_name: str) -> dict[str, str]:
     host = db["HOST"] or "127.0.0.1"
     env["DATABASE_URL"] = f"postgres://{db['USER']}:{db['PASSWORD']}@{host}:{db['PORT'] or 5432}/{database_name}"
     env["REDIS_URL"] = settings.REDIS_URL
-    env["PYTHONPATH"] = str(ROOT)
+    # This checkout first; entries the caller already had stay after it.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return env
 
 
 class WorkerProcess:
     """A real Celery worker (not eager), in its own process group so it can be killed whole."""
 
-    def __init__(self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2) -> None:
+    def __init__(
+        self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2, queue: str | None = None
+    ) -> None:
         self.env = env
+        self.queue = queue
         self.hostname = hostname
         self.log_path = log_path
         self.concurrency = concurrency
@@ -42,7 +46,7 @@ class WorkerProcess:
             [
                 sys.executable, "-m", "celery", "-A", "controlcenter", "worker", "--loglevel=INFO",
                 f"--concurrency={self.concurrency}", "--pool=threads", f"--hostname={self.hostname}",
-                "--without-gossip", "--without-mingle",
+                "--without-gossip", "--without-mingle", *([f"--queues={self.queue}"] if self.queue else []),
             ],
             cwd=ROOT,
             env=self.env,

@@ -235,3 +235,22 @@ for _network in CC_FETCH_ALLOWED_NETWORKS:
         raise ImproperEnvironment(
             f"CC_FETCH_ALLOWED_NETWORKS has {_network!r}, which is not a network: {_exc}"
         ) from None
+
+# --- agent runtime (RN-4, TD-14) ------------------------------------------------------
+# Tool calls one run may make in all, and per tool ("bash=20,fetch_url=50"); past a limit
+# the call is an error observation that says so.
+CC_RUN_MAX_ACTIONS = env_int("CC_RUN_MAX_ACTIONS", 200, minimum=1)
+CC_TOOL_ACTION_LIMITS: dict[str, int] = {}
+for _item in env_list("CC_TOOL_ACTION_LIMITS", []):
+    _name, _, _limit = _item.partition("=")
+    if not _name.strip() or not _limit.strip().isdigit() or int(_limit) < 1:
+        raise ImproperEnvironment(f"CC_TOOL_ACTION_LIMITS has {_item!r}; write NAME=N with N at least 1.")
+    CC_TOOL_ACTION_LIMITS[_name.strip()] = int(_limit)
+# Tool calls of one step run concurrently on at most this many threads.
+CC_MAX_PARALLEL_TOOLS = env_int("CC_MAX_PARALLEL_TOOLS", 8, minimum=1)
+# How long a fan-out's siblings wait for the first child to start streaming (TD-14).
+CC_SUBAGENT_RELEASE_WAIT_SECONDS = env_int("CC_SUBAGENT_RELEASE_WAIT_SECONDS", 10, minimum=0)
+# The Celery queue runs and subagents go to (a worker consumes it with -Q); lets pools be separated.
+CC_RUN_QUEUE = env_str("CC_RUN_QUEUE", "celery")
+# How long the parent waits for a fan-out's answers.
+CC_SUBAGENT_TIMEOUT_SECONDS = env_int("CC_SUBAGENT_TIMEOUT_SECONDS", 600, minimum=1)

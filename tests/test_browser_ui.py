@@ -175,11 +175,15 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
     expect(rows).to_have_count(2)  # the tool call step and the answer step
     headers = page.locator("#model-requests thead th").all_inner_texts()
     assert headers[2:6] == ["Uncached input", "Cache writes", "Cache reads", "Output"]
+    reads = []
     for row in rows.all():
         cells = row.locator("td").all_inner_texts()
-        assert int(cells[2].replace(",", "")) > 0  # uncached input was recorded
+        uncached, writes, read = (int(cells[i].replace(",", "")) for i in (2, 3, 4))
+        assert uncached + writes + read > 0  # the prompt was recorded, split as the provider reported it
+        reads.append(read)
         assert cells[7].split()[0] in ("hit", "miss", "uncached")
         assert cells[8].endswith(" ms")
+    assert reads[1] > 0  # the answer step read the tool step's prefix from the cache (TD-13)
     timeline = page.locator("#timeline")
     expect(timeline.locator(".event-tool_call")).to_contain_text("list_dir")
     expect(timeline.locator(".event-run_finished")).to_contain_text("succeeded")

@@ -29,6 +29,9 @@ USER = [{"role": "user", "content": [{"type": "text", "text": "go"}]}]
 
 
 def _turn(provider, run, root, **kwargs):
+    # Parallel tool calls run on threads with their own database connections, which cannot
+    # see this test's uncommitted transaction; these tests are about the scratchpad, so one thread.
+    kwargs.setdefault("max_parallel_tools", 1)
     toolbox = turn_toolbox(inner=tools_in(root), run_id=run.pk, conversation_id=run.conversation_id)
     events = []
     outcome = run_turn(

@@ -113,7 +113,7 @@ def test_a_real_run_sends_resident_schemas_and_the_name_index(alice, catalog):
     # The offline model counts the whole payload it was sent: resident schemas and the
     # index are in it, the 102 withheld schemas are not.
     tools = surface_context(run_surface()[0])
-    assert tools["tool_block_tokens"] < requests[0].input_tokens < tools["tool_block_tokens"] + 500
+    assert tools["tool_block_tokens"] < requests[0].prompt_tokens < tools["tool_block_tokens"] + 500
     assert not ToolActivation.objects.filter(run=run).exists()
     reply = Message.objects.filter(conversation=conversation).order_by("-id").first()
     assert "workspace holds" in reply.content[0]["text"]

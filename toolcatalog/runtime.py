@@ -66,6 +66,15 @@ class CatalogToolBox:
         activated = [self.surface.admitted[name].definition() for name in self.activated]
         return [*self.surface.resident_schemas(), *activated]
 
+    def resident_count(self) -> int:
+        """How many leading schemas are the resident block: the tool-block cache breakpoint goes after them (TD-13)."""
+        return len(self.surface.resident)
+
+    def requires_approval(self, name: str) -> bool:
+        """Whether a call of `name` waits for a person; deferred tools answer too (TD-8)."""
+        tool = self.surface.get(name)
+        return bool(tool is not None and tool.requires_approval)
+
     def _activate(self, name: str, trigger: str, query: str = "") -> bool:
         if name not in self.surface.deferred_names or name in self.activated:
             return False

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from toolcatalog.builtins import BUILTINS, ToolContext
-from toolcatalog.runtime import CatalogToolBox, Executor, Observation, approval_pending
+from toolcatalog.runtime import ApprovalGate, CatalogToolBox, Executor, Observation, approval_pending
 from toolcatalog.search import ToolIndex, index_for
 from toolcatalog.surface import ToolRecord
 
@@ -53,7 +53,12 @@ def operator_approved(tool: ToolRecord, arguments: dict[str, Any]) -> Observatio
 
 
 def run_toolbox(
-    *, workspace: Path, conversation_id: int | None = None, mode: Any = None, deferral: bool | None = None
+    *,
+    workspace: Path,
+    conversation_id: int | None = None,
+    mode: Any = None,
+    deferral: bool | None = None,
+    approve: ApprovalGate = operator_approved,
 ) -> CatalogToolBox:
     from toolcatalog.selectors import run_surface
 
@@ -70,5 +75,5 @@ def run_toolbox(
         surface=surface,
         index=run_index,
         executor=builtin_executor(workspace, conversation_id),
-        approve=operator_approved,
+        approve=approve,
     )

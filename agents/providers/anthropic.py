@@ -40,7 +40,9 @@ class AnthropicProvider:
         payload = request.as_payload()
         try:
             events = self._client.messages.create(**payload, stream=True)
-            yield from self._read(events)
+            response = getattr(events, "response", None)
+            request_id = response.headers.get("request-id", "") if response is not None else ""
+            yield from self._read(events, request_id)
         except anthropic.APIStatusError as exc:
             # An `error` event inside a 200 stream carries its kind only in the body.
             status = exc.status_code if exc.status_code >= 400 else _STATUS_BY_TYPE.get(_error_type(exc), 500)
@@ -50,7 +52,7 @@ class AnthropicProvider:
         except (anthropic.APIConnectionError, *transport_errors()) as exc:
             raise StreamInterrupted(f"connection to the Anthropic API failed: {exc}") from exc
 
-    def _read(self, events: Any) -> Iterator[ProviderEvent]:
+    def _read(self, events: Any, request_id: str = "") -> Iterator[ProviderEvent]:
         blocks: dict[int, dict[str, Any]] = {}
         partial_json: dict[int, str] = {}
         start_usage: Any = None
@@ -61,6 +63,7 @@ class AnthropicProvider:
             kind = event.type
             if kind == "message_start":
                 start_usage = event.message.usage
+                request_id = request_id or event.message.id
                 output_tokens = event.message.usage.output_tokens or 0
             elif kind == "content_block_start":
                 block = event.content_block.model_dump(exclude_none=True)
@@ -91,6 +94,7 @@ class AnthropicProvider:
             content=[blocks[i] for i in sorted(blocks)],
             stop_reason=stop_reason or "end_turn",
             usage=usage_from_anthropic(start_usage, output_tokens),
+            request_id=request_id,
         )
 
 

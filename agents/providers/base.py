@@ -51,6 +51,8 @@ class MessageDone:
     content: list[dict[str, Any]]
     stop_reason: str
     usage: Usage = field(default_factory=Usage)
+    # The provider's id for this request (Anthropic: the `request-id` header, else the message id).
+    request_id: str = ""
 
 
 ProviderEvent = TextDelta | ToolUseBlock | MessageDone

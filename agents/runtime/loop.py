@@ -7,14 +7,15 @@ database; the service persists the outcome at the turn boundary (CH-5).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
-from agents.providers.base import MessageDone, Provider, TextDelta, ToolUseBlock, Usage
-from agents.runtime.request import ModelRequestSpec
+from agents.providers.base import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
+from agents.runtime.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
+from agents.runtime.cache import place_breakpoints
+from agents.runtime.request import ModelRequestSpec, text_block
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -29,40 +30,6 @@ class ToolBox(Protocol):
         ...
 
 
-@runtime_checkable
-class NumberedToolBox(ToolBox, Protocol):
-    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Like `execute`, told which tool call of the turn this is (1-based), for `{{stepN}}` references."""
-        ...
-
-
-# Tools whose repeated identical calls are normal use, not a loop (SP-8).
-REPEATABLE_TOOLS = frozenset({"scratchpad_read"})
-
-
-class DuplicateCallGuard:
-    """Refuses a second call of the same tool with the same arguments in one turn (SP-8)."""
-
-    def __init__(self, repeatable: frozenset[str] = REPEATABLE_TOOLS) -> None:
-        self.repeatable = repeatable
-        self.seen: dict[str, int] = {}
-
-    def check(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
-        if name in self.repeatable:
-            return None
-        key = name + "\x00" + json.dumps(arguments, sort_keys=True, default=repr)
-        earlier = self.seen.setdefault(key, step)
-        if earlier == step:
-            return None
-        return {
-            "ok": False,
-            "error": (
-                f"{name} was not run: it was already called with exactly these arguments at step {earlier} "
-                "of this turn, and its result is above. Use that result or change the arguments."
-            ),
-        }
-
-
 class TurnCancelled(Exception):
     """Someone asked the run to stop; nothing of the turn is kept."""
 
@@ -74,6 +41,32 @@ class StepRecord:
     stop_reason: str
     duration_ms: int
     breakpoints: list[str]
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class PausedTurn:
+    """A turn stopped for approval, as stored on the run (`Run.pending_turn`), never in the transcript (CH-5)."""
+
+    messages: list[dict[str, Any]]
+    step: int
+    previous_end: int | None
+    counts: dict[str, int]
+
+
+# (history, this turn's messages so far, the error) -> a shorter history, or None to fail the run.
+ReactiveCompaction = Callable[[list[dict[str, Any]], list[dict[str, Any]], PromptTooLong], list[dict[str, Any]] | None]
+
+
+def reactive_compaction_hook(
+    history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong
+) -> list[dict[str, Any]] | None:
+    """Where reactive compaction (CH-2) plugs in when the provider rejects a prompt as too long.
+
+    Return a shorter replacement for `history` to retry the request once, or None to
+    fail the run with the measured size. The conversation-history work fills this in.
+    """
+    return None
 
 
 @dataclass
@@ -93,66 +86,95 @@ def run_turn(
     emit: Emit,
     max_steps: int = 25,
     is_cancelled: Callable[[], bool] = lambda: False,
+    limits: ActionLimits | None = None,
+    max_parallel_tools: int = 8,
+    resume: PausedTurn | None = None,
+    decisions: dict[str, Decision] | None = None,
+    on_prompt_too_long: ReactiveCompaction = reactive_compaction_hook,
 ) -> TurnOutcome:
+    """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person."""
     outcome = TurnOutcome()
-    guard = DuplicateCallGuard()
-    tool_step = 0
-    for step in range(1, max_steps + 1):
+    history = [_as_blocks(message) for message in history]
+    # The first request of a turn marks the end of the previous turn (TD-13).
+    previous_end = len(history) - 2 if len(history) >= 2 else None
+    executor = StepExecutor(toolbox, emit, limits=limits, max_parallel=max_parallel_tools, decisions=decisions)
+    first_step = 1
+    if resume is not None:
+        outcome.messages = list(resume.messages)
+        previous_end, first_step = resume.previous_end, resume.step + 1
+        executor.counts = dict(resume.counts)
+        _run_tools(executor, outcome, resume.step, tool_uses_of(outcome.messages[-1]), previous_end)
+    for step in range(first_step, max_steps + 1):
         if is_cancelled():
             raise TurnCancelled()
-        request = ModelRequestSpec(
-            model=model,
-            system=system,
-            tools=toolbox.schemas(),
-            messages=[*history, *outcome.messages],
+        request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
+                                              previous_end, is_cancelled, on_prompt_too_long)  # fmt: skip
+        history = request.messages[: len(request.messages) - len(outcome.messages)]
+        previous_end = len(request.messages) - 1
+        outcome.steps.append(
+            StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id)
         )
-        started = time.monotonic()
-        done: MessageDone | None = None
-        for event in provider.stream(request):
-            if isinstance(event, TextDelta):
-                emit("text_delta", {"step": step, "text": event.text})
-            elif isinstance(event, ToolUseBlock):
-                emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": event.input})
-            elif isinstance(event, MessageDone):
-                done = event
-            if is_cancelled():
-                raise TurnCancelled()
-        if done is None:
-            raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
-        duration_ms = int((time.monotonic() - started) * 1000)
-        outcome.steps.append(StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints)))
         emit("usage", {"step": step, **_usage_dict(done.usage)})
         outcome.messages.append({"role": "assistant", "content": done.content})
 
-        tool_uses = [block for block in done.content if block.get("type") == "tool_use"]
+        tool_uses = tool_uses_of(outcome.messages[-1])
         if not tool_uses:
             outcome.stop_reason = done.stop_reason
             return outcome
-        results = []
-        for block in tool_uses:
-            tool_step += 1
-            arguments = block.get("input") or {}
-            observation = guard.check(tool_step, block["name"], arguments)
-            if observation is None:
-                if isinstance(toolbox, NumberedToolBox):
-                    observation = toolbox.execute_step(tool_step, block["name"], arguments)
-                else:
-                    observation = toolbox.execute(block["name"], arguments)
-            emit(
-                "tool_result",
-                {"step": step, "tool_step": tool_step, "id": block["id"], "name": block["name"], "output": observation},
-            )
-            results.append(
-                {
-                    "type": "tool_result",
-                    "tool_use_id": block["id"],
-                    "content": json.dumps(observation, sort_keys=True, ensure_ascii=False),
-                    **({"is_error": True} if observation.get("ok") is False else {}),
-                }
-            )
-        outcome.messages.append({"role": "user", "content": results})
+        _run_tools(executor, outcome, step, tool_uses, previous_end)
     outcome.stop_reason = "max_steps"
     return outcome
+
+
+def _request(provider, model, system, history, outcome, toolbox, emit, step, previous_end, is_cancelled, compact):
+    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
+    for attempt in (1, 2):
+        request = ModelRequestSpec(
+            model=model, system=system, tools=toolbox.schemas(), messages=[*history, *outcome.messages]
+        )
+        resident = getattr(toolbox, "resident_count", None)
+        place_breakpoints(request, previous_end=previous_end, resident_count=resident() if callable(resident) else None)
+        started = time.monotonic()
+        done: MessageDone | None = None
+        try:
+            for event in provider.stream(request):
+                if isinstance(event, TextDelta):
+                    emit("text_delta", {"step": step, "text": event.text})
+                elif isinstance(event, ToolUseBlock):
+                    emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": event.input})
+                elif isinstance(event, MessageDone):
+                    done = event
+                if is_cancelled():
+                    raise TurnCancelled()
+        except PromptTooLong as exc:
+            replacement = compact(history, outcome.messages, exc) if attempt == 1 else None
+            if replacement is None:
+                raise
+            history = [_as_blocks(message) for message in replacement]
+            previous_end = None
+            continue
+        if done is None:
+            raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
+        return request, done, int((time.monotonic() - started) * 1000)
+    raise AssertionError("unreachable")
+
+
+def _run_tools(executor: StepExecutor, outcome: TurnOutcome, step: int, tool_uses, previous_end) -> None:
+    # Tool calls are numbered across the turn (1, 2, 3...) for `{{stepN.field}}` references
+    # (SP-9); counted from the messages, so a turn resumed after an approval numbers alike.
+    earlier_calls = sum(len(tool_uses_of(message)) for message in outcome.messages[:-1])
+    try:
+        outcome.messages.append(executor.run(step, tool_uses, first_tool_step=earlier_calls + 1))
+    except ApprovalNeeded as pause:
+        pause.messages, pause.steps, pause.previous_end = list(outcome.messages), list(outcome.steps), previous_end
+        raise
+
+
+def _as_blocks(message: dict[str, Any]) -> dict[str, Any]:
+    # One representation for a message, so a marker on it never changes its bytes (TD-11).
+    if isinstance(message.get("content"), str):
+        return {**message, "content": [text_block(message["content"])]}
+    return message
 
 
 def _usage_dict(usage: Usage) -> dict[str, int]:
@@ -161,4 +183,6 @@ def _usage_dict(usage: Usage) -> dict[str, int]:
         "cache_creation_input_tokens": usage.cache_creation_input_tokens,
         "cache_read_input_tokens": usage.cache_read_input_tokens,
         "output_tokens": usage.output_tokens,
+        "cache_creation_5m_input_tokens": usage.cache_creation_5m_input_tokens,
+        "cache_creation_1h_input_tokens": usage.cache_creation_1h_input_tokens,
     }

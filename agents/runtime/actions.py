@@ -1,0 +1,187 @@
+"""Running one step's tool calls: action limits, approvals, parallelism (RN-4).
+
+Pure: no Django. The loop hands over the `tool_use` blocks of one assistant
+message and gets back the `tool_result` message, results in call order.
+
+Every call gets a plan before anything runs, in call order: over a limit (an error
+observation, nothing runs, not counted), waiting for a person (the whole step
+pauses: `ApprovalNeeded`), denied (an observation saying so), or run. Calls that
+run are executed concurrently on a bounded thread pool; events are emitted from
+the caller's thread only, because the publisher numbers them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Decision = Literal["approved", "denied"]
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class ActionLimits:
+    """Caps on tool calls in one run: all tools together, and per tool name."""
+
+    per_run: int | None = None
+    per_tool: Mapping[str, int] = field(default_factory=dict)
+
+    def refusal(self, name: str, counts: Mapping[str, int]) -> str | None:
+        total = sum(counts.values())
+        if self.per_run is not None and total >= self.per_run:
+            return (
+                f"Action limit reached: this run has already made {total} tool calls (limit {self.per_run}); "
+                f"{name} did not run. Finish with what you have."
+            )
+        cap = self.per_tool.get(name)
+        if cap is not None and counts.get(name, 0) >= cap:
+            return (
+                f"Action limit reached: {name} has already been called {counts.get(name, 0)} times in this run "
+                f"(limit {cap}); this call did not run."
+            )
+        return None
+
+
+@dataclass
+class ApprovalNeeded(Exception):
+    """The step has calls a person must decide on; the turn pauses before any of them runs."""
+
+    step: int
+    pending: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[Any] = field(default_factory=list)
+    previous_end: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"approval needed for {[b['name'] for b in self.pending]} at step {self.step}"
+
+
+def denied_observation(name: str) -> dict[str, Any]:
+    return {"ok": False, "denied": True, "error": f"A person denied this call of {name}; it did not run."}
+
+
+# Tools whose repeated identical calls are normal use, not a loop (SP-8).
+REPEATABLE_TOOLS = frozenset({"scratchpad_read"})
+
+
+class DuplicateCallGuard:
+    """Refuses a second call of the same tool with the same arguments in one turn (SP-8)."""
+
+    def __init__(self, repeatable: frozenset[str] = REPEATABLE_TOOLS) -> None:
+        self.repeatable = repeatable
+        self.seen: dict[str, int] = {}
+
+    def check(self, tool_step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+        if name in self.repeatable:
+            return None
+        key = name + "\x00" + json.dumps(arguments, sort_keys=True, default=repr)
+        earlier = self.seen.setdefault(key, tool_step)
+        if earlier == tool_step:
+            return None
+        return {
+            "ok": False,
+            "error": (
+                f"{name} was not run: it was already called with exactly these arguments at step {earlier} "
+                "of this turn, and its result is above. Use that result or change the arguments."
+            ),
+        }
+
+
+class StepExecutor:
+    def __init__(
+        self,
+        toolbox: Any,
+        emit: Emit,
+        *,
+        limits: ActionLimits | None = None,
+        max_parallel: int = 8,
+        decisions: Mapping[str, Decision] | None = None,
+        counts: Mapping[str, int] | None = None,
+    ) -> None:
+        self.toolbox = toolbox
+        self.emit = emit
+        self.limits = limits or ActionLimits()
+        self.max_parallel = max(1, max_parallel)
+        self.decisions = dict(decisions or {})
+        self.counts: dict[str, int] = dict(counts or {})
+        needs = getattr(toolbox, "requires_approval", None)
+        self._needs_approval: Callable[[str], bool] = needs if callable(needs) else (lambda name: False)
+        self.guard = DuplicateCallGuard()
+
+    def run(self, step: int, tool_uses: list[dict[str, Any]], first_tool_step: int = 1) -> dict[str, Any]:
+        counts = dict(self.counts)
+        plan: list[tuple[str, Any]] = []
+        pending = []
+        for tool_step, block in enumerate(tool_uses, start=first_tool_step):
+            name = block["name"]
+            duplicate = self.guard.check(tool_step, name, block.get("input") or {})
+            if duplicate is not None:
+                plan.append(("done", duplicate))
+                continue
+            refusal = self.limits.refusal(name, counts)
+            if refusal is not None:
+                plan.append(("done", {"ok": False, "limit_reached": True, "error": refusal}))
+                continue
+            counts[name] = counts.get(name, 0) + 1
+            if self._needs_approval(name):
+                decision = self.decisions.get(block["id"])
+                if decision is None:
+                    pending.append(block)
+                    plan.append(("wait", None))
+                    continue
+                if decision == "denied":
+                    plan.append(("done", denied_observation(name)))
+                    continue
+            plan.append(("run", (tool_step, block)))
+        if pending:
+            raise ApprovalNeeded(step=step, pending=pending, counts=dict(self.counts))
+        self.counts = counts
+        to_run = [item for kind, item in plan if kind == "run"]
+        observations = iter(self._execute_all(to_run))
+        results = []
+        for tool_step, block, (kind, item) in zip(
+            range(first_tool_step, first_tool_step + len(tool_uses)), tool_uses, plan, strict=True
+        ):
+            observation = next(observations) if kind == "run" else item
+            self.emit(
+                "tool_result",
+                {"step": step, "tool_step": tool_step, "id": block["id"], "name": block["name"], "output": observation},
+            )
+            results.append(tool_result(block["id"], observation))
+        return {"role": "user", "content": results}
+
+    def _execute_all(self, calls: list[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+        if len(calls) <= 1 or self.max_parallel == 1:
+            return [self._execute(call) for call in calls]
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(calls)), thread_name_prefix="cc-tool") as pool:
+            return list(pool.map(self._execute, calls))
+
+    def _execute(self, call: tuple[int, dict[str, Any]]) -> dict[str, Any]:
+        tool_step, block = call
+        numbered = getattr(self.toolbox, "execute_step", None)
+        try:
+            if callable(numbered):
+                return numbered(tool_step, block["name"], block.get("input") or {})
+            return self.toolbox.execute(block["name"], block.get("input") or {})
+        except Exception as exc:  # a toolbox bug must not lose the other calls' results
+            return {"ok": False, "error": f"{block['name']} failed inside the runtime: {type(exc).__name__}: {exc}"}
+
+
+def tool_result(tool_use_id: str, observation: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "tool_result",
+        "tool_use_id": tool_use_id,
+        "content": json.dumps(observation, sort_keys=True, ensure_ascii=False),
+        **({"is_error": True} if observation.get("ok") is False else {}),
+    }
+
+
+def tool_uses_of(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if block.get("type") == "tool_use"]

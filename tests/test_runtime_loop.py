@@ -1,0 +1,149 @@
+"""Loop features: parallel tool calls, action limits, approvals pausing the step, prompt too long."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from agents.providers.base import PromptTooLong
+from agents.providers.emulator import Emulator, ScriptedPolicy, TestClock
+from agents.providers.inprocess import EmulatorProvider
+from agents.runtime.actions import ActionLimits, ApprovalNeeded
+from agents.runtime.loop import PausedTurn, run_turn
+from agents.runtime.request import text_block
+from toolcatalog.builtins import WorkspaceToolBox
+
+MODEL = "claude-sonnet-4-5"
+SYSTEM = [text_block("You are a careful agent.")]
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "name": name, "input": arguments}
+
+
+def provider(*replies: Any, context_window: int = 200_000) -> EmulatorProvider:
+    return EmulatorProvider(
+        Emulator(clock=TestClock(), policy=ScriptedPolicy(list(replies)), context_window=context_window)
+    )
+
+
+def observations(outcome, index: int = 1) -> list[dict[str, Any]]:
+    return [json.loads(block["content"]) for block in outcome.messages[index]["content"]]
+
+
+class ApprovingBox(WorkspaceToolBox):
+    """The workspace toolbox with the loop deciding approvals (as agents.approvals.GatedToolBox does)."""
+
+    def __init__(self, root, needs: set[str]) -> None:
+        super().__init__(root, approve=lambda name, arguments: True)
+        self.needs = needs
+
+    def requires_approval(self, name: str) -> bool:
+        return name in self.needs
+
+
+def turn(provider, toolbox, **options):
+    events: list[tuple[str, dict]] = []
+    outcome = run_turn(
+        provider=provider,
+        model=MODEL,
+        system=SYSTEM,
+        history=[{"role": "user", "content": [text_block("go")]}],
+        toolbox=toolbox,
+        emit=lambda kind, payload: events.append((kind, payload)),
+        **options,
+    )
+    return outcome, events
+
+
+@pytest.mark.req("RN-4")
+def test_the_calls_of_one_step_run_concurrently_and_results_come_back_in_call_order(tmp_path):
+    sleeps = [call("bash", command=f"sleep 0.5; echo call-{n}") for n in range(8)]
+    box = WorkspaceToolBox(tmp_path, approve=lambda name, arguments: True)
+    started = time.monotonic()
+    outcome, events = turn(provider(sleeps, "done"), box, max_parallel_tools=8)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2.5, f"eight 0.5 s calls took {elapsed:.1f}s: they did not overlap (4 s one by one)"
+    assert [o["stdout"].strip() for o in observations(outcome)] == [f"call-{n}" for n in range(8)]
+    ids = [b["id"] for b in outcome.messages[0]["content"]]
+    assert [b["tool_use_id"] for b in outcome.messages[1]["content"]] == ids
+    assert [p["id"] for kind, p in events if kind == "tool_result"] == ids
+
+
+@pytest.mark.req("RN-4")
+def test_a_bounded_pool_of_one_runs_the_calls_one_after_another(tmp_path):
+    sleeps = [call("bash", command=f"sleep 0.4; echo {n}") for n in range(3)]
+    box = WorkspaceToolBox(tmp_path, approve=lambda name, arguments: True)
+    started = time.monotonic()
+    turn(provider(sleeps, "done"), box, max_parallel_tools=1)
+    assert time.monotonic() - started >= 1.2
+
+
+@pytest.mark.req("RN-4")
+def test_calls_past_the_per_tool_and_per_run_limits_get_an_error_observation_and_do_not_run(tmp_path):
+    writes = [call("write_file", path=f"f{n}.txt", content="x") for n in range(3)]
+    # Distinct arguments: identical calls would meet the duplicate-call guard first (SP-8).
+    listing = [call("list_dir", path=path) for path in (".", "./", "./.")]
+    box = WorkspaceToolBox(tmp_path)
+    outcome, _ = turn(
+        provider(writes + listing, "done"), box, limits=ActionLimits(per_run=4, per_tool={"write_file": 2})
+    )
+    seen = observations(outcome)
+    assert [o["ok"] for o in seen] == [True, True, False, True, True, False]
+    assert "write_file has already been called 2 times in this run (limit 2)" in seen[2]["error"]
+    assert "already made 4 tool calls (limit 4)" in seen[5]["error"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f0.txt", "f1.txt"]
+
+
+@pytest.mark.req("RN-4")
+def test_a_call_that_needs_approval_pauses_the_step_before_anything_runs_and_resumes_with_the_decisions(tmp_path):
+    step = [call("write_file", path="a.txt", content="a"), call("bash", command="echo hi > b.txt")]
+    model = provider(step, "finished")
+    box = ApprovingBox(tmp_path, needs={"bash"})
+    with pytest.raises(ApprovalNeeded) as paused:
+        turn(model, box)
+    pause = paused.value
+    assert [b["name"] for b in pause.pending] == ["bash"]
+    assert len(pause.messages) == 1 and pause.messages[0]["role"] == "assistant"
+    assert list(tmp_path.iterdir()) == []  # nothing of the step ran
+
+    resume = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
+    outcome, _ = turn(model, box, resume=resume, decisions={pause.pending[0]["id"]: "denied"})
+    seen = observations(outcome, 1)
+    assert seen[0]["ok"] is True
+    assert seen[1] == {"ok": False, "denied": True, "error": "A person denied this call of bash; it did not run."}
+    assert (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists()
+    assert outcome.messages[-1]["content"] == [text_block("finished")]
+    assert [s.step for s in outcome.steps] == [2]  # the resumed turn continues the step count
+
+
+@pytest.mark.req("RN-4")
+def test_a_prompt_too_long_goes_to_the_compaction_hook_and_fails_with_the_measured_size_when_it_declines(tmp_path):
+    seen: list[PromptTooLong] = []
+
+    def hook(history, turn_messages, error):
+        seen.append(error)
+        return None
+
+    with pytest.raises(PromptTooLong) as failure:
+        turn(provider("never", context_window=300), WorkspaceToolBox(tmp_path), on_prompt_too_long=hook)
+    assert failure.value.maximum == 300 and failure.value.tokens > 300
+    assert seen == [failure.value]
+
+
+@pytest.mark.req("RN-4")
+def test_a_compaction_hook_that_returns_a_shorter_history_gets_the_request_retried(tmp_path):
+    long_history = [{"role": "user", "content": [text_block("word " * 3000)]}]
+    outcome = run_turn(
+        provider=provider("short answer", context_window=2500),
+        model=MODEL,
+        system=SYSTEM,
+        history=long_history,
+        toolbox=WorkspaceToolBox(tmp_path, tools={}),
+        emit=lambda kind, payload: None,
+        on_prompt_too_long=lambda history, turn_messages, error: [{"role": "user", "content": [text_block("hi")]}],
+    )
+    assert outcome.messages == [{"role": "assistant", "content": [text_block("short answer")]}]

@@ -1,0 +1,97 @@
+"""Usage per request and the cache ratio per run, conversation, model and day (RN-2)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from agents.models import ModelRequest, Run
+from agents.providers.emulator import Emulator, ScriptedPolicy
+from agents.providers.emulator_server import EmulatorServer
+from agents.services import run_execute
+from conversations.models import Conversation, Message
+
+MODEL = "claude-sonnet-4-5"
+
+
+def make_run(owner, model: str = MODEL, provider: str = "anthropic", title: str = "usage") -> Run:
+    conversation = Conversation.objects.create(owner=owner, title=title)
+    trigger = Message.objects.create(conversation=conversation, role="user", content=[{"type": "text", "text": "hi"}])
+    conversation.tip = trigger
+    conversation.save()
+    return Run.objects.create(conversation=conversation, trigger=trigger, provider=provider, model=model)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("RN-2")
+def test_a_run_records_the_ttl_split_of_cache_writes_the_breakpoints_and_the_providers_request_id(
+    settings, tmp_path, alice
+):
+    listing = {"type": "tool_use", "name": "list_dir", "input": {"path": "."}}
+    with EmulatorServer(Emulator(policy=ScriptedPolicy([[listing], "Nothing there."]), min_cache_tokens=100)) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path
+        run = make_run(alice)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    first, second = ModelRequest.objects.filter(run=run).order_by("step")
+    assert first.breakpoints == ["tools", "system", "current_turn"]
+    assert second.breakpoints == ["tools", "system", "previous_turn", "current_turn"]
+    # Tools + system are written once with the 1h TTL, the history with 5m; the two add up.
+    assert first.cache_creation_1h_input_tokens > 0 and first.cache_creation_5m_input_tokens > 0
+    assert first.cache_creation_1h_input_tokens + first.cache_creation_5m_input_tokens == (
+        first.cache_creation_input_tokens
+    )
+    assert second.cache_read_input_tokens == first.prompt_tokens
+    assert first.request_id.startswith("msg_emu_") and first.request_id != second.request_id
+
+
+def add_usage(run: Run, *, step: int, uncached: int, written: int, read: int, day: dt.date | None = None):
+    row = ModelRequest.objects.create(
+        run=run,
+        step=step,
+        model=run.model,
+        input_tokens=uncached,
+        cache_creation_input_tokens=written,
+        cache_read_input_tokens=read,
+        output_tokens=10,
+    )
+    if day is not None:
+        ModelRequest.objects.filter(pk=row.pk).update(created_at=dt.datetime.combine(day, dt.time(12), dt.UTC))
+    return row
+
+
+@pytest.mark.django_db
+@pytest.mark.req("RN-2")
+def test_cache_metrics_aggregate_reads_over_all_prompt_tokens_per_run_conversation_model_and_day(alice, bob, alice_api):
+    one = make_run(alice, model="model-a", title="one")
+    two = make_run(alice, model="model-b", title="two")
+    theirs = make_run(bob, model="model-a", title="bob's")
+    add_usage(one, step=1, uncached=100, written=900, read=0, day=dt.date(2026, 12, 1))
+    add_usage(one, step=2, uncached=50, written=50, read=900, day=dt.date(2026, 12, 2))
+    add_usage(two, step=1, uncached=200, written=0, read=800, day=dt.date(2026, 12, 2))
+    add_usage(theirs, step=1, uncached=1000, written=0, read=0, day=dt.date(2026, 12, 2))
+
+    by_run = {row["key"]: row for row in alice_api.get("/api/metrics/cache/?group=run").json()}
+    assert set(by_run) == {str(one.pk), str(two.pk)}  # bob's usage is not alice's
+    assert by_run[str(one.pk)]["cache_ratio"] == 0.45  # 900 / 2000
+    assert by_run[str(one.pk)]["prompt_tokens"] == 2000 and by_run[str(one.pk)]["requests"] == 2
+    by_model = {row["key"]: row["cache_ratio"] for row in alice_api.get("/api/metrics/cache/?group=model").json()}
+    assert by_model == {"model-a": 0.45, "model-b": 0.8}
+    by_conversation = alice_api.get("/api/metrics/cache/?group=conversation").json()
+    assert [row["key"] for row in by_conversation] == sorted([str(one.conversation_id), str(two.conversation_id)])
+    by_day = {row["key"]: row["cache_ratio"] for row in alice_api.get("/api/metrics/cache/?group=day").json()}
+    assert by_day == {"2026-12-01": 0.0, "2026-12-02": round(1700 / 2000, 4)}
+    only = alice_api.get(f"/api/metrics/cache/?group=model&run={two.pk}").json()
+    assert [(r["key"], r["requests"]) for r in only] == [("model-b", 1)]
+
+
+@pytest.mark.django_db
+@pytest.mark.req("RN-2")
+def test_cache_metrics_reject_an_unknown_grouping_with_a_clear_error(alice_api):
+    response = alice_api.get("/api/metrics/cache/?group=week")
+    assert response.status_code == 400
+    assert "week" in str(response.json())
+    assert alice_api.get("/api/metrics/cache/?run=abc").status_code == 400
