@@ -27,6 +27,7 @@ def builtin_records() -> list[ToolRecord]:
             input_schema=t.input_schema,
             resident=True,
             requires_approval=t.requires_approval,
+            side_effects=t.side_effects,
         )
         for t in BUILTINS.values()
     ]
@@ -37,8 +38,8 @@ def builtin_names() -> frozenset[str]:
     return frozenset(BUILTINS)
 
 
-def builtin_executor(workspace: Path, conversation_id: int | None = None) -> Executor:
-    context = ToolContext(root=workspace, conversation_id=conversation_id)
+def builtin_executor(workspace: Path, conversation_id: int | None = None, user_id: int | None = None) -> Executor:
+    context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id)
 
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
         tool = BUILTINS.get(name)
