@@ -214,6 +214,8 @@ CC_FETCH_MAX_BYTES = env_int("CC_FETCH_MAX_BYTES", 2_000_000, minimum=1024)
 CC_FETCH_ALLOWED_NETWORKS = env_list("CC_FETCH_ALLOWED_NETWORKS", [])
 # Tools that run without a person's approval although they require it (e.g. "bash"); empty by default.
 CC_TOOL_AUTO_APPROVE = env_list("CC_TOOL_AUTO_APPROVE", [])
+# --- MCP endpoint (TD-9): an MCP session's action-limit counts end after this much idleness.
+CC_MCP_SESSION_IDLE_SECONDS = env_int("CC_MCP_SESSION_IDLE_SECONDS", 1800, minimum=1)
 for _network in CC_FETCH_ALLOWED_NETWORKS:
     try:
         __import__("ipaddress").ip_network(_network, strict=False)

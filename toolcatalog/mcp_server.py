@@ -45,6 +45,7 @@ SEARCH_TOOL = "search_tool_bm25"
 USER_SCOPE_KEY = "controlcenter.user_id"
 SESSION_SCOPE_KEY = "controlcenter.mcp_session"
 SESSION_HEADER = b"mcp-session-id"
+IMPLICIT_SESSION = "~"  # never a valid header value, so no client can name it
 _SESSION_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 _META_PREFIX = "controlcenter/"
 
@@ -160,10 +161,12 @@ def mcp_approval(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | N
 
 
 def _session_limiter(user_id: int, session_key: str | None) -> CallLimiter:
+    # Without a session id (the sessionless 2026 protocol, or a client that drops it) the
+    # caller's calls form one implicit session per user that ends after an idle period.
+    key = session_key or IMPLICIT_SESSION
+
     def take(name: str, limit: int) -> bool:
-        return session_key is not None and mcp_session_take_call(
-            user_id=user_id, session_key=session_key, tool_name=name, limit=limit
-        )
+        return mcp_session_take_call(user_id=user_id, session_key=key, tool_name=name, limit=limit)
 
     return take
 
@@ -173,7 +176,9 @@ def mcp_execute(
 ) -> dict[str, Any]:
     """Run one tool for an MCP caller as a run would: same validation, approval and limits.
 
-    Action limits (`max_calls_per_run`) count per MCP session; always an observation.
+    Action limits (`max_calls_per_run`) count per MCP session (the Mcp-Session-Id of a
+    handshake-era client; otherwise one implicit session per user that ends when idle).
+    Always an observation.
     """
     if name == SEARCH_TOOL:
         return search_observation(arguments)
@@ -187,12 +192,6 @@ def mcp_execute(
             "ok": False,
             "error": f"{name} is listed from the MCP server {server!r}; this installation does not relay calls "
             "to other MCP servers, so it cannot run here. Call it on that server directly.",
-        }
-    if tool.max_calls_per_run is not None and session_key is None:
-        return {
-            "ok": False,
-            "error": f"{name} has an action limit per MCP session, and this request carries no Mcp-Session-Id "
-            "header: start a session (initialize) and send the id it returns. It did not run.",
         }
     toolbox = CatalogToolBox(
         surface=build_surface(records, ModeSpec(), deferral=False),
@@ -365,9 +364,11 @@ class McpEndpoint:
 # --- MCP sessions: only what per-session action limits need ---------------------------
 #
 # The SDK runs stateless here (any process answers any request), so it issues no
-# session ids. We issue one on each response to a request that has none; clients
-# keep the one from their initialize response and send it back, and calls of
-# limited tools are counted per (user, session id) in the database.
+# session ids. We offer one on each response to a request that has none; a
+# handshake-era client keeps the one from its initialize response and sends it
+# back. Calls of limited tools are counted per (user, session) in the database.
+# The 2026 protocol has no sessions at all: its calls share one implicit session
+# per user (see `_session_limiter`).
 
 
 def _session_header(scope: dict) -> tuple[str | None, str]:

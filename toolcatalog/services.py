@@ -6,10 +6,13 @@ import json
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from controlcenter.errors import DomainError
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
@@ -296,14 +299,17 @@ def mcp_server_import(*, server: McpServer) -> McpImportResult:
 def mcp_session_take_call(*, user_id: int, session_key: str, tool_name: str, limit: int) -> bool:
     """Count one call of `tool_name` in this MCP session; False (nothing counted) at the limit.
 
-    A conditional UPDATE decides, so concurrent calls in one session cannot overshoot
-    the limit whichever web process answers them.
+    A session's counts end after CC_MCP_SESSION_IDLE_SECONDS without a counted call
+    (stale rows of every session are pruned here). A conditional UPDATE decides, so
+    concurrent calls cannot overshoot the limit whichever web process answers them.
     """
+    cutoff = timezone.now() - timedelta(seconds=settings.CC_MCP_SESSION_IDLE_SECONDS)
     with transaction.atomic():
+        McpCallCount.objects.filter(updated_at__lt=cutoff).delete()
         McpCallCount.objects.get_or_create(user_id=user_id, session_key=session_key, tool_name=tool_name)
         taken = McpCallCount.objects.filter(
             user_id=user_id, session_key=session_key, tool_name=tool_name, count__lt=limit
-        ).update(count=F("count") + 1)
+        ).update(count=F("count") + 1, updated_at=timezone.now())
     return taken == 1
 
 
