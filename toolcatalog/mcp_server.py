@@ -35,7 +35,7 @@ from toolcatalog.search import ToolIndex, index_for
 from toolcatalog.selectors import catalog_records, mcp_catalog_records
 from toolcatalog.services import mcp_session_end, mcp_session_take_call
 from toolcatalog.surface import ModeSpec, ToolRecord, build_surface
-from toolcatalog.toolbox import builtin_executor
+from toolcatalog.toolbox import builtin_executor, search_index
 from toolcatalog.workspace import mcp_workspace_root
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def rank_tools(query: str, tools: list[dict[str, Any]] | None = None, limit: int
 def _catalog_index() -> tuple[ToolIndex, frozenset[str]]:
     # The runtime indexes catalog_records(); sharing that index (and its cache entry)
     # keeps search_tools and search_tool_bm25 ranking alike (TD-7).
-    return index_for(catalog_records()), frozenset(record.name for record in mcp_catalog_records())
+    return search_index(catalog_records()), frozenset(record.name for record in mcp_catalog_records())
 
 
 def search_observation(arguments: dict[str, Any]) -> dict[str, Any]:

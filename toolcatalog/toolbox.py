@@ -53,6 +53,15 @@ def operator_approved(tool: ToolRecord, arguments: dict[str, Any]) -> Observatio
     return None if tool.name in settings.CC_TOOL_AUTO_APPROVE else approval_pending(tool, arguments)
 
 
+def search_index(records: list[ToolRecord]) -> ToolIndex:
+    """The ranker the settings choose, cached per catalog version; runs and /mcp both use it."""
+    if settings.CC_TOOL_SEARCH_RANKER == "hybrid":
+        from toolcatalog.semantic import hybrid_index_for
+
+        return hybrid_index_for(records, cache_dir=settings.CC_TOOL_EMBEDDINGS_DIR)  # type: ignore[return-value]
+    return index_for(records)
+
+
 def run_toolbox(
     *, workspace: Path, conversation_id: int | None = None, mode: Any = None, deferral: bool | None = None
 ) -> CatalogToolBox:
@@ -64,7 +73,7 @@ def run_toolbox(
     def run_index() -> ToolIndex:
         # Looked up once per run, on the first search; shared across runs per catalog version.
         if not index:
-            index.append(index_for(records))
+            index.append(search_index(records))
         return index[0]
 
     return CatalogToolBox(
