@@ -109,7 +109,6 @@ def test_search_tool_bm25_ranks_and_only_describes_matches(server_url, alice_tok
 
 
 @pytest.mark.req("TD-7")
-@pytest.mark.django_db
 def test_rank_tools_puts_the_closest_description_first():
     records = mcp_tool_list()
     assert rank_tools("replace a string in a file")[0]["name"] == "edit_file"

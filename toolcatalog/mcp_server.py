@@ -126,7 +126,8 @@ def rank_tools(query: str, tools: list[dict[str, Any]] | None = None, limit: int
 def _catalog_index() -> tuple[ToolIndex, frozenset[str]]:
     # The runtime indexes catalog_records(); sharing that index (and its cache entry)
     # keeps search_tools and search_tool_bm25 ranking alike (TD-7).
-    return search_index(catalog_records()), frozenset(record.name for record in mcp_catalog_records())
+    records = catalog_records()
+    return search_index(records), frozenset(record.name for record in mcp_catalog_records(records))
 
 
 def search_observation(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def modes_list() -> QuerySet[Mode]:
     return Mode.objects.all()
 
 
-def mcp_catalog_records() -> list[ToolRecord]:
+def mcp_catalog_records(records: list[ToolRecord] | None = None) -> list[ToolRecord]:
     """What the MCP endpoint lists: the whole enabled catalog, never deferred (TD-9), by name.
 
     The discovery tools of the built-in runtime (search_tools, describe_tool,
@@ -119,4 +119,5 @@ def mcp_catalog_records() -> list[ToolRecord]:
     """
     from toolcatalog.runtime import DISCOVERY_TOOLS
 
-    return sorted((r for r in catalog_records() if r.name not in DISCOVERY_TOOLS), key=lambda r: r.name)
+    records = catalog_records() if records is None else records
+    return sorted((r for r in records if r.name not in DISCOVERY_TOOLS), key=lambda r: r.name)
