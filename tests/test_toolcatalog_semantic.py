@@ -68,3 +68,27 @@ def test_embeddings_are_computed_once_per_catalog_version_and_stored(tmp_path):
     vectors = tool_embeddings(reordered, fingerprint=catalog_fingerprint(records), encode=fresh, cache_dir=tmp_path)
     assert fresh.calls == 0
     assert np.allclose(vectors, WordEncoder()([tool_text(tool) for tool in reordered]))
+
+
+@pytest.mark.req("TD-6")
+@pytest.mark.django_db
+def test_the_hybrid_setting_gives_runs_and_the_mcp_search_the_hybrid_index(settings, tmp_path):
+    from toolcatalog.mcp_server import _catalog_index
+    from toolcatalog.selectors import catalog_records
+    from toolcatalog.services import catalog_load_builtins
+    from toolcatalog.toolbox import run_toolbox, search_index
+
+    catalog_load_builtins()
+    records = catalog_records()
+    # Built with the stand-in encoder and cached for this catalog version, so the
+    # settings' path below finds it instead of loading the real model.
+    hybrid = hybrid_index_for(records, cache_dir=tmp_path, encode=WordEncoder())
+    settings.CC_TOOL_SEARCH_RANKER = "bm25"
+    assert search_index(records) is not hybrid
+    settings.CC_TOOL_SEARCH_RANKER = "hybrid"
+    assert search_index(records) is hybrid
+    assert _catalog_index()[0] is hybrid
+    toolbox = run_toolbox(workspace=tmp_path, deferral=False)
+    found = toolbox.execute("search_tools", {"query": "replace text in a file"})
+    assert found["matches"][0]["name"] == "edit_file"
+    assert toolbox._index() is hybrid
