@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--synthetic", type=int, default=0, help="grow the catalog to this many tools (latency)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N queries")
+    parser.add_argument("--ranker", choices=["bm25", "hybrid"], default="bm25", help="hybrid needs the semantic extra")
 
 
 def load_tools(path: Path) -> list[ToolRecord]:
@@ -153,6 +154,15 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         tools = synthetic(tools, options["synthetic"])
     started = time.perf_counter()
     index = ToolIndex(tools)
+    if options.get("ranker") == "hybrid":
+        from toolcatalog.semantic import HybridIndex, default_encoder, tool_embeddings
+
+        encode = default_encoder()
+        started = time.perf_counter()  # loading the model is not building the index
+        fingerprint = "bench"  # never stored: cache_dir is None
+        index = HybridIndex(
+            index, tool_embeddings(tools, fingerprint=fingerprint, encode=encode, cache_dir=None), encode
+        )
     build_ms = (time.perf_counter() - started) * 1000
     if options["queries"]:
         queries = load_queries(Path(options["queries"]))
@@ -161,5 +171,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     if options["limit"]:
         queries = queries[: options["limit"]]
     figures = evaluate(index, queries, options["k"])
-    figures.update({"n_tools": len(tools), "build_ms": round(build_ms, 1), "k": options["k"]})
+    figures.update(
+        {"n_tools": len(tools), "build_ms": round(build_ms, 1), "k": options["k"], "ranker": options.get("ranker")}
+    )
     return figures

@@ -52,9 +52,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         )
         figures["glob_all_py"] = _timed(lambda: box.execute("glob", {"pattern": "**/*.py"}), repeat)
         figures["bash_true"] = _timed(lambda: box.execute("bash", {"command": "true"}), repeat)
-    tools = mcp_tool_list()
     if options["catalog"]:
         tools = json.loads(Path(options["catalog"]).read_text(encoding="utf-8"))["tools"]
+    else:
+        tools = mcp_tool_list()  # the installation's catalog: needs a migrated database
     figures["rank_tools_catalog_size"] = len(tools)
     figures["rank_tools"] = _timed(lambda: rank_tools("edit a file by replacing text", tools), repeat)
     return figures

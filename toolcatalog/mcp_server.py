@@ -1,10 +1,10 @@
-"""The MCP endpoint: Streamable HTTP at /mcp, DRF token auth, built-in tools for external clients.
+"""The MCP endpoint: Streamable HTTP at /mcp, DRF token auth, the tool catalog for external clients.
 
-- `tools/list` returns the whole surface, untouched by deferral (TD-9): `mcp_tool_list()`.
-- `search_tool_bm25` ranks that surface and only describes matches (TD-7); it never
-  loads or activates anything: `rank_tools()`.
-- `tools/call` runs a built-in in the caller's own MCP workspace under the same
-  approval rule as a run (a tool that requires approval is refused unless approved).
+- `tools/list` returns the whole enabled catalog, untouched by deferral (TD-9): `mcp_tool_list()`.
+- `search_tool_bm25` ranks it with the catalog's own BM25 index and only describes
+  matches (TD-7); it never loads or activates anything: `rank_tools()`.
+- `tools/call` runs a tool in the caller's own MCP workspace through the run's
+  CatalogToolBox: same validation, approval rule and action limits (per MCP session).
 
 Transport: the official `mcp` SDK's low-level `Server` behind its
 `StreamableHTTPSessionManager` in stateless JSON mode, so any web process can answer
@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +28,14 @@ from django.db import close_old_connections, connections
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from rank_bm25 import BM25Okapi
 
-from toolcatalog.builtins import BUILTINS, WorkspaceToolBox
+from toolcatalog.runtime import CallLimiter, CatalogToolBox, Observation, search_tool_bm25
+from toolcatalog.schemas import NAMESPACE_SEPARATOR
+from toolcatalog.search import ToolIndex, index_for
+from toolcatalog.selectors import catalog_records, mcp_catalog_records
+from toolcatalog.services import mcp_session_end, mcp_session_take_call
+from toolcatalog.surface import ModeSpec, ToolRecord, build_surface
+from toolcatalog.toolbox import builtin_executor, search_index
 from toolcatalog.workspace import mcp_workspace_root
 
 logger = logging.getLogger(__name__)
@@ -37,6 +43,10 @@ logger = logging.getLogger(__name__)
 MCP_PATH = "/mcp"
 SEARCH_TOOL = "search_tool_bm25"
 USER_SCOPE_KEY = "controlcenter.user_id"
+SESSION_SCOPE_KEY = "controlcenter.mcp_session"
+SESSION_HEADER = b"mcp-session-id"
+IMPLICIT_SESSION = "~"  # never a valid header value, so no client can name it
+_SESSION_ID = re.compile(r"^[0-9A-Za-z_-]{1,64}$")
 _META_PREFIX = "controlcenter/"
 
 SEARCH_TOOL_RECORD: dict[str, Any] = {
@@ -64,51 +74,60 @@ SEARCH_TOOL_RECORD: dict[str, Any] = {
 # --- the surface ------------------------------------------------------------------
 
 
+def _record_dict(record: ToolRecord) -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "group": record.group,
+        "description": record.description,
+        "input_schema": record.input_schema,
+        "resident": record.resident,
+        "requires_approval": record.requires_approval,
+        "side_effects": record.side_effects,
+        "source": record.source,
+    }
+
+
 def mcp_tool_list() -> list[dict[str, Any]]:
-    """Every tool an MCP client sees, in catalog-record form, in a stable order.
+    """Every tool an MCP client sees, in catalog-record form, by name, then search_tool_bm25.
 
-    The one place to swap in the catalog: when the catalog lands, return its
-    enabled tools here (all of them: the MCP surface is not deferred, TD-9).
+    The whole enabled catalog (the built-ins when the catalog is empty), untouched
+    by deferral and modes (TD-9).
     """
-    records = [BUILTINS[name].catalog_record() for name in sorted(BUILTINS)]
-    return [*records, SEARCH_TOOL_RECORD]
+    return [*(_record_dict(record) for record in mcp_catalog_records()), SEARCH_TOOL_RECORD]
 
 
-def _words(text: str) -> list[str]:
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text)
-    return [word.lower() for word in re.findall(r"[A-Za-z0-9]+", spaced.replace("_", " "))]
-
-
-def rank_tools(query: str, tools: list[dict[str, Any]], limit: int = 5) -> list[dict[str, Any]]:
-    """BM25 over name words, group and description; matches described, never loaded (TD-7).
-
-    The catalog branch's search index replaces this function.
-    """
-    documents = [
-        _words(tool["name"]) * 2 + _words(tool.get("group", "")) + _words(tool.get("description", "")) for tool in tools
-    ]
-    terms = _words(query)
-    if not terms or not tools:
-        return []
-    scores = BM25Okapi(documents).get_scores(terms)
-    ranked = sorted(range(len(tools)), key=lambda index: (-scores[index], tools[index]["name"]))
-    matches = []
-    for index in ranked[:limit]:
-        if scores[index] <= 0 or not set(terms) & set(documents[index]):
-            continue
-        tool = tools[index]
-        properties = tool.get("input_schema", {}).get("properties", {})
-        matches.append(
-            {
-                "name": tool["name"],
-                "group": tool.get("group", ""),
-                "description": tool.get("description", ""),
-                "parameters": sorted(properties),
-                "required": tool.get("input_schema", {}).get("required", []),
-                "score": round(float(scores[index]), 4),
-            }
+def _records_from_dicts(tools: list[dict[str, Any]]) -> list[ToolRecord]:
+    return [
+        ToolRecord(
+            name=tool["name"],
+            group=tool.get("group", ""),
+            description=tool.get("description", ""),
+            input_schema=tool.get("input_schema", {}),
         )
-    return matches
+        for tool in tools
+        if tool["name"] != SEARCH_TOOL
+    ]
+
+
+def rank_tools(query: str, tools: list[dict[str, Any]] | None = None, limit: int = 5) -> list[dict[str, Any]]:
+    """The catalog's BM25 ranking (toolcatalog/search.py), matches described only (TD-7).
+
+    Without `tools` it ranks the MCP surface with the very index a run uses,
+    built once per catalog version; `tools` (catalog-record dicts) ranks those
+    instead, as the benchmark does.
+    """
+    if tools is None:
+        index, allowed = _catalog_index()
+    else:
+        index, allowed = index_for(_records_from_dicts(tools)), None
+    return search_tool_bm25(index, query, allowed=allowed, limit=limit)["matches"]
+
+
+def _catalog_index() -> tuple[ToolIndex, frozenset[str]]:
+    # The runtime indexes catalog_records(); sharing that index (and its cache entry)
+    # keeps search_tools and search_tool_bm25 ranking alike (TD-7).
+    records = catalog_records()
+    return search_index(records), frozenset(record.name for record in mcp_catalog_records(records))
 
 
 def search_observation(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -118,20 +137,70 @@ def search_observation(arguments: dict[str, Any]) -> dict[str, Any]:
     limit = arguments.get("limit", 5)
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
         return {"ok": False, "error": "limit must be an integer from 1 to 50."}
-    matches = rank_tools(query, [t for t in mcp_tool_list() if t["name"] != SEARCH_TOOL], limit)
-    observation: dict[str, Any] = {"ok": True, "query": query, "matches": matches}
-    if not matches:
-        observation["_note"] = "No tool matches this query; rephrase it or describe the task more broadly."
+    index, allowed = _catalog_index()
+    observation = search_tool_bm25(index, query, allowed=allowed, limit=limit)
+    if not observation["matches"]:
+        observation["message"] = (
+            f"No tool on this server matches {query!r}. Rephrase it with other words for the action or the "
+            "object, or describe the task more broadly; tools/list shows every tool."
+        )
     return observation
 
 
-def mcp_execute(*, user_id: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Run one tool for an MCP caller in the caller's MCP workspace; always an observation."""
+def mcp_approval(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | None:
+    """The run's approval rule without a person to ask: only operator-approved tools run."""
+    if tool.name in settings.CC_TOOL_AUTO_APPROVE:
+        return None
+    return {
+        "ok": False,
+        "approval_required": True,
+        "error": (
+            f"{tool.name} requires a person's approval, and MCP calls have no approval prompt yet: over MCP "
+            "it runs only if an operator lists it in CC_TOOL_AUTO_APPROVE. It did not run."
+        ),
+    }
+
+
+def _session_limiter(user_id: int, session_key: str | None) -> CallLimiter:
+    # Without a session id (the sessionless 2026 protocol, or a client that drops it) the
+    # caller's calls form one implicit session per user that ends after an idle period.
+    key = session_key or IMPLICIT_SESSION
+
+    def take(name: str, limit: int) -> bool:
+        return mcp_session_take_call(user_id=user_id, session_key=key, tool_name=name, limit=limit)
+
+    return take
+
+
+def mcp_execute(
+    *, user_id: int, name: str, arguments: dict[str, Any], session_key: str | None = None
+) -> dict[str, Any]:
+    """Run one tool for an MCP caller as a run would: same validation, approval and limits.
+
+    Action limits (`max_calls_per_run`) count per MCP session (the Mcp-Session-Id of a
+    handshake-era client; otherwise one implicit session per user that ends when idle).
+    Always an observation.
+    """
     if name == SEARCH_TOOL:
         return search_observation(arguments)
-    if name not in {tool["name"] for tool in mcp_tool_list()}:
+    records = mcp_catalog_records()
+    tool = next((record for record in records if record.name == name), None)
+    if tool is None:
         return {"ok": False, "error": f"There is no tool named {name!r} on this MCP server; tools/list shows them."}
-    toolbox = WorkspaceToolBox(mcp_workspace_root(user_id), user_id=user_id)
+    if tool.source == "mcp":
+        server = name.partition(NAMESPACE_SEPARATOR)[0]
+        return {
+            "ok": False,
+            "error": f"{name} is listed from the MCP server {server!r}; this installation does not relay calls "
+            "to other MCP servers, so it cannot run here. Call it on that server directly.",
+        }
+    toolbox = CatalogToolBox(
+        surface=build_surface(records, ModeSpec(), deferral=False),
+        index=lambda: index_for(records),
+        executor=builtin_executor(mcp_workspace_root(user_id), user_id=user_id),
+        approve=mcp_approval,
+        limiter=_session_limiter(user_id, session_key),
+    )
     return toolbox.execute(name, arguments)
 
 
@@ -156,10 +225,10 @@ async def _list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> 
     return types.ListToolsResult(tools=[_to_mcp_tool(record) for record in records])
 
 
-def _call_in_thread(user_id: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def _call_in_thread(user_id: int, session_key: str | None, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     close_old_connections()
     try:
-        return mcp_execute(user_id=user_id, name=name, arguments=arguments)
+        return mcp_execute(user_id=user_id, session_key=session_key, name=name, arguments=arguments)
     finally:
         # Worker threads come and go: never leave a database connection behind.
         connections.close_all()
@@ -172,7 +241,7 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
         observation = {"ok": False, "error": "This call carries no authenticated user."}
     else:
         observation = await sync_to_async(_call_in_thread, thread_sensitive=False)(
-            user_id, params.name, dict(params.arguments or {})
+            user_id, scope.get(SESSION_SCOPE_KEY), params.name, dict(params.arguments or {})
         )
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=json.dumps(observation, sort_keys=True, ensure_ascii=False))],
@@ -186,7 +255,7 @@ def build_server() -> Server:
         "controlcenter",
         version="0.1.0",
         instructions=(
-            "Control Center's built-in tools. Call search_tool_bm25 to find a tool by what it does; "
+            "Control Center's tool catalog. Call search_tool_bm25 to find a tool by what it does; "
             "file tools work in your own MCP workspace."
         ),
         on_list_tools=_list_tools,
@@ -237,6 +306,22 @@ class McpEndpoint:
             await _unauthorized(send, problem)
             return
         scope[USER_SCOPE_KEY] = user_id
+        session_key, problem = _session_header(scope)
+        if problem:
+            await _plain_response(send, 400, problem)
+            return
+        method = scope.get("method", "")
+        if method == "GET":
+            # Stateless: there is no server-to-client stream to hold open.
+            await _plain_response(send, 405, "This MCP server sends no server-initiated messages; use POST.")
+            return
+        if method == "DELETE" and session_key is not None:
+            await sync_to_async(_end_session, thread_sensitive=False)(user_id, session_key)
+            await _plain_response(send, 204, "")
+            return
+        scope[SESSION_SCOPE_KEY] = session_key
+        if session_key is None:
+            send = _offering_session(send)
         running = await self._ensure_started()
         await running.manager.handle_request(scope, receive, send)
 
@@ -275,6 +360,58 @@ class McpEndpoint:
         if running is not None:
             running.stop.set()
             await running.task
+
+
+# --- MCP sessions: only what per-session action limits need ---------------------------
+#
+# The SDK runs stateless here (any process answers any request), so it issues no
+# session ids. We offer one on each response to a request that has none; a
+# handshake-era client keeps the one from its initialize response and sends it
+# back. Calls of limited tools are counted per (user, session) in the database.
+# The 2026 protocol has no sessions at all: its calls share one implicit session
+# per user (see `_session_limiter`).
+
+
+def _session_header(scope: dict) -> tuple[str | None, str]:
+    for name, value in scope.get("headers", []):
+        if name == SESSION_HEADER:
+            key = value.decode("latin-1").strip()
+            if not _SESSION_ID.match(key):
+                return None, "Malformed Mcp-Session-Id header: 1-64 letters, digits, '-' or '_'."
+            return key, ""
+    return None, ""
+
+
+def _offering_session(send: Any) -> Any:
+    offered = uuid.uuid4().hex.encode()
+
+    async def send_with_session(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != SESSION_HEADER]
+            message = {**message, "headers": [*headers, (SESSION_HEADER, offered)]}
+        await send(message)
+
+    return send_with_session
+
+
+def _end_session(user_id: int, session_key: str) -> None:
+    close_old_connections()
+    try:
+        mcp_session_end(user_id=user_id, session_key=session_key)
+    finally:
+        connections.close_all()
+
+
+async def _plain_response(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    body = body if status != 204 else b""
+    headers = [(b"content-length", str(len(body)).encode())]
+    if body:
+        headers.append((b"content-type", b"application/json"))
+    if status == 405:
+        headers.append((b"allow", b"POST, DELETE"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _token_key(scope: dict) -> str | None:

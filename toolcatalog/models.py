@@ -69,6 +69,9 @@ class Tool(models.Model):
     side_effects = models.CharField(max_length=16, blank=True)
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.IMPORTED)
     server = models.ForeignKey(McpServer, on_delete=models.CASCADE, null=True, blank=True, related_name="tools")
+    # Set by the MCP import when the server stopped listing the tool (it is disabled, not
+    # deleted); cleared, and the tool enabled again, when the server lists it again.
+    server_missing = models.BooleanField(default=False)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -171,6 +174,25 @@ class RetrievalMiss(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} found nothing for {self.query[:40]!r}"
+
+
+class McpCallCount(models.Model):
+    """Calls of one limited tool in one MCP session: the MCP endpoint's per-run action limit."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    session_key = models.CharField(max_length=64)
+    tool_name = models.CharField(max_length=130)
+    count = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "session_key", "tool_name"], name="mcp_call_count_unique")
+        ]
+        indexes = [models.Index(fields=["updated_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} x{self.count} in MCP session {self.session_key[:8]}"
 
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,9 @@ Observation = dict[str, Any]
 Executor = Callable[[str, dict[str, Any]], Observation | None]
 # The approval decision point: None lets the call run, an observation stops it.
 ApprovalGate = Callable[[ToolRecord, dict[str, Any]], Observation | None]
+# Counts one call of a limited tool against a shared ledger (an MCP session's, say):
+# (name, limit) -> False when the limit is already reached. A run's own Counter needs none.
+CallLimiter = Callable[[str, int], bool]
 
 DISCOVERY_TOOLS = ("search_tools", "describe_tool", "list_tool_groups")
 
@@ -49,11 +52,13 @@ class CatalogToolBox:
         index: Callable[[], ToolIndex],
         executor: Executor,
         approve: ApprovalGate = approval_pending,
+        limiter: CallLimiter | None = None,
     ) -> None:
         self.surface = surface
         self._index = index
         self._executor = executor
         self._approve = approve
+        self._limiter = limiter
         self.activated: list[str] = []
         self.activations: list[Activation] = []
         self.misses: list[str] = []
@@ -101,6 +106,13 @@ class CatalogToolBox:
             return {"ok": False, "error": f"{name} may be called at most {tool.max_calls_per_run} times in one run."}
         if tool.requires_approval and (refusal := self._approve(tool, arguments)) is not None:
             return refusal
+        if (
+            tool.max_calls_per_run is not None
+            and self._limiter is not None
+            and not self._limiter(name, tool.max_calls_per_run)
+        ):
+            limit = tool.max_calls_per_run
+            return {"ok": False, "error": f"{name} may be called at most {limit} times in one session."}
         self.calls[name] += 1
         if name in DISCOVERY_TOOLS:
             return getattr(self, f"_{name}")(arguments)

@@ -35,6 +35,7 @@ def tool_record(tool: Tool) -> ToolRecord:
         max_calls_per_run=tool.max_calls_per_run,
         group_order=tool.group.order,
         source=tool.source,
+        side_effects=tool.side_effects,
     )
 
 
@@ -107,3 +108,16 @@ def tools_list() -> QuerySet[Tool]:
 
 def modes_list() -> QuerySet[Mode]:
     return Mode.objects.all()
+
+
+def mcp_catalog_records(records: list[ToolRecord] | None = None) -> list[ToolRecord]:
+    """What the MCP endpoint lists: the whole enabled catalog, never deferred (TD-9), by name.
+
+    The discovery tools of the built-in runtime (search_tools, describe_tool,
+    list_tool_groups) load schemas into a run; an MCP client already holds every
+    schema, so it gets search_tool_bm25 instead (TD-7) and not these.
+    """
+    from toolcatalog.runtime import DISCOVERY_TOOLS
+
+    records = catalog_records() if records is None else records
+    return sorted((r for r in records if r.name not in DISCOVERY_TOOLS), key=lambda r: r.name)

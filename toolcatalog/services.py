@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
 from controlcenter.errors import DomainError
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
-from toolcatalog.models import RetrievalMiss, Tool, ToolActivation, ToolGroup
+from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
+from toolcatalog.models import McpCallCount, McpServer, RetrievalMiss, Tool, ToolActivation, ToolGroup
 from toolcatalog.runtime import Activation
+from toolcatalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
 from toolcatalog.toolbox import builtin_names
+from toolcatalog.tools.base import DEFINITIONS_FILE
 
 
 class CatalogFileInvalid(DomainError):
@@ -122,3 +131,189 @@ def activations_record(*, run_id: int, activations: Iterable[Activation], misses
         ToolActivation(run_id=run_id, tool_name=a.tool_name, trigger=a.trigger, query=a.query) for a in activations
     )
     RetrievalMiss.objects.bulk_create(RetrievalMiss(run_id=run_id, query=query) for query in misses)
+
+
+# --- built-in tools on a fresh installation -------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltinsLoaded:
+    created: int
+    existing: int
+
+
+def builtin_definitions() -> tuple[list[str], list[dict[str, Any]]]:
+    """Group headings and definitions of every tool this installation answers itself.
+
+    The tools of `toolcatalog/tools/` plus the discovery tools the catalog runtime
+    implements (search_tools, describe_tool, list_tool_groups), with the groups and
+    resident flags of the reference catalog.
+    """
+    data = json.loads(DEFINITIONS_FILE.read_text(encoding="utf-8"))
+    return list(data["groups"]), [*data["tools"], *data["runtime_tools"]]
+
+
+def catalog_load_builtins() -> BuiltinsLoaded:
+    """Add the built-in tools that are missing from the catalog; never touch existing rows.
+
+    Idempotent and run by `bootstrap` on every start, so an operator's edits (resident,
+    approval, limits, enabled) survive restarts; to hide a built-in, disable it.
+    """
+    headings, definitions = builtin_definitions()
+    created = existing = 0
+    with transaction.atomic():
+        known = set(Tool.objects.filter(server__isnull=True).values_list("name", flat=True))
+        groups: dict[str, ToolGroup] = {}
+        for order, heading in enumerate(headings):
+            groups[heading], _ = ToolGroup.objects.get_or_create(heading=heading, defaults={"order": order})
+        for entry in definitions:
+            if entry["name"] in known:
+                existing += 1
+                continue
+            Tool.objects.create(
+                name=entry["name"],
+                group=groups[entry["group"]],
+                description=entry["description"],
+                input_schema=entry["input_schema"],
+                resident=bool(entry.get("resident", False)),
+                requires_approval=bool(entry.get("requires_approval", False)),
+                side_effects=entry.get("side_effects", ""),
+                source=Tool.Source.BUILT_IN,
+            )
+            created += 1
+    return BuiltinsLoaded(created, existing)
+
+
+# --- importing an external MCP server's tools -----------------------------------------
+
+
+class McpServerImportFailed(DomainError):
+    pass
+
+
+@dataclass(frozen=True)
+class McpImportResult:
+    created: int
+    updated: int
+    unchanged: int
+    disabled: int
+    refused: list[str]
+
+    def summary(self) -> str:
+        text = (
+            f"{self.created} tools created, {self.updated} updated, {self.unchanged} unchanged, "
+            f"{self.disabled} disabled (no longer listed by the server)"
+        )
+        if self.refused:
+            text += f"; {len(self.refused)} refused:\n" + "\n".join(self.refused)
+        return text + "."
+
+
+def mcp_server_spec(server: McpServer) -> McpServerSpec:
+    if server.transport == McpServer.Transport.STDIO:
+        try:
+            words = shlex.split(server.command)
+        except ValueError as exc:
+            raise McpServerImportFailed(f"MCP server {server.name!r}: cannot parse the command: {exc}.") from exc
+        if not words:
+            raise McpServerImportFailed(f"MCP server {server.name!r}: a stdio server needs a command.")
+        return McpServerSpec(name=server.name, transport="stdio", command=words[0], args=words[1:])
+    return McpServerSpec(name=server.name, transport="http", url=server.url)
+
+
+def _imported_problem(server: McpServer, tool: ImportedTool) -> str | None:
+    problem = name_problem(tool.name) or name_problem(qualified_name(tool.name, server.name))
+    if problem is None and NAMESPACE_SEPARATOR in tool.name:
+        problem = f"tool name {tool.name!r} contains '__', which separates server and tool."
+    return problem or schema_problem(tool.input_schema)
+
+
+def mcp_server_import(*, server: McpServer) -> McpImportResult:
+    """List `server`'s tools and upsert them as MCP tools under a group named after the server.
+
+    Connecting happens before any write: a server that cannot be reached changes
+    nothing. Tools with a bad name or schema are refused one by one (named in the
+    result) and their rows keep what they had. Tools the server no longer lists are
+    disabled, not deleted, and enabled again when they come back. The server owns
+    names, descriptions and schemas; the operator owns everything else (resident,
+    approval, limits, group, enabled), which a re-import leaves alone. Idempotent.
+    """
+    try:
+        listed = list_server_tools(mcp_server_spec(server))
+    except McpImportError as exc:
+        raise McpServerImportFailed(f"{exc} Nothing was changed.") from exc
+    refused: list[str] = []
+    valid: dict[str, ImportedTool] = {}
+    for tool in listed:
+        if problem := _imported_problem(server, tool):
+            refused.append(f"{server.name}: {tool.name!r}: {problem}")
+        elif tool.name in valid:
+            refused.append(f"{server.name}: {tool.name!r}: listed twice by the server; the first one is kept.")
+        else:
+            valid[tool.name] = tool
+    listed_names = {tool.name for tool in listed}
+    created = updated = unchanged = disabled = 0
+    with transaction.atomic():
+        group = ToolGroup.objects.filter(heading=server.name).first()
+        existing = {tool.name: tool for tool in Tool.objects.select_for_update().filter(server=server)}
+        if group is None and (valid.keys() - existing.keys()):
+            last = ToolGroup.objects.order_by("-order").values_list("order", flat=True).first()
+            group = ToolGroup.objects.create(heading=server.name, order=(last or 0) + 1)
+        for name, imported in valid.items():
+            tool = existing.get(name)
+            if tool is None:
+                Tool.objects.create(
+                    name=name,
+                    group=group,
+                    description=imported.description,
+                    input_schema=imported.input_schema,
+                    source=Tool.Source.MCP,
+                    server=server,
+                )
+                created += 1
+                continue
+            changed = []
+            for field, value in (("description", imported.description), ("input_schema", imported.input_schema)):
+                if getattr(tool, field) != value:
+                    setattr(tool, field, value)
+                    changed.append(field)
+            if tool.server_missing:
+                tool.server_missing, tool.enabled = False, True
+                changed += ["server_missing", "enabled"]
+            if changed:
+                tool.save(update_fields=[*changed, "updated_at"])
+                updated += 1
+            else:
+                unchanged += 1
+        for name, tool in existing.items():
+            if name not in listed_names and not tool.server_missing:
+                tool.server_missing, tool.enabled = True, False
+                tool.save(update_fields=["server_missing", "enabled", "updated_at"])
+                disabled += 1
+    return McpImportResult(created, updated, unchanged, disabled, refused)
+
+
+# --- per-session action limits of the MCP endpoint ------------------------------------
+
+
+def mcp_session_take_call(*, user_id: int, session_key: str, tool_name: str, limit: int) -> bool:
+    """Count one call of `tool_name` in this MCP session; False (nothing counted) at the limit.
+
+    A session's counts end after CC_MCP_SESSION_IDLE_SECONDS without a counted call
+    (stale rows of every session are pruned here). A conditional UPDATE decides, so
+    concurrent calls cannot overshoot the limit whichever web process answers them.
+    """
+    cutoff = timezone.now() - timedelta(seconds=settings.CC_MCP_SESSION_IDLE_SECONDS)
+    with transaction.atomic():
+        McpCallCount.objects.filter(updated_at__lt=cutoff).delete()
+        McpCallCount.objects.get_or_create(user_id=user_id, session_key=session_key, tool_name=tool_name)
+        taken = McpCallCount.objects.filter(
+            user_id=user_id, session_key=session_key, tool_name=tool_name, count__lt=limit
+        ).update(count=F("count") + 1, updated_at=timezone.now())
+    return taken == 1
+
+
+def mcp_session_end(*, user_id: int, session_key: str) -> int:
+    """Forget a closed session's counts (the client's DELETE)."""
+    deleted, _ = McpCallCount.objects.filter(user_id=user_id, session_key=session_key).delete()
+    return deleted

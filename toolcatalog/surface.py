@@ -26,6 +26,7 @@ class ToolRecord:
     max_calls_per_run: int | None = None
     group_order: int = 0
     source: str = "built-in"
+    side_effects: str = ""  # "none" marks a read-only tool (the MCP listing's read_only_hint)
 
     def definition(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "input_schema": self.input_schema}

@@ -27,6 +27,7 @@ def builtin_records() -> list[ToolRecord]:
             input_schema=t.input_schema,
             resident=True,
             requires_approval=t.requires_approval,
+            side_effects=t.side_effects,
         )
         for t in BUILTINS.values()
     ]
@@ -37,8 +38,8 @@ def builtin_names() -> frozenset[str]:
     return frozenset(BUILTINS)
 
 
-def builtin_executor(workspace: Path, conversation_id: int | None = None) -> Executor:
-    context = ToolContext(root=workspace, conversation_id=conversation_id)
+def builtin_executor(workspace: Path, conversation_id: int | None = None, user_id: int | None = None) -> Executor:
+    context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id)
 
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
         tool = BUILTINS.get(name)
@@ -50,6 +51,15 @@ def builtin_executor(workspace: Path, conversation_id: int | None = None) -> Exe
 def operator_approved(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | None:
     """Tools an operator listed in CC_TOOL_AUTO_APPROVE run; any other that needs approval waits."""
     return None if tool.name in settings.CC_TOOL_AUTO_APPROVE else approval_pending(tool, arguments)
+
+
+def search_index(records: list[ToolRecord]) -> ToolIndex:
+    """The ranker the settings choose, cached per catalog version; runs and /mcp both use it."""
+    if settings.CC_TOOL_SEARCH_RANKER == "hybrid":
+        from toolcatalog.semantic import hybrid_index_for
+
+        return hybrid_index_for(records, cache_dir=settings.CC_TOOL_EMBEDDINGS_DIR)  # type: ignore[return-value]
+    return index_for(records)
 
 
 def run_toolbox(
@@ -68,7 +78,7 @@ def run_toolbox(
     def run_index() -> ToolIndex:
         # Looked up once per run, on the first search; shared across runs per catalog version.
         if not index:
-            index.append(index_for(records))
+            index.append(search_index(records))
         return index[0]
 
     return CatalogToolBox(

@@ -23,7 +23,7 @@ from toolcatalog.workspace import PathEscapesWorkspace, resolve_inside
 logger = logging.getLogger(__name__)
 
 Observation = dict[str, Any]
-_DEFINITIONS_FILE = Path(__file__).with_name("definitions.json")
+DEFINITIONS_FILE = Path(__file__).with_name("definitions.json")
 
 
 class ToolFailure(Exception):
@@ -133,7 +133,7 @@ class BuiltinTool:
 @cache
 def reference_definitions() -> dict[str, dict[str, Any]]:
     """Names, groups, descriptions and schemas copied from the reference catalog."""
-    data = json.loads(_DEFINITIONS_FILE.read_text(encoding="utf-8"))
+    data = json.loads(DEFINITIONS_FILE.read_text(encoding="utf-8"))
     return {tool["name"]: tool for tool in data["tools"]}
 
 

@@ -11,18 +11,21 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from conversations.models import Conversation, Message
+from toolcatalog.services import catalog_load_builtins
 
 DEMO_TITLE = "Welcome to Control Center"
 
 
 class Command(BaseCommand):
-    help = "Migrate, create the admin user, and load the demo conversation (idempotent)."
+    help = "Migrate, create the admin user, load the demo conversation and the built-in tools (idempotent)."
 
     def handle(self, *args: object, **options: object) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         username = os.environ.get("CC_ADMIN_USER", "admin")
         admin = self._ensure_admin(username)
         self._ensure_demo(admin)
+        loaded = catalog_load_builtins()
+        self.stdout.write(f"Built-in tools: {loaded.created} added to the catalog, {loaded.existing} already there.")
         self.stdout.write(self.style.SUCCESS("Control Center is set up."))
 
     def _ensure_admin(self, username: str):  # noqa: ANN202

@@ -6,11 +6,21 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from toolcatalog.services import CatalogFileInvalid, catalog_export, catalog_import
+from toolcatalog.models import McpServer
+from toolcatalog.services import (
+    CatalogFileInvalid,
+    McpServerImportFailed,
+    catalog_export,
+    catalog_import,
+    mcp_server_import,
+)
 
 
 class Command(BaseCommand):
-    help = "Import a tool catalog file (all or nothing, idempotent) or export the catalog in the same format."
+    help = (
+        "Import a tool catalog file (all or nothing, idempotent), export the catalog in the same format, "
+        "or import the tools of a configured MCP server."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -18,8 +28,13 @@ class Command(BaseCommand):
         importing.add_argument("file")
         exporting = sub.add_parser("export", help="write the catalog as JSON to stdout or --output FILE")
         exporting.add_argument("--output", "-o", default="")
+        from_mcp = sub.add_parser("import-mcp", help="list the MCP server NAME's tools and upsert them (idempotent)")
+        from_mcp.add_argument("name", help="the name of an MCP server configured in the admin")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "import-mcp":
+            self._import_mcp(options["name"])
+            return
         if options["action"] == "import":
             path = Path(options["file"])
             try:
@@ -40,3 +55,14 @@ class Command(BaseCommand):
             Path(options["output"]).write_text(text, encoding="utf-8")
         else:
             sys.stdout.write(text)
+
+    def _import_mcp(self, name: str) -> None:
+        server = McpServer.objects.filter(name=name).first()
+        if server is None:
+            known = ", ".join(McpServer.objects.values_list("name", flat=True)) or "none configured"
+            raise CommandError(f"There is no MCP server named {name!r} (known: {known}).")
+        try:
+            result = mcp_server_import(server=server)
+        except McpServerImportFailed as exc:
+            raise CommandError(exc.message) from exc
+        self.stdout.write(f"{server.name}: {result.summary()}")
