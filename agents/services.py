@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -18,14 +18,13 @@ from agents.models import ModelRequest, Run
 from agents.providers.base import PromptTooLong, ProviderError
 from agents.providers.registry import get_provider
 from agents.runtime.actions import ActionLimits, ApprovalNeeded
-from agents.runtime.loop import TurnCancelled, TurnOutcome, reactive_compaction_hook, run_turn
+from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, run_turn
 from agents.runtime.pruning import prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
 from agents.subagents import SpawningToolBox
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
-from conversations.selectors import path_to
 from scratchpad import services as scratchpad_services
 from scratchpad.store import turn_toolbox
 from toolcatalog.runtime import CatalogToolBox
@@ -132,27 +131,22 @@ def run_execute(*, run_id: int, worker: str) -> None:
             Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now())
 
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
-    stored = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
-    # TD-12: stale tool output goes in rare deep rewrites; between them requests only append.
-    pruning = prune_stale_tool_output(
-        stored, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
-    )
-    if pruning.rewrote_now:
-        emit("context_pruned", {"results_pruned": pruning.results_pruned, "tokens_freed": pruning.tokens_freed})
-    history = pruning.messages
+    history: list[dict[str, Any]] = []
     try:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()
         catalog, toolbox = _run_toolboxes(run)
+        system = [text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()]
+        history = _turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
-            system=[text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()],
+            system=system,
             history=history,
             toolbox=toolbox,
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
-            **_runtime_options(run),
+            **_runtime_options(run, emit),
         )
     except ApprovalNeeded as pause:
         try:
@@ -231,13 +225,58 @@ def _run_toolboxes(run: Run) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     return catalog, approvals.GatedToolBox(scratchpad)
 
 
-def _runtime_options(run: Run) -> dict[str, Any]:
+def _turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
+    """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
+    from conversations.services import turn_context  # conversations.services starts runs: import at use
+
+    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens)
+    if context.compaction is not None:
+        emit("compaction", _compaction_event(context.compaction))
+    # TD-12: stale tool output goes in rare deep rewrites; between them requests only append.
+    pruning = prune_stale_tool_output(
+        context.messages, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
+    )
+    if pruning.rewrote_now:
+        emit("context_pruned", {"results_pruned": pruning.results_pruned, "tokens_freed": pruning.tokens_freed})
+    return pruning.messages
+
+
+def _compaction_event(compaction: Any) -> dict[str, Any]:
+    return {
+        "trigger": compaction.trigger,
+        "rung": compaction.rung,
+        "tokens_before": compaction.tokens_before,
+        "tokens_after": compaction.tokens_after,
+    }
+
+
+def _reactive_compaction(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> ReactiveCompaction:
+    """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2)."""
+    from conversations.services import reactive_compaction
+
+    def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
+        maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
+        # Room for this turn's own messages, and a margin because the estimate was low once already.
+        limit = int(maximum * 0.9) - estimate_json_tokens(turn)
+        if limit <= 0:
+            return None
+        compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit)
+        if compacted is None:
+            return None
+        view, compaction = compacted
+        emit("compaction", _compaction_event(compaction))
+        return view
+
+    return compact
+
+
+def _runtime_options(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
     return {
         "limits": ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
         "max_parallel_tools": settings.CC_MAX_PARALLEL_TOOLS,
         "resume": approvals.paused_turn_of(run),
         "decisions": approvals.decisions_for(run),
-        "on_prompt_too_long": reactive_compaction_hook,
+        "on_prompt_too_long": _reactive_compaction(run, emit),
     }
 
 

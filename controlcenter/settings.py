@@ -99,6 +99,9 @@ CC_PRUNE_MIN_TOKENS = env_int("CC_PRUNE_MIN_TOKENS", 20_000, minimum=1)
 SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
 # Conversation history (CH-1..CH-10): the model's window and the literal tail the ladder keeps.
 CC_CONTEXT_WINDOW_TOKENS = env_int("CC_CONTEXT_WINDOW_TOKENS", 200_000, minimum=1024)
+# CH-2: compact proactively when a request would pass AT percent of the window, down to TO percent.
+CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", 80, minimum=1)
+CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", 50, minimum=1)
 CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", 8_000, minimum=256)
 
 # --- apps -----------------------------------------------------------------------

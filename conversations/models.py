@@ -95,6 +95,9 @@ class Compaction(models.Model):
     # Which message blocks the pass replaced, so it can be inspected and undone.
     replaced = models.JSONField(default=list)
     trigger = models.CharField(max_length=16, default="command")
+    # The compacted history up to `tip`, as later requests send it: turns after the tip
+    # are appended to this view, so the prefix stays stable until the next pass (TD-11).
+    view = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

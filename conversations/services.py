@@ -282,8 +282,81 @@ def conversation_compact(
         steps=[step.as_dict() for step in result.steps],
         replaced=result.replaced,
         trigger=trigger,
+        view=_sendable(result.messages),
     )
     return compaction, result
+
+
+def _sendable(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a provider takes them: role and content only (the ladder keeps database ids)."""
+    return [{"role": message["role"], "content": message["content"]} for message in messages]
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """The history a turn sends, and the compaction that produced it, if one ran now."""
+
+    messages: list[dict[str, Any]]
+    compaction: Compaction | None
+
+
+def turn_context(*, trigger: Message, overhead_tokens: int) -> TurnContext:
+    """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
+
+    Compaction runs proactively (CH-2) when the history and `overhead_tokens` (system and
+    tools) pass CC_COMPACT_AT_PERCENT of the context window, down to CC_COMPACT_TO_PERCENT,
+    with the rungs that need no model call. Its view is stored and reused by later turns,
+    so a pass is one rewrite, not a different prefix at every turn.
+    """
+    path = selectors.path_to(trigger)
+    on_path = {message.pk: index for index, message in enumerate(path)}
+    latest = (
+        Compaction.objects.filter(conversation_id=trigger.conversation_id, tip_id__in=on_path, view__isnull=False)
+        .order_by("-id")
+        .first()
+    )
+    later = path[on_path[latest.tip_id] + 1 :] if latest else path
+    history = [*(latest.view if latest else []), *_sendable([selectors.as_plain(m) for m in later])]
+    window = settings.CC_CONTEXT_WINDOW_TOKENS
+    if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
+        return TurnContext(history, None)
+    target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
+    view, compaction = _compact_view(trigger, history, target, trigger_name="proactive")  # type: ignore[misc]
+    return TurnContext(view, compaction)
+
+
+def reactive_compaction(
+    *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int
+) -> tuple[list[dict[str, Any]], Compaction] | None:
+    """After the provider refused the prompt as too long (CH-2): one pass, no model call; None if it cannot fit."""
+    return _compact_view(trigger, history, limit_tokens, trigger_name="reactive", must_fit=True)
+
+
+# Overflow recovery never depends on a model call (CH-2): snapshots are always available.
+NO_CALL_RUNGS = ("elide", "drop_images", "snapshot")
+
+
+def _compact_view(
+    trigger: Message, history: list[dict[str, Any]], target: int, *, trigger_name: str, must_fit: bool = False
+) -> tuple[list[dict[str, Any]], Compaction] | None:
+    result = ladder.compact(
+        history, rungs=NO_CALL_RUNGS, target_tokens=target, tail_tokens=settings.CC_COMPACT_TAIL_TOKENS
+    )
+    if must_fit and result.tokens_after > target:
+        return None
+    view = _sendable(result.messages)
+    compaction = Compaction.objects.create(
+        conversation_id=trigger.conversation_id,
+        tip=trigger,
+        rung=result.rung,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        steps=[step.as_dict() for step in result.steps],
+        replaced=result.replaced,
+        trigger=trigger_name,
+        view=view,
+    )
+    return view, compaction
 
 
 def conversation_retry(*, conversation: Conversation) -> Run:

@@ -61,10 +61,10 @@ ReactiveCompaction = Callable[[list[dict[str, Any]], list[dict[str, Any]], Promp
 def reactive_compaction_hook(
     history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong
 ) -> list[dict[str, Any]] | None:
-    """Where reactive compaction (CH-2) plugs in when the provider rejects a prompt as too long.
+    """The default when no compaction is wired in: fail the run with the measured size.
 
-    Return a shorter replacement for `history` to retry the request once, or None to
-    fail the run with the measured size. The conversation-history work fills this in.
+    The run service passes its own hook (the ladder without a model call, CH-2); a hook
+    returns a shorter replacement for `history` to retry the request once, or None.
     """
     return None
 
