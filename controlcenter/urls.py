@@ -46,12 +46,8 @@ api_patterns = [
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
     path("api/runs/<int:run_id>/retry/", agents_api.RunRetryApi.as_view(), name="api-run-retry"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
-    # Tool catalog (TD-15)
-    path(
-        "api/conversations/<int:conversation_id>/context",
-        toolcatalog_api.ConversationContextApi.as_view(),
-        name="api-conversation-context",
-    ),
+    # The Context view without the trailing slash, as the catalog first published it (TD-15).
+    path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view()),
     path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
     path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
     path("api/scratchpad/", include("scratchpad.urls")),
