@@ -10,6 +10,7 @@ from agents import views as agents_views
 from controlcenter.health import healthz
 from conversations import api as conversations_api
 from conversations import views as conversations_views
+from scratchpad import views as scratchpad_views
 from toolcatalog import api as toolcatalog_api
 
 api_patterns = [
@@ -56,6 +57,13 @@ api_patterns = [
 urlpatterns = [
     path("", conversations_views.conversation_list, name="conversation-list"),
     path("conversations/<int:conversation_id>/", conversations_views.conversation_detail, name="conversation-detail"),
+    path("conversations/<int:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
+    path(
+        "conversations/<int:conversation_id>/context/",
+        conversations_views.conversation_context,
+        name="conversation-context",
+    ),
+    path("scratchpad/<str:entry_id>/", scratchpad_views.entry_viewer, name="scratchpad-viewer"),
     path("runs/<int:run_id>/", agents_views.run_detail, name="run-detail"),
     path("dashboard/", agents_views.dashboard, name="dashboard"),
     path("dashboard/data/", agents_views.dashboard_data, name="dashboard-data"),

@@ -228,3 +228,62 @@ def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> 
         last_run_id=Subquery(latest_run.values("id")[:1]),
         last_run_status=Subquery(latest_run.values("status")[:1]),
     ).order_by("-updated_at")
+
+
+def tree_rows(*, conversation: Conversation) -> list[dict[str, Any]]:
+    """The message tree as the navigator draws it: depth-first, one row per message (CH-7).
+
+    A chain of single children stays at one level; each fork indents its branches, so a
+    1,000-message conversation with two branches is two columns deep, not a thousand.
+    Rows say whether the tip may move there (not an assistant message that stops on a tool
+    call) and whether the message is a prompt that can be edited and re-run.
+    """
+    rows = list(
+        Message.objects.filter(conversation=conversation).values("id", "parent_id", "role", "content").order_by("id")
+    )
+    children: dict[int | None, list[dict[str, Any]]] = {}
+    for row in rows:
+        children.setdefault(row["parent_id"], []).append(row)
+    by_id = {row["id"]: row for row in rows}
+    on_path = set()
+    current = conversation.tip_id
+    while current is not None and current in by_id:
+        on_path.add(current)
+        current = by_id[current]["parent_id"]
+    labels: dict[int, list[str]] = {}
+    for message_id, label in Checkpoint.objects.filter(conversation=conversation).values_list("message_id", "label"):
+        labels.setdefault(message_id, []).append(label)
+    out: list[dict[str, Any]] = []
+    # Iterative, so depth is bounded by memory, not by Python's recursion limit.
+    stack: list[tuple[dict[str, Any], int, bool]] = [(row, 0, False) for row in reversed(children.get(None, []))]
+    if len(children.get(None, [])) > 1:
+        stack = [(row, 1, True) for row in reversed(children[None])]
+    while stack:
+        row, level, branch_start = stack.pop()
+        content = row["content"] or []
+        kids = children.get(row["id"], [])
+        kinds = {block.get("type") for block in content}
+        out.append(
+            {
+                "id": row["id"],
+                "parent": row["parent_id"],
+                "role": row["role"],
+                "preview": _preview(content) or "(empty)",
+                "level": level,
+                "branch_start": branch_start,
+                "children": len(kids),
+                "on_path": row["id"] in on_path,
+                "tip": row["id"] == conversation.tip_id,
+                "checkpoints": labels.get(row["id"], []),
+                "branchable": "tool_use" not in kinds,
+                "editable": row["role"] == Message.Role.USER and "tool_result" not in kinds,
+                "text": "\n".join(b.get("text", "") for b in content if b.get("type") == "text")
+                if row["role"] == Message.Role.USER
+                else "",
+            }
+        )
+        if len(kids) == 1:
+            stack.append((kids[0], level, False))
+        else:
+            stack.extend((kid, level + 1, True) for kid in reversed(kids))
+    return out
