@@ -154,14 +154,16 @@ def conversation_context(request: HttpRequest, conversation_id: int) -> HttpResp
     conversation = _owned(request, conversation_id)
     view = selectors.conversation_context(conversation=conversation)
     window = view["window_tokens"] or 1
-    segments = [
-        {**category, "percent": round(100 * category["tokens"] / window, 2)}
-        for category in view["categories"]
-        if category["tokens"] > 0
-    ]
+    categories = [{**category, "percent": 100 * category["tokens"] / window} for category in view["categories"]]
     compaction = selectors.compactions_for(conversation=conversation).order_by("-id").first()
     return render(
         request,
         "conversations/context.html",
-        {"conversation": conversation, "view": view, "segments": segments, "last_compaction": compaction},
+        {
+            "conversation": conversation,
+            "view": view,
+            "categories": categories,
+            "segments": [category for category in categories if category["tokens"] > 0],
+            "last_compaction": compaction,
+        },
     )
