@@ -147,3 +147,31 @@ def test_shake_shows_what_each_free_rung_did(embedded_server, page, tmp_path):  
     expect(page.locator("#status")).to_contain_text("tokens (rung: elide)")
     expect(page.locator("#composer-input")).to_have_value("")
     _screenshot(page, "shake")
+
+
+@pytest.mark.req("CH-7")
+def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server, page, tmp_path):  # noqa: F811
+    base, _ = embedded_server
+    seeded = _seed(tmp_path, SEED)
+    _sign_in(page, base)
+    page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
+    first_prompt = page.locator("#tree [role=treeitem]").first
+    first_prompt.focus()
+    page.keyboard.press("e")  # edit from the keyboard
+    expect(page.locator("#edit-text")).to_be_focused()
+    expect(page.locator("#edit-text")).to_have_value("Plan the migration.")
+    page.fill("#edit-text", "Plan the migration, in two steps.")
+    page.click("#edit-form button[type=submit]")
+    expect(page).to_have_url(re.compile(rf"/conversations/{seeded['conversation']}/$"))
+    expect(page.locator("article.message.user").last).to_contain_text("in two steps")  # the new path
+    api = f"/api/conversations/{seeded['conversation']}/"
+    for _ in range(75):  # the run answers within seconds; its reply moves the tip
+        if page.evaluate(f"fetch('{api}').then(r => r.json())")["path"][-1]["role"] == "assistant":
+            break
+        page.wait_for_timeout(200)
+    page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
+    roots = page.locator("#tree [role=treeitem][aria-level='2'].user")
+    expect(roots.filter(has_text="Plan the migration.")).to_have_count(1)  # the old prompt stays
+    expect(roots.filter(has_text="in two steps")).to_have_count(1)
+    expect(page.locator("#tree [aria-selected=true]")).to_have_class(re.compile(r"\bassistant\b"))
+    _screenshot(page, "tree-edited")
