@@ -175,3 +175,43 @@ def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server, page, 
     expect(roots.filter(has_text="in two steps")).to_have_count(1)
     expect(page.locator("#tree [aria-selected=true]")).to_have_class(re.compile(r"\bassistant\b"))
     _screenshot(page, "tree-edited")
+
+
+@pytest.mark.req("SP-6")
+@pytest.mark.req("TD-15")
+def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embedded_server, page, tmp_path):  # noqa: F811
+    base, _ = embedded_server
+    seeded = _seed(
+        tmp_path,
+        SEED.replace("print(", "seeded = (") + "from scratchpad.services import put_observation\n"
+        "r = Run.objects.create(conversation=c, trigger=e2, provider='offline', model='offline-1', "
+        "status='succeeded')\n"
+        "log = ''.join('line %d %s\\n' % (i, 'ERROR disk full' if i % 1000 == 7 else 'ok') for i in range(5000))\n"
+        "entry, _ = put_observation(turn_id=str(r.pk), step_num=1, executor_name='read_file', "
+        "observation={'ok': True, 'path': 'app.log', 'content': log}, threshold=4096, run_id=r.pk, "
+        "conversation_id=c.pk)\n"
+        "print(json.dumps({'conversation': c.pk, 'entry': entry.pk}))\n",
+    )
+    _sign_in(page, base)
+    page.goto(f"{base}/conversations/{seeded['conversation']}/context/")
+    link = page.locator(f"#scratchpad-entries a[href='/scratchpad/{seeded['entry']}/']")
+    expect(link).to_be_visible()
+    link.click()
+    expect(page.locator("h1")).to_contain_text(seeded["entry"])
+    page.select_option("#slice-mode", "grep")
+    page.fill("input[name=pattern]", "ERROR")
+    page.keyboard.press("Enter")  # the keyboard submits the read
+    slice_text = page.locator("#slice")
+    expect(slice_text).to_contain_text("8:line 7 ERROR disk full")
+    expect(slice_text).to_contain_text("4008:line 4007 ERROR disk full")
+    expect(page.locator("#slice-status")).to_contain_text("matches: 5")
+    page.select_option("#slice-mode", "lines")
+    page.fill("input[name=start]", "2")
+    page.fill("input[name=end]", "3")
+    page.click("#slice-form button")
+    expect(slice_text).to_have_text("line 1 ok\nline 2 ok\n")
+    page.fill("input[name=end]", "1")  # reversed: the API's message, nothing else
+    page.click("#slice-form button")
+    expect(page.locator("#slice-status.error")).to_contain_text("start <= end")
+    expect(slice_text).to_have_text("line 1 ok\nline 2 ok\n")
+    _screenshot(page, "scratchpad-viewer")

@@ -27,9 +27,13 @@
     const response = await fetch(`/api/scratchpad/entries/${root.dataset.entryId}/read/?${params}`, { credentials: "same-origin" });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) {
+      statusLine.className = "error";
+      statusLine.setAttribute("role", "alert");
       statusLine.textContent = (body.error && body.error.message) || `Error ${response.status}`;
       return;
     }
+    statusLine.className = "muted";
+    statusLine.setAttribute("role", "status");
     const text = body.content ?? body.content_base64 ?? JSON.stringify(body, null, 2);
     out.textContent = typeof text === "string" ? text : JSON.stringify(text, null, 2);
     const facts = Object.entries(body).filter(([k, v]) => typeof v !== "object" && !["content", "text", "content_base64", "ok"].includes(k));
