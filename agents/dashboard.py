@@ -14,11 +14,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, F, Max, Sum, Value
+from django.db.models import Count, F, Max, Q, Sum, Value
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from agents.models import ModelRequest, Run
+from conversations.models import Compaction
+from toolcatalog.models import RetrievalMiss, ToolActivation
 
 # Token categories, in the order the dashboard stacks them.
 CATEGORIES = (
@@ -151,6 +153,81 @@ def ratio_series_by_model(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# A cache read is billed at a tenth of an uncached input token (Anthropic's published rate).
+CACHE_READ_PRICE = 0.1
+
+
+def cache_savings(totals: dict[str, Any]) -> dict[str, Any]:
+    """Input-token equivalents the cache saved: each cache read billed at 0.1x instead of 1x."""
+    read = totals["cache_read"]
+    return {"cache_read": read, "saved_tokens": round(read * (1 - CACHE_READ_PRICE))}
+
+
+def deferral_savings(*, user: AbstractBaseUser, since: Any) -> dict[str, Any]:
+    """Schema tokens deferral kept out of requests: per run, what the current surface withholds
+    minus the schemas the run loaded, times the run's requests.
+
+    Measured against today's catalog and mode (the surface is not recorded per run); a tool a
+    run loaded is counted as sent on all its requests, so the figure errs low.
+    """
+    from toolcatalog.selectors import run_surface, surface_context
+
+    tools = surface_context(run_surface()[0])
+    cost = {item["name"]: item["schema_tokens"] for item in tools["deferred"]}
+    requests = dict(
+        ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        .values_list("run_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    loaded: dict[int, int] = {}
+    for run_id, name in ToolActivation.objects.filter(run_id__in=list(requests)).values_list("run_id", "tool_name"):
+        loaded[run_id] = loaded.get(run_id, 0) + cost.get(name, 0)
+    saved = sum(n * max(0, tools["withheld_tokens"] - loaded.get(run_id, 0)) for run_id, n in requests.items())
+    return {
+        "withheld_per_request": tools["withheld_tokens"],
+        "deferred_tools": len(tools["deferred"]),
+        "requests": sum(requests.values()),
+        "saved_tokens": saved,
+    }
+
+
+def top_activations(*, user: AbstractBaseUser, since: Any, limit: int = 10) -> list[dict[str, Any]]:
+    """The deferred tools runs loaded most: candidates for the resident set (TD-15)."""
+    rows = (
+        ToolActivation.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        .values("tool_name")
+        .annotate(
+            activations=Count("id"),
+            runs=Count("run", distinct=True),
+            direct=Count("id", filter=Q(trigger=ToolActivation.Trigger.DIRECT)),
+            search=Count("id", filter=Q(trigger=ToolActivation.Trigger.SEARCH)),
+        )
+        .order_by("-activations", "tool_name")[:limit]
+    )
+    return list(rows)
+
+
+def retrieval_misses(*, user: AbstractBaseUser, since: Any, limit: int = 20) -> list[dict[str, Any]]:
+    """Searches that found nothing, newest first, with the run to look at."""
+    rows = (
+        RetrievalMiss.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        .values("id", "query", "run_id", "created_at")
+        .order_by("-id")[:limit]
+    )
+    return [{**row, "created_at": _iso(row["created_at"])} for row in rows]
+
+
+def compactions_by_rung(*, user: AbstractBaseUser, since: Any) -> list[dict[str, Any]]:
+    rows = (
+        Compaction.objects.filter(conversation__owner=user, created_at__gte=since)
+        .values("rung")
+        .annotate(passes=Count("id"), before=Sum("tokens_before"), after=Sum("tokens_after"))
+        .order_by("rung")
+    )
+    return [{**row, "freed": row["before"] - row["after"]} for row in rows]
+
+
 def dashboard_snapshot(*, user: AbstractBaseUser, days: int = 14, runs: int = 50) -> dict[str, Any]:
     """Everything the dashboard draws, JSON-ready; the page and the live updates share it."""
     now = timezone.now()
@@ -167,6 +244,10 @@ def dashboard_snapshot(*, user: AbstractBaseUser, days: int = 14, runs: int = 50
         "ratio_over_time": ratio_series_by_model(latest),
         "recent_runs": latest[:20],
         "in_flight": runs_in_flight(user=user),
+        "savings": {"cache": cache_savings(totals), "deferral": deferral_savings(user=user, since=since)},
+        "top_activations": top_activations(user=user, since=since),
+        "retrieval_misses": retrieval_misses(user=user, since=since),
+        "compactions": compactions_by_rung(user=user, since=since),
         "status_counts": dict(
             Run.objects.filter(conversation__owner=user, created_at__gte=since)
             .values_list("status")

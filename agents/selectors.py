@@ -184,3 +184,24 @@ def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = No
             }
         )
     return result
+
+
+def run_context_activity(*, run: Run) -> dict[str, Any]:
+    """What the run did to its context: deferred tools it loaded (trigger, query), searches that
+    found nothing, and the conversation's compaction passes while it ran (TD-15, CH-1).
+
+    Compactions belong to the conversation, not to a run, so the run's are the passes
+    recorded between its start and its end (or now, while it is in flight).
+    """
+    from conversations.models import Compaction
+    from toolcatalog.models import RetrievalMiss, ToolActivation
+
+    compactions = Compaction.objects.filter(conversation_id=run.conversation_id, created_at__gte=run.created_at)
+    if run.finished_at is not None:
+        compactions = compactions.filter(created_at__lte=run.finished_at)
+    return {
+        "activations": list(ToolActivation.objects.filter(run=run).order_by("id")),
+        "misses": list(RetrievalMiss.objects.filter(run=run).order_by("id")),
+        "compactions": list(compactions.order_by("id")),
+        "pruned": list(RunEvent.objects.filter(run=run, type="context_pruned").order_by("seq")),
+    }

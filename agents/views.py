@@ -33,7 +33,13 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(
         request,
         "agents/run_detail.html",
-        {"run": run, "requests": requests, "totals": totals, "timeline": selectors.run_timeline(run=run)},
+        {
+            "run": run,
+            "requests": requests,
+            "totals": totals,
+            "timeline": selectors.run_timeline(run=run),
+            **selectors.run_context_activity(run=run),
+        },
     )
 
 

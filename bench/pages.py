@@ -142,6 +142,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             "dashboard": _measure(client, "/dashboard/", repeat),
             "dashboard_data": _measure(client, "/dashboard/data/", repeat),
             "conversation_list": _measure(client, "/", repeat),
+            "tree_page": _measure(client, f"/conversations/{conversation.pk}/tree/", repeat),
+            "context_page": _measure(client, f"/conversations/{conversation.pk}/context/", repeat),
         }
     finally:
         Conversation.objects.filter(owner=user).delete()

@@ -10,6 +10,7 @@ from agents import views as agents_views
 from controlcenter.health import healthz
 from conversations import api as conversations_api
 from conversations import views as conversations_views
+from scratchpad import views as scratchpad_views
 from toolcatalog import api as toolcatalog_api
 
 api_patterns = [
@@ -46,12 +47,8 @@ api_patterns = [
     path("api/runs/<int:run_id>/cancel/", agents_api.RunCancelApi.as_view(), name="api-run-cancel"),
     path("api/runs/<int:run_id>/retry/", agents_api.RunRetryApi.as_view(), name="api-run-retry"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
-    # Tool catalog (TD-15)
-    path(
-        "api/conversations/<int:conversation_id>/context",
-        toolcatalog_api.ConversationContextApi.as_view(),
-        name="api-conversation-context",
-    ),
+    # The Context view without the trailing slash, as the catalog first published it (TD-15).
+    path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view()),
     path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
     path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
     path("api/scratchpad/", include("scratchpad.urls")),
@@ -65,6 +62,13 @@ api_patterns = [
 urlpatterns = [
     path("", conversations_views.conversation_list, name="conversation-list"),
     path("conversations/<int:conversation_id>/", conversations_views.conversation_detail, name="conversation-detail"),
+    path("conversations/<int:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
+    path(
+        "conversations/<int:conversation_id>/context/",
+        conversations_views.conversation_context,
+        name="conversation-context",
+    ),
+    path("scratchpad/<str:entry_id>/", scratchpad_views.entry_viewer, name="scratchpad-viewer"),
     path("runs/<int:run_id>/", agents_views.run_detail, name="run-detail"),
     path("dashboard/", agents_views.dashboard, name="dashboard"),
     path("dashboard/data/", agents_views.dashboard_data, name="dashboard-data"),

@@ -75,15 +75,52 @@ def exploration_digest(explored: Sequence[Msg]) -> dict[str, Any]:
     }
 
 
-CATEGORIES = ("system", "resident_tools", "tool_index", "messages", "tool_results", "images", "snapshots")
+CATEGORIES = (
+    "system",
+    "resident_tools",
+    "tool_index",
+    "messages",
+    "tool_results",
+    "scratchpad",
+    "images",
+    "snapshots",
+)
+CATEGORY_LABELS = {
+    "system": "System prompt",
+    "resident_tools": "Resident tool schemas",
+    "tool_index": "Deferred name index",
+    "messages": "Messages",
+    "tool_results": "Tool results",
+    "scratchpad": "Scratchpad summaries",
+    "images": "Images",
+    "snapshots": "Snapshots",
+    "free": "Free",
+}
 
 
-def context_breakdown(request: ModelRequestSpec, *, window_tokens: int, tool_index_tokens: int = 0) -> dict[str, Any]:
-    """What fills the window, by category, for a request built the way a run builds it (CH-10 /context)."""
+def is_scratchpad_stub(block: dict[str, Any]) -> bool:
+    """A tool result that is the synthetic observation of an offloaded one (SP-3)."""
+    content = block.get("content")
+    if not isinstance(content, str) or '"scratchpad_id"' not in content:
+        return False
+    try:
+        observation = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(observation, dict) and isinstance(observation.get("scratchpad_id"), str)
+
+
+def context_breakdown(request: ModelRequestSpec, *, window_tokens: int, tool_index_text: str = "") -> dict[str, Any]:
+    """What fills the window, by category, for a request built the way a run builds it (CH-10 /context).
+
+    The deferred-name index travels as a system block (TD-2); the block whose text is
+    `tool_index_text` is counted as the index, not as the system prompt.
+    """
     counts = dict.fromkeys(CATEGORIES, 0)
-    counts["system"] = sum(estimate_text_tokens(block.get("text", "")) for block in request.system)
+    for block in request.system:
+        text = block.get("text", "")
+        counts["tool_index" if tool_index_text and text == tool_index_text else "system"] += estimate_text_tokens(text)
     counts["resident_tools"] = sum(estimate_json_tokens(tool) for tool in request.tools)
-    counts["tool_index"] = tool_index_tokens
     for message in request.messages:
         counts["messages"] += 4
         in_snapshot = any(
@@ -94,16 +131,17 @@ def context_breakdown(request: ModelRequestSpec, *, window_tokens: int, tool_ind
             kind = block.get("type")
             tokens = block_tokens(block)
             if kind == "tool_result":
-                counts["tool_results"] += tokens
+                counts["scratchpad" if is_scratchpad_stub(block) else "tool_results"] += tokens
             elif kind == "image":
                 counts["snapshots" if in_snapshot else "images"] += tokens
             else:
                 counts["messages"] += tokens
     used = sum(counts.values())
+    free = max(0, window_tokens - used)
     return {
         "window_tokens": window_tokens,
         "used_tokens": used,
-        "free_tokens": max(0, window_tokens - used),
-        "categories": [{"name": name, "tokens": counts[name]} for name in CATEGORIES]
-        + [{"name": "free", "tokens": max(0, window_tokens - used)}],
+        "free_tokens": free,
+        "categories": [{"name": name, "label": CATEGORY_LABELS[name], "tokens": counts[name]} for name in CATEGORIES]
+        + [{"name": "free", "label": CATEGORY_LABELS["free"], "tokens": free}],
     }

@@ -10,7 +10,7 @@ from django.db.models.functions import Cast
 
 from agents.models import Run
 from controlcenter.errors import DomainError, NotFound
-from conversations import export, transcript
+from conversations import export
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 PREVIEW_CHARS = 160
@@ -143,21 +143,69 @@ def conversation_export(*, conversation: Conversation, kind: str) -> dict[str, A
 
 
 def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
-    """The Context view, from a request built with the same parts a run uses (CH-10 /context)."""
-    # Imported here: agents.services imports this module to load paths.
+    """The Context view (TD-15, CH-10 /context): what the next request of this conversation holds.
+
+    The one composition of the window: the page, `GET /api/conversations/<id>/context`
+    and the `/context` command all call it. The request is built with the parts a run
+    uses (`agents.services.run_execute`): the system prompt plus the deferred-name index
+    as system blocks, the catalog surface (mode filter, then deferral) wrapped by the
+    scratchpad's turn toolbox for the tool block, and the stored path after the runtime's
+    pruning of stale tool output. The turn is the conversation's latest run, so its live
+    scratchpad entries are the ones `scratchpad_read` would be offered for.
+    """
+    # Imported here: agents.services and toolcatalog.selectors import this module.
+    from agents.runtime.pruning import prune_stale_tool_output
     from agents.runtime.request import ModelRequestSpec, text_block
     from agents.services import SYSTEM_PROMPT
-    from toolcatalog.builtins import WorkspaceToolBox
+    from scratchpad.selectors import entries_visible_to_turn
+    from scratchpad.store import turn_toolbox
+    from toolcatalog.selectors import surface_context
+    from toolcatalog.toolbox import run_toolbox
 
-    # Schemas do not touch the workspace, so the root is not created for a read.
-    toolbox = WorkspaceToolBox(Path(settings.CC_WORKSPACE_ROOT))
-    request = ModelRequestSpec(
-        model=settings.CC_MODEL,
-        system=[text_block(SYSTEM_PROMPT)],
-        tools=toolbox.schemas(),
-        messages=transcript.api_messages(path_messages(conversation)),
+    latest_run = Run.objects.filter(conversation=conversation).order_by("-id").first()
+    # Schemas never touch the workspace, so the directory is not created for a read.
+    catalog = run_toolbox(workspace=Path(settings.CC_WORKSPACE_ROOT), conversation_id=conversation.pk)
+    turn_id = latest_run.pk if latest_run else 0
+    toolbox = turn_toolbox(inner=catalog, run_id=turn_id, conversation_id=conversation.pk)
+    stored = [{"role": m.role, "content": m.content} for m in current_path(conversation)]
+    pruning = prune_stale_tool_output(
+        stored, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
     )
-    return export.context_breakdown(request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS)
+    request = ModelRequestSpec(
+        model=latest_run.model if latest_run else settings.CC_MODEL,
+        system=[text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()],
+        tools=toolbox.schemas(),
+        messages=pruning.messages,
+    )
+    view = export.context_breakdown(
+        request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS, tool_index_text=catalog.surface.index_text
+    )
+    entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
+    resident_names = {tool.name for tool in catalog.surface.resident}
+    return {
+        "conversation": conversation.pk,
+        "model": request.model,
+        **view,
+        "tools": surface_context(catalog.surface),
+        # Offered beyond the resident set in this request (scratchpad_read while entries are live).
+        "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
+        "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},
+        "turn": {"run": latest_run.pk if latest_run else None, "status": latest_run.status if latest_run else None},
+        "scratchpad": [
+            {
+                "id": entry.pk,
+                "tool": entry.executor_name,
+                "step": entry.step_num,
+                "kind": entry.kind,
+                "size_bytes": entry.size_bytes,
+                "lines": entry.line_count,
+                "pinned": entry.pinned,
+                "summary": entry.summary,
+                "expires_at": entry.expires_at.isoformat(),
+            }
+            for entry in entries
+        ],
+    }
 
 
 def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
@@ -180,3 +228,62 @@ def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> 
         last_run_id=Subquery(latest_run.values("id")[:1]),
         last_run_status=Subquery(latest_run.values("status")[:1]),
     ).order_by("-updated_at")
+
+
+def tree_rows(*, conversation: Conversation) -> list[dict[str, Any]]:
+    """The message tree as the navigator draws it: depth-first, one row per message (CH-7).
+
+    A chain of single children stays at one level; each fork indents its branches, so a
+    1,000-message conversation with two branches is two columns deep, not a thousand.
+    Rows say whether the tip may move there (not an assistant message that stops on a tool
+    call) and whether the message is a prompt that can be edited and re-run.
+    """
+    rows = list(
+        Message.objects.filter(conversation=conversation).values("id", "parent_id", "role", "content").order_by("id")
+    )
+    children: dict[int | None, list[dict[str, Any]]] = {}
+    for row in rows:
+        children.setdefault(row["parent_id"], []).append(row)
+    by_id = {row["id"]: row for row in rows}
+    on_path = set()
+    current = conversation.tip_id
+    while current is not None and current in by_id:
+        on_path.add(current)
+        current = by_id[current]["parent_id"]
+    labels: dict[int, list[str]] = {}
+    for message_id, label in Checkpoint.objects.filter(conversation=conversation).values_list("message_id", "label"):
+        labels.setdefault(message_id, []).append(label)
+    out: list[dict[str, Any]] = []
+    # Iterative, so depth is bounded by memory, not by Python's recursion limit.
+    stack: list[tuple[dict[str, Any], int, bool]] = [(row, 0, False) for row in reversed(children.get(None, []))]
+    if len(children.get(None, [])) > 1:
+        stack = [(row, 1, True) for row in reversed(children[None])]
+    while stack:
+        row, level, branch_start = stack.pop()
+        content = row["content"] or []
+        kids = children.get(row["id"], [])
+        kinds = {block.get("type") for block in content}
+        out.append(
+            {
+                "id": row["id"],
+                "parent": row["parent_id"],
+                "role": row["role"],
+                "preview": _preview(content) or "(empty)",
+                "level": level,
+                "branch_start": branch_start,
+                "children": len(kids),
+                "on_path": row["id"] in on_path,
+                "tip": row["id"] == conversation.tip_id,
+                "checkpoints": labels.get(row["id"], []),
+                "branchable": "tool_use" not in kinds,
+                "editable": row["role"] == Message.Role.USER and "tool_result" not in kinds,
+                "text": "\n".join(b.get("text", "") for b in content if b.get("type") == "text")
+                if row["role"] == Message.Role.USER
+                else "",
+            }
+        )
+        if len(kids) == 1:
+            stack.append((kids[0], level, False))
+        else:
+            stack.extend((kid, level + 1, True) for kid in reversed(kids))
+    return out

@@ -122,3 +122,48 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
     shown = _present(selectors.current_path(conversation), dict(runs))
     earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
     return {"messages": shown[earlier:], "earlier": earlier}
+
+
+def _owned(request: HttpRequest, conversation_id: int) -> Conversation:
+    try:
+        return selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+    except NotFound:
+        raise Http404("No such conversation.") from None
+
+
+@login_required
+def conversation_tree(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """The tree navigator (CH-7..CH-9): the page reads; its script writes through the REST API."""
+    conversation = _owned(request, conversation_id)
+    return render(
+        request,
+        "conversations/tree.html",
+        {
+            "conversation": conversation,
+            "rows": selectors.tree_rows(conversation=conversation),
+            "checkpoints": selectors.checkpoints_for(conversation=conversation).select_related("message"),
+            "on_path": {m.pk for m in selectors.current_path(conversation)},
+            "rewinds": selectors.rewinds_for(conversation=conversation).order_by("-id")[:10],
+        },
+    )
+
+
+@login_required
+def conversation_context(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """The Context view (TD-15): the same composition `GET /api/conversations/<id>/context` returns."""
+    conversation = _owned(request, conversation_id)
+    view = selectors.conversation_context(conversation=conversation)
+    window = view["window_tokens"] or 1
+    categories = [{**category, "percent": 100 * category["tokens"] / window} for category in view["categories"]]
+    compaction = selectors.compactions_for(conversation=conversation).order_by("-id").first()
+    return render(
+        request,
+        "conversations/context.html",
+        {
+            "conversation": conversation,
+            "view": view,
+            "categories": categories,
+            "segments": [category for category in categories if category["tokens"] > 0],
+            "last_compaction": compaction,
+        },
+    )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiTypes, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -19,10 +19,3 @@ class ModeListApi(APIView):
     @extend_schema(responses=ModeSerializer(many=True))
     def get(self, request: Request) -> Response:
         return Response(ModeSerializer(selectors.modes_list(), many=True).data)
-
-
-class ConversationContextApi(APIView):
-    @extend_schema(responses=OpenApiTypes.OBJECT)
-    def get(self, request: Request, conversation_id: int) -> Response:
-        """The tool side of the Context view (TD-15): resident costs, deferred index, withheld schemas."""
-        return Response(selectors.conversation_context(user=request.user, conversation_id=conversation_id))

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
-from conversations.selectors import conversation_for_user
 from toolcatalog.models import Mode, Tool
 from toolcatalog.surface import ModeSpec, Surface, ToolRecord, build_surface
 
@@ -94,12 +92,6 @@ def surface_context(surface: Surface) -> dict[str, Any]:
         "withheld_tokens": sum(item["schema_tokens"] for item in withheld),
         "tool_block_tokens": resident_tokens + index_tokens,
     }
-
-
-def conversation_context(*, user: AbstractBaseUser, conversation_id: int) -> dict[str, Any]:
-    conversation = conversation_for_user(user=user, conversation_id=conversation_id)
-    surface, _ = run_surface()
-    return {"conversation": conversation.pk, "tools": surface_context(surface)}
 
 
 def tools_list() -> QuerySet[Tool]:

@@ -297,6 +297,59 @@
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); send(); }
   });
 
+  // --- slash command results: /tree and /context open their pages, the rest say what they did ---
+  function commandNote(command) {
+    const note = el("article", "message note command-result");
+    note.dataset.command = command.command;
+    note.setAttribute("role", "status");
+    note.append(el("header", null, `/${command.command}`), el("p", "detail", command.detail));
+    const data = command.data || {};
+    if (["compact", "shake"].includes(command.command) && Array.isArray(data.steps)) {
+      const table = el("table", "data rungs");
+      const head = el("tr");
+      ["Rung", "Tokens before", "Tokens after", "Freed", "Items"].forEach((h) => head.appendChild(el("th", null, h)));
+      table.appendChild(head);
+      for (const step of data.steps) {
+        const tr = el("tr");
+        [step.rung, step.tokens_before, step.tokens_after, step.freed, step.items].forEach((v) => tr.appendChild(el("td", null, v ?? "")));
+        table.appendChild(tr);
+      }
+      note.appendChild(table);
+    } else if (command.command === "rewind" && data.digest) {
+      const d = data.digest;
+      note.appendChild(el("p", "muted", `Explored ${d.messages} message(s), ${d.tool_errors} tool error(s); tried: ${(d.tried || []).join(" · ") || "—"}`));
+    }
+    return note;
+  }
+
+  function commandDone(command) {
+    const name = command.command;
+    if (name === "tree" || name === "context") { window.location = `/conversations/${conversationId}/${name}/`; return; }
+    if (name === "fork") {
+      sessionStorage.setItem("cc-command-note", JSON.stringify(command));
+      window.location = `/conversations/${command.data.conversation}/`;
+      return;
+    }
+    if (name === "branch" || name === "rewind") {
+      // The path changed: reload it from the server, and say what happened after the reload.
+      sessionStorage.setItem("cc-command-note", JSON.stringify(command));
+      window.location.reload();
+      return;
+    }
+    messages.appendChild(commandNote(command));
+    statusLine.textContent = command.detail;
+  }
+
+  const pendingNote = sessionStorage.getItem("cc-command-note");
+  if (pendingNote) {
+    sessionStorage.removeItem("cc-command-note");
+    try {
+      const command = JSON.parse(pendingNote);
+      messages.appendChild(commandNote(command));
+      statusLine.textContent = command.detail;
+    } catch { /* a stale or foreign note: ignore it */ }
+  }
+
   async function send() {
     const text = input.value;
     if (!text.trim()) { statusLine.textContent = "Write a message first."; return; }
@@ -311,9 +364,8 @@
     if (body.command) {
       // A slash command ran its service and started no run (CH-10).
       input.value = "";
-      statusLine.textContent = body.command.detail;
-      if (body.command.command === "fork") window.location = `/conversations/${body.command.data.conversation}/`;
-      else if (["branch", "rewind"].includes(body.command.command)) window.location.reload();
+      closeMenu();
+      commandDone(body.command);
       return;
     }
     const article = el("article", "message user");

@@ -18,6 +18,28 @@
   }
   function link(href, text) { return el("a", text, { href }); }
 
+  function code(text) { return el("code", text); }
+  // Rebuild a table body from rows; numbers are right-aligned like the server's render.
+  function fillTable(id, rows, empty, cells, numFrom) {
+    const body = document.querySelector(`#${id} tbody`);
+    const width = document.querySelectorAll(`#${id} thead th`).length;
+    body.replaceChildren();
+    for (const row of rows) {
+      const tr = el("tr");
+      for (const [i, value] of cells(row).entries()) {
+        const td = el("td", typeof value === "object" ? null : String(value), numFrom !== undefined && i >= numFrom ? { class: "num" } : {});
+        if (typeof value === "object") td.appendChild(value);
+        tr.appendChild(td);
+      }
+      body.appendChild(tr);
+    }
+    if (!rows.length) {
+      const tr = el("tr");
+      tr.appendChild(el("td", empty, { colspan: String(width), class: "muted" }));
+      body.appendChild(tr);
+    }
+  }
+
   function chart(id, config) {
     if (typeof Chart === "undefined") return; // the figures and tables still show
     if (charts[id]) {
@@ -80,6 +102,17 @@
       tr.appendChild(el("td", "No usage recorded yet.", { colspan: "7", class: "muted" }));
       byDay.appendChild(tr);
     }
+
+    document.getElementById("saved-cache").textContent = tokens(snapshot.savings.cache.saved_tokens);
+    document.getElementById("saved-deferral").textContent = tokens(snapshot.savings.deferral.saved_tokens);
+    document.getElementById("saved-deferral-note").textContent =
+      `${tokens(snapshot.savings.deferral.withheld_per_request)} withheld schema tokens × ${tokens(snapshot.savings.deferral.requests)} requests`;
+    fillTable("top-activations", snapshot.top_activations, "No deferred tool was loaded.",
+      (row) => [code(row.tool_name), row.activations, row.runs, row.direct, row.search], 1);
+    fillTable("retrieval-misses", snapshot.retrieval_misses, "No misses.",
+      (row) => [row.query, link(`/runs/${row.run_id}/`, `#${row.run_id}`)]);
+    fillTable("compactions", snapshot.compactions, "No compactions.",
+      (row) => [row.rung, row.passes, tokens(row.before), tokens(row.after), tokens(row.freed)], 1);
 
     const ratioScale = { min: 0, max: 1, ticks: { callback: (v) => `${Math.round(v * 100)}%` } };
     chart("chart-ratio-time", {

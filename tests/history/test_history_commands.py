@@ -92,7 +92,8 @@ def test_every_command_dispatches_to_its_service(explored, settings):
     context = send("/context")
     names = [c["name"] for c in context.data["categories"]]
     assert names == [
-        "system", "resident_tools", "tool_index", "messages", "tool_results", "images", "snapshots", "free"
+        "system", "resident_tools", "tool_index", "messages", "tool_results", "scratchpad", "images", "snapshots",
+        "free",
     ]  # fmt: skip
     by_name = {c["name"]: c["tokens"] for c in context.data["categories"]}
     assert by_name["system"] > 0 and by_name["resident_tools"] > 0 and by_name["tool_results"] > 1000

@@ -1,0 +1,131 @@
+// Tree navigator: every change goes through the REST API, then the page reloads from the
+// server (the tree is the truth), keeping focus on the node that was acted on.
+(() => {
+  const root = document.getElementById("tree-page");
+  if (!root) return;
+  const conversationId = root.dataset.conversationId;
+  const statusLine = document.getElementById("tree-status");
+  const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
+  const nodes = [...document.querySelectorAll("#tree [role=treeitem]")];
+  const editForm = document.getElementById("edit-form");
+  const editText = document.getElementById("edit-text");
+  let editing = null;
+
+  async function api(path, body) {
+    const response = await fetch(`/api/conversations/${conversationId}/${path}`, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
+      body: JSON.stringify(body || {}),
+    });
+    const data = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error((data.error && data.error.message) || `Error ${response.status}`);
+    return data;
+  }
+  function fail(error) {
+    statusLine.textContent = error.message;
+    statusLine.setAttribute("role", "alert");
+  }
+  // A note survives the reload so the person sees what their action did.
+  function reloadWith(note, focusId) {
+    sessionStorage.setItem("cc-tree-note", note);
+    location.hash = focusId ? `m-${focusId}` : "";
+    location.reload();
+  }
+
+  function focusNode(node) {
+    nodes.forEach((n) => { n.tabIndex = -1; });
+    node.tabIndex = 0;
+    node.focus();
+  }
+
+  async function branch(node) {
+    const id = Number(node.dataset.messageId);
+    if (!node.dataset.branchable) {
+      statusLine.textContent = `#${id} stops on a tool call; choose its result or the turn's answer.`;
+      return;
+    }
+    statusLine.textContent = `Moving the tip to #${id}…`;
+    try {
+      await api("branch/", { message: id });
+      reloadWith(`The tip is now #${id}.`, id);
+    } catch (error) { fail(error); }
+  }
+
+  function startEdit(node) {
+    if (!node.dataset.editable) return;
+    editing = node;
+    editText.value = node.querySelector("template.edit-text").content.textContent;
+    node.after(editForm);
+    editForm.hidden = false;
+    editText.focus();
+  }
+  function stopEdit() {
+    editForm.hidden = true;
+    if (editing) focusNode(editing);
+    editing = null;
+  }
+
+  nodes.forEach((node) => {
+    node.addEventListener("click", (event) => {
+      if (event.target.closest("button.edit")) { startEdit(node); return; }
+      if (event.target.closest("a")) return;
+      focusNode(node);
+      branch(node);
+    });
+    node.addEventListener("keydown", (event) => {
+      const index = nodes.indexOf(node);
+      if (event.key === "ArrowDown" && index < nodes.length - 1) { event.preventDefault(); focusNode(nodes[index + 1]); }
+      else if (event.key === "ArrowUp" && index > 0) { event.preventDefault(); focusNode(nodes[index - 1]); }
+      else if (event.key === "Home") { event.preventDefault(); focusNode(nodes[0]); }
+      else if (event.key === "End") { event.preventDefault(); focusNode(nodes[nodes.length - 1]); }
+      else if (event.key === "Enter" || event.key === " ") { event.preventDefault(); branch(node); }
+      else if (event.key === "e" || event.key === "E") { event.preventDefault(); startEdit(node); }
+    });
+  });
+
+  editForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!editing) return;
+    statusLine.textContent = "Re-running the edited prompt…";
+    try {
+      await api(`messages/${editing.dataset.messageId}/edit/`, { text: editText.value });
+      location.href = `/conversations/${conversationId}/`; // the new run streams there
+    } catch (error) { fail(error); }
+  });
+  document.getElementById("edit-cancel").addEventListener("click", stopEdit);
+  editForm.addEventListener("keydown", (event) => { if (event.key === "Escape") { event.preventDefault(); stopEdit(); } });
+
+  document.getElementById("fork").addEventListener("click", async () => {
+    statusLine.textContent = "Forking…";
+    try {
+      const fork = await api("fork/", {});
+      location.href = `/conversations/${fork.id}/`;
+    } catch (error) { fail(error); }
+  });
+
+  document.getElementById("checkpoint-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const label = document.getElementById("checkpoint-label").value.trim();
+    try {
+      const checkpoint = await api("checkpoints/", { label });
+      reloadWith(`Checkpoint ${checkpoint.label} at #${checkpoint.message}.`, checkpoint.message);
+    } catch (error) { fail(error); }
+  });
+
+  document.querySelectorAll("button.rewind").forEach((button) => {
+    button.addEventListener("click", async () => {
+      try {
+        const record = await api("rewind/", { label: button.dataset.label });
+        const digest = record.digest || {};
+        reloadWith(`Rewound to ${record.label}; ${digest.messages || 0} explored message(s) kept as a branch and a digest.`, record.target);
+      } catch (error) { fail(error); }
+    });
+  });
+
+  const note = sessionStorage.getItem("cc-tree-note");
+  if (note) { statusLine.textContent = note; sessionStorage.removeItem("cc-tree-note"); }
+  const target = location.hash && document.getElementById(location.hash.slice(1));
+  const start = target || nodes.find((n) => n.tabIndex === 0);
+  if (start) { focusNode(start); start.scrollIntoView({ block: "center" }); }
+})();
