@@ -19,6 +19,7 @@ from agents.providers.registry import get_provider
 from agents.runtime.loop import TurnCancelled, TurnOutcome, run_turn
 from agents.runtime.pruning import prune_stale_tool_output
 from agents.runtime.request import text_block
+from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.selectors import path_to
@@ -124,7 +125,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
         publisher.publish(event_type, payload)
         if not first_event_seen:
             first_event_seen = True
-            Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now())
+            reconnecting(lambda: Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now()))
 
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
     stored = [{"role": message.role, "content": message.content} for message in path_to(run.trigger)]
@@ -152,21 +153,26 @@ def run_execute(*, run_id: int, worker: str) -> None:
             is_cancelled=_cancel_checker(run.pk),
         )
     except TurnCancelled:
-        _finish(run, Run.Status.CANCELLED, "")
-        publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+        if _finish(run, Run.Status.CANCELLED, ""):
+            publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
         return
     except ProviderError as exc:
         error = f"{type(exc).__name__}: {exc}"
-        _finish(run, Run.Status.FAILED, error)
-        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        if _finish(run, Run.Status.FAILED, error):
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except Exception as exc:
         logger.exception("run %s failed", run.pk)
         error = f"internal error: {type(exc).__name__}: {exc}"
-        _finish(run, Run.Status.FAILED, error)
-        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        if _finish(run, Run.Status.FAILED, error):
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
-    reply = _persist_turn(run, outcome, catalog)
+    reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
+    if reply is None:
+        # Failed meanwhile (its worker was taken for dead) or cancelled: the turn is dropped,
+        # so a retry that may already be running is the only answer stored (no duplicates).
+        logger.warning("run %s ended while its turn ran; the turn was not stored", run.pk)
+        return
     publisher.publish(
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
@@ -174,7 +180,10 @@ def run_execute(*, run_id: int, worker: str) -> None:
 
 
 @transaction.atomic
-def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message:
+def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message | None:
+    # Only a run that is still running may store its turn, decided under the row lock.
+    if not list(Run.objects.select_for_update().filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")):
+        return None
     parent = run.trigger
     for message in outcome.messages:
         parent = Message.objects.create(
@@ -205,8 +214,16 @@ def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Me
     return parent
 
 
-def _finish(run: Run, status: str, error: str) -> None:
-    Run.objects.filter(pk=run.pk).update(status=status, error=error, finished_at=timezone.now())
+def _finish(run: Run, status: str, error: str) -> bool:
+    # Conditional: a run the reaper already failed keeps the reaper's verdict (and its one run_finished).
+    return (
+        reconnecting(
+            lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+                status=status, error=error, finished_at=timezone.now()
+            )
+        )
+        == 1
+    )
 
 
 def _cancel_checker(run_id: int):
@@ -218,6 +235,6 @@ def _cancel_checker(run_id: int):
         if now - last_check < _CANCEL_POLL_SECONDS:
             return False
         last_check = now
-        return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
+        return reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists())
 
     return is_cancelled

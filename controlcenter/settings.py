@@ -195,6 +195,8 @@ SPECTACULAR_SETTINGS = {
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
     CELERY_BROKER_URL = REDIS_URL
+    # Reliability: a Redis restart must not take the worker down (see controlcenter/broker.py).
+    CELERY_BROKER_TRANSPORT = "controlcenter.broker:Transport"
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
