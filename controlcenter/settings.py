@@ -67,6 +67,20 @@ if _database is None:
     }
 else:
     DATABASES = {"default": _database.as_django()}
+    # Reliability: under ASGI every request runs in a thread of its own, so persistent
+    # connections pile up (one per request thread) until PostgreSQL refuses new clients
+    # ("too many clients": found by bench/load.py with 20 API clients). The web server
+    # (`controlcenter serve`) therefore borrows from a bounded pool; a burst waits for a
+    # connection instead of failing. Workers keep one persistent connection per thread.
+    CC_DB_POOL_MAX = env_int("CC_DB_POOL_MAX", 0, minimum=0)
+    if CC_DB_POOL_MAX and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # CONN_HEALTH_CHECKS (kept on) makes the pool check a connection before lending it.
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": CC_DB_POOL_MAX,
+            "timeout": 60,
+        }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
