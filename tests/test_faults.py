@@ -46,6 +46,10 @@ def finished(run_id: int, timeout: float = 45) -> Run:
 
 @pytest.fixture
 def stack(tmp_path):
+    from django.conf import settings
+
+    if settings.CC_MODE != "services":
+        pytest.fail("fault tests need DATABASE_URL and REDIS_URL (the README's test command sets them)")
     started = Stack(connection.settings_dict["NAME"], tmp_path)
     yield started
     started.stop()
