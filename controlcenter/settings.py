@@ -207,7 +207,15 @@ SPECTACULAR_SETTINGS = {
 
 # --- channels and celery --------------------------------------------------------
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    # capacity: channels_redis silently drops the oldest buffered message of a consumer that is
+    # more than `capacity` behind (default 100); a long run streams far more events than that to
+    # a slow viewer, who would lose them until a reconnect. 1000 leaves room for seconds of lag.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000},
+        }
+    }
     CELERY_BROKER_URL = REDIS_URL
     # Reliability: a Redis restart must not take the worker down (see controlcenter/broker.py).
     CELERY_BROKER_TRANSPORT = "controlcenter.broker:Transport"
