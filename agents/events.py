@@ -17,6 +17,7 @@ from channels.layers import get_channel_layer
 from django.db.models import Max
 
 from agents.models import Run, RunEvent
+from controlcenter.db import reconnecting
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,8 @@ class RunEventPublisher:
 
     def _send(self, event_type: str, payload: dict[str, Any]) -> None:
         self.seq += 1
-        RunEvent.objects.create(run=self.run, seq=self.seq, type=event_type, payload=payload)
+        # Every event is written, so this is where a dropped database connection shows first.
+        reconnecting(lambda: RunEvent.objects.create(run=self.run, seq=self.seq, type=event_type, payload=payload))
         event = {"run_id": self.run.pk, "seq": self.seq, "type": event_type, "payload": payload}
         try:
             broadcast(

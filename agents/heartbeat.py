@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import threading
 
 import redis
 from django.conf import settings
+from django.db import DatabaseError, connection
+
+logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "cc:worker:"
+# When the registry of live workers began (Redis server time). A Redis restart loses every
+# worker's key at once; until each live worker has had a full TTL to beat again, "no key"
+# does not mean "dead", so nobody reaps before this is one TTL old.
+EPOCH_KEY = "cc:workers:epoch"
 
 
 def interval_seconds() -> float:
@@ -30,11 +37,24 @@ def beat_forever(hostname: str, stop: threading.Event) -> None:
 
     client = _client()
     while not stop.is_set():
-        # Redis being down is what /healthz reports; keep trying.
-        with contextlib.suppress(redis.RedisError):
-            client.set(KEY_PREFIX + hostname, "1", px=int(ttl_seconds() * 1000))
-            runs_reap_orphans(live=live_workers())
+        try:
+            if beat(client, hostname):
+                runs_reap_orphans(live=live_workers())
+        except redis.RedisError:
+            pass  # Redis being down is what /healthz reports; keep trying.
+        except DatabaseError:
+            # A dropped connection must not end the heartbeat (the worker would look dead).
+            logger.warning("heartbeat: database error; reconnecting on the next beat", exc_info=True)
+            connection.close()
         stop.wait(interval_seconds())
+
+
+def beat(client: redis.Redis, hostname: str) -> bool:
+    """Refresh this worker's key; True when the live set is complete enough to reap by."""
+    client.set(KEY_PREFIX + hostname, "1", px=int(ttl_seconds() * 1000))
+    now = float(client.time()[0])
+    client.set(EPOCH_KEY, now, nx=True)
+    return now - float(client.get(EPOCH_KEY) or now) >= ttl_seconds()
 
 
 def start_heartbeat(hostname: str) -> threading.Event:

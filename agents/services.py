@@ -19,10 +19,11 @@ from agents.providers.base import PromptTooLong, ProviderError
 from agents.providers.registry import get_provider
 from agents.runtime.actions import ActionLimits, ApprovalNeeded
 from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, run_turn
-from agents.runtime.pruning import prune_stale_tool_output
+from agents.runtime.pruning import PruneResult, prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
 from agents.subagents import SpawningToolBox
+from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from scratchpad import services as scratchpad_services
@@ -128,15 +129,15 @@ def run_execute(*, run_id: int, worker: str) -> None:
         publisher.publish(event_type, payload)
         if not first_event_seen:
             first_event_seen = True
-            Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now())
+            reconnecting(lambda: Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now()))
 
     emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
     history: list[dict[str, Any]] = []
     try:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()
-        catalog, toolbox = _run_toolboxes(run)
-        system = [text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()]
+        catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id)
+        system = turn_system(catalog)
         history = _turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
         outcome = run_turn(
             provider=get_provider(run.provider),
@@ -154,30 +155,35 @@ def run_execute(*, run_id: int, worker: str) -> None:
         except Exception as exc:
             logger.exception("run %s could not pause for approval", run.pk)
             error = f"internal error while pausing for approval: {type(exc).__name__}: {exc}"
-            _finish(run, Run.Status.FAILED, error)
-            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+            if _finish(run, Run.Status.FAILED, error):
+                publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except TurnCancelled:
-        _finish(run, Run.Status.CANCELLED, "")
-        publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+        if _finish(run, Run.Status.CANCELLED, ""):
+            publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
         return
     except PromptTooLong as exc:
         error = _too_long_message(run, history, exc)
-        _finish(run, Run.Status.FAILED, error)
-        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        if _finish(run, Run.Status.FAILED, error):
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except ProviderError as exc:
         error = f"{type(exc).__name__}: {exc}"
-        _finish(run, Run.Status.FAILED, error)
-        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        if _finish(run, Run.Status.FAILED, error):
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
     except Exception as exc:
         logger.exception("run %s failed", run.pk)
         error = f"internal error: {type(exc).__name__}: {exc}"
-        _finish(run, Run.Status.FAILED, error)
-        publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        if _finish(run, Run.Status.FAILED, error):
+            publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
-    reply = _persist_turn(run, outcome, catalog)
+    reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
+    if reply is None:
+        # Failed meanwhile (its worker was taken for dead) or cancelled: the turn is dropped,
+        # so a retry that may already be running is the only answer stored (no duplicates).
+        logger.warning("run %s ended while its turn ran; the turn was not stored", run.pk)
+        return
     publisher.publish(
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
@@ -186,7 +192,10 @@ def run_execute(*, run_id: int, worker: str) -> None:
 
 
 @transaction.atomic
-def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message:
+def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message | None:
+    # Only a run that is still running may store its turn, decided under the row lock.
+    if not list(Run.objects.select_for_update().filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")):
+        return None
     parent = run.trigger
     for message in outcome.messages:
         parent = Message.objects.create(
@@ -207,7 +216,22 @@ def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Me
 # --- runtime options: approvals, limits, parallel tools, prompt too long (RN-4) -------
 
 
-def _run_toolboxes(run: Run) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
+# --- what a turn sends: one code path for runs and the Context view (TD-15) ----------
+
+
+def turn_system(catalog: CatalogToolBox) -> list[dict[str, Any]]:
+    """The system blocks: the prompt, then the deferred-name index (TD-2)."""
+    return [text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()]
+
+
+def turn_pruned(messages: list[dict[str, Any]]) -> PruneResult:
+    """Stale tool output pruned in rare deep rewrites; between them requests only append (TD-12)."""
+    return prune_stale_tool_output(
+        messages, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
+    )
+
+
+def turn_toolboxes(*, run_id: int, conversation_id: int) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """The run's catalog toolbox, and the stack the loop talks to, outermost first:
 
     approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
@@ -215,13 +239,13 @@ def _run_toolboxes(run: Run) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
     """
     catalog = run_toolbox(
-        workspace=workspace_root(run.conversation_id),
-        conversation_id=run.conversation_id,
+        workspace=workspace_root(conversation_id),
+        conversation_id=conversation_id,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
     )
-    spawning = SpawningToolBox(catalog, run_id=run.pk)
-    scratchpad = turn_toolbox(inner=spawning, run_id=run.pk, conversation_id=run.conversation_id)
+    spawning = SpawningToolBox(catalog, run_id=run_id)
+    scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
     return catalog, approvals.GatedToolBox(scratchpad)
 
 
@@ -232,10 +256,7 @@ def _turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[s
     context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens)
     if context.compaction is not None:
         emit("compaction", _compaction_event(context.compaction))
-    # TD-12: stale tool output goes in rare deep rewrites; between them requests only append.
-    pruning = prune_stale_tool_output(
-        context.messages, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
-    )
+    pruning = turn_pruned(context.messages)
     if pruning.rewrote_now:
         emit("context_pruned", {"results_pruned": pruning.results_pruned, "tokens_freed": pruning.tokens_freed})
     return pruning.messages
@@ -290,8 +311,16 @@ def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLon
     )
 
 
-def _finish(run: Run, status: str, error: str) -> None:
-    Run.objects.filter(pk=run.pk).update(status=status, error=error, finished_at=timezone.now())
+def _finish(run: Run, status: str, error: str) -> bool:
+    # Conditional: a run the reaper already failed keeps the reaper's verdict (and its one run_finished).
+    return (
+        reconnecting(
+            lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+                status=status, error=error, finished_at=timezone.now()
+            )
+        )
+        == 1
+    )
 
 
 def _cancel_checker(run_id: int):
@@ -303,6 +332,6 @@ def _cancel_checker(run_id: int):
         if now - last_check < _CANCEL_POLL_SECONDS:
             return False
         last_check = now
-        return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
+        return reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists())
 
     return is_cancelled

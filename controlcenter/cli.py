@@ -23,6 +23,9 @@ def _apply_common(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    # A bounded database pool for the web process (see CC_DB_POOL_MAX in settings).
+    os.environ.setdefault("CC_DB_POOL_MAX", "20")
+
     uvicorn.run(
         "controlcenter.asgi:application",
         host=args.host,

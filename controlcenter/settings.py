@@ -67,6 +67,20 @@ if _database is None:
     }
 else:
     DATABASES = {"default": _database.as_django()}
+    # Reliability: under ASGI every request runs in a thread of its own, so persistent
+    # connections pile up (one per request thread) until PostgreSQL refuses new clients
+    # ("too many clients": found by bench/load.py with 20 API clients). The web server
+    # (`controlcenter serve`) therefore borrows from a bounded pool; a burst waits for a
+    # connection instead of failing. Workers keep one persistent connection per thread.
+    CC_DB_POOL_MAX = env_int("CC_DB_POOL_MAX", 0, minimum=0)
+    if CC_DB_POOL_MAX and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # CONN_HEALTH_CHECKS (kept on) makes the pool check a connection before lending it.
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": CC_DB_POOL_MAX,
+            "timeout": 60,
+        }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -199,8 +213,18 @@ SPECTACULAR_SETTINGS = {
 
 # --- channels and celery --------------------------------------------------------
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [REDIS_URL]}}}
+    # capacity: channels_redis silently drops the oldest buffered message of a consumer that is
+    # more than `capacity` behind (default 100); a long run streams far more events than that to
+    # a slow viewer, who would lose them until a reconnect. 1000 leaves room for seconds of lag.
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000},
+        }
+    }
     CELERY_BROKER_URL = REDIS_URL
+    # Reliability: a Redis restart must not take the worker down (see controlcenter/broker.py).
+    CELERY_BROKER_TRANSPORT = "controlcenter.broker:Transport"
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://"

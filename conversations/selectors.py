@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -51,6 +50,25 @@ def path_to(message: Message | None) -> list[Message]:
 
 def current_path(conversation: Conversation) -> list[Message]:
     return path_to(conversation.tip)
+
+
+def history_view(*, tip: Message | None) -> list[dict[str, Any]]:
+    """What a request sends for the path to `tip`: the latest compaction view on it, then the messages after.
+
+    Without a compaction this is the path itself. A view is reused until the next pass,
+    so the requests of later turns start with the same bytes (CH-2, TD-11).
+    """
+    path = path_to(tip)
+    on_path = {message.pk: index for index, message in enumerate(path)}
+    latest = (
+        Compaction.objects.filter(conversation_id=tip.conversation_id, tip_id__in=on_path, view__isnull=False)
+        .order_by("-id")
+        .first()
+        if tip is not None
+        else None
+    )
+    later = path[on_path[latest.tip_id] + 1 :] if latest else path
+    return [*(latest.view if latest else []), *({"role": m.role, "content": m.content} for m in later)]
 
 
 def message_in_conversation(*, conversation: Conversation, message_id: int) -> Message:
@@ -154,26 +172,19 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     scratchpad entries are the ones `scratchpad_read` would be offered for.
     """
     # Imported here: agents.services and toolcatalog.selectors import this module.
-    from agents.runtime.pruning import prune_stale_tool_output
-    from agents.runtime.request import ModelRequestSpec, text_block
-    from agents.services import SYSTEM_PROMPT
+    from agents.runtime.request import ModelRequestSpec
+    from agents.services import turn_pruned, turn_system, turn_toolboxes
     from scratchpad.selectors import entries_visible_to_turn
-    from scratchpad.store import turn_toolbox
     from toolcatalog.selectors import surface_context
-    from toolcatalog.toolbox import run_toolbox
 
     latest_run = Run.objects.filter(conversation=conversation).order_by("-id").first()
-    # Schemas never touch the workspace, so the directory is not created for a read.
-    catalog = run_toolbox(workspace=Path(settings.CC_WORKSPACE_ROOT), conversation_id=conversation.pk)
     turn_id = latest_run.pk if latest_run else 0
-    toolbox = turn_toolbox(inner=catalog, run_id=turn_id, conversation_id=conversation.pk)
-    stored = [{"role": m.role, "content": m.content} for m in current_path(conversation)]
-    pruning = prune_stale_tool_output(
-        stored, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
-    )
+    # The very functions run_execute builds its requests with (TD-15).
+    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk)
+    pruning = turn_pruned(history_view(tip=conversation.tip))
     request = ModelRequestSpec(
         model=latest_run.model if latest_run else settings.CC_MODEL,
-        system=[text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()],
+        system=turn_system(catalog),
         tools=toolbox.schemas(),
         messages=pruning.messages,
     )

@@ -308,15 +308,7 @@ def turn_context(*, trigger: Message, overhead_tokens: int) -> TurnContext:
     with the rungs that need no model call. Its view is stored and reused by later turns,
     so a pass is one rewrite, not a different prefix at every turn.
     """
-    path = selectors.path_to(trigger)
-    on_path = {message.pk: index for index, message in enumerate(path)}
-    latest = (
-        Compaction.objects.filter(conversation_id=trigger.conversation_id, tip_id__in=on_path, view__isnull=False)
-        .order_by("-id")
-        .first()
-    )
-    later = path[on_path[latest.tip_id] + 1 :] if latest else path
-    history = [*(latest.view if latest else []), *_sendable([selectors.as_plain(m) for m in later])]
+    history = selectors.history_view(tip=trigger)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
         return TurnContext(history, None)

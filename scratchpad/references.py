@@ -94,4 +94,11 @@ def _as_text(value: Any, reference: str) -> str:
         raise UnresolvableReference(
             f"{reference} is binary content; it can only be passed as a whole argument, not inside text."
         )
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (TypeError, ValueError):
+        # Found by tests/test_fuzz_inputs.py: an observation holding binary content deeper
+        # down (a rebuilt offloaded result) cannot become text; say so instead of crashing.
+        raise UnresolvableReference(
+            f"{reference} holds binary content; pass the binary field itself as a whole argument."
+        ) from None

@@ -121,8 +121,9 @@ def test_composed_context_counts_every_category_from_the_run_code_path(alice, br
     tools = surface_context(surface)
     assert view["tools"] == tools  # the catalog's own figures, not a second estimate
     assert by_name["tool_index"] == tools["index"]["tokens"] > 0
-    # The request's tool block is the resident set plus scratchpad_read while the turn has live entries (SP-7).
-    assert view["extra_tools"] == ["scratchpad_read"]
+    # The request's tool block is the resident set, the run's spawn_agents (TD-14) and
+    # scratchpad_read while the turn has live entries (SP-7): the stack a run uses.
+    assert view["extra_tools"] == ["spawn_agents", "scratchpad_read"]
     assert by_name["resident_tools"] > tools["resident_tokens"] > 0
     assert by_name["scratchpad"] > 0 and by_name["tool_results"] > 0  # the stub is not counted as a tool result
     assert by_name["scratchpad"] < 1000  # the summary, not the 25 KB it stands for

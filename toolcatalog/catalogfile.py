@@ -73,7 +73,7 @@ def parse_catalog(text: str) -> ParsedCatalog:
     if data.get("version") != FORMAT_VERSION:
         parsed.errors.append(f"line {top}: 'version' must be {FORMAT_VERSION}, not {data.get('version')!r}.")
     groups = data.get("groups")
-    if not isinstance(groups, list) or not all(isinstance(g, str) and g.strip() for g in groups):
+    if not isinstance(groups, list) or not all(isinstance(g, str) and g.strip() and "\x00" not in g for g in groups):
         parsed.errors.append(f"line {top}: 'groups' must be a list of headings.")
         groups = []
     elif len(set(groups)) != len(groups):
@@ -103,6 +103,10 @@ def parse_catalog(text: str) -> ParsedCatalog:
 
 def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
     problems = []
+    if _has_nul(tool):
+        # Found by tests/test_fuzz_inputs.py: PostgreSQL text and jsonb cannot store U+0000,
+        # so such a file failed half-way in the database instead of being refused up front.
+        problems.append("a value contains the NUL character (\\u0000), which cannot be stored.")
     if unknown := sorted(set(tool) - _TOOL_KEYS):
         problems.append(f"unknown keys {', '.join(unknown)}.")
     if problem := name_problem(tool.get("name")):
@@ -125,6 +129,16 @@ def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
     if "side_effects" in tool and not isinstance(tool["side_effects"], str):
         problems.append("'side_effects' must be a string.")
     return problems
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    return False
 
 
 def _plain(value: Any) -> Any:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -64,9 +65,12 @@ class _Handler(BaseHTTPRequestHandler):
             response.start()
             self._json(200, response.message())
             return
+        time.sleep(self.server.first_token_seconds)
         self._start_stream()
         try:
             for event, data in response.sse_events():
+                if event == "content_block_delta":
+                    time.sleep(self.server.delta_seconds)
                 self._chunk(f"event: {event}\ndata: {json.dumps(data)}\n\n")
         except StreamCut:
             self._cut()
@@ -128,18 +132,38 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    # Many concurrent streams in benchmarks: a deeper accept queue than the default 5.
+    request_queue_size = 512
+
     def __init__(self, address: tuple[str, int], emulator: Emulator, verbose: bool) -> None:
         super().__init__(address, _Handler)
         self.emulator = emulator
         self.verbose = verbose
+        self.first_token_seconds = 0.0
+        self.delta_seconds = 0.0
 
 
 class EmulatorServer:
-    """Serve an emulator on 127.0.0.1; `port=0` picks a free port."""
+    """Serve an emulator on 127.0.0.1; `port=0` picks a free port.
 
-    def __init__(self, emulator: Emulator, *, host: str = "127.0.0.1", port: int = 0, verbose: bool = False) -> None:
+    `first_token_ms` and `delta_ms` add a real model's latencies to streamed Messages
+    responses (time to first token, then the gap before each text delta) for load tests.
+    """
+
+    def __init__(
+        self,
+        emulator: Emulator,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        verbose: bool = False,
+        first_token_ms: float = 0.0,
+        delta_ms: float = 0.0,
+    ) -> None:
         self.emulator = emulator
         self._server = _Server((host, port), emulator, verbose)
+        self._server.first_token_seconds = first_token_ms / 1000
+        self._server.delta_seconds = delta_ms / 1000
         self._thread: threading.Thread | None = None
 
     @property

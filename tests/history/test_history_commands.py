@@ -96,7 +96,9 @@ def test_every_command_dispatches_to_its_service(explored, settings):
         "free",
     ]  # fmt: skip
     by_name = {c["name"]: c["tokens"] for c in context.data["categories"]}
-    assert by_name["system"] > 0 and by_name["resident_tools"] > 0 and by_name["tool_results"] > 1000
+    assert by_name["system"] > 0 and by_name["resident_tools"] > 0
+    # The next request sends the /compact view, where the 2k-token read is elided (CH-2).
+    assert by_name["tool_results"] < 200, by_name
     assert context.data["used_tokens"] + by_name["free"] == context.data["window_tokens"]
 
     tree = send("/tree")

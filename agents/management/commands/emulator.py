@@ -20,10 +20,18 @@ class Command(BaseCommand):
             "--min-cache-tokens", type=int, default=None, help="Minimum cacheable prefix (default: per model)."
         )
         parser.add_argument("--verbose-requests", action="store_true", help="Log every request line.")
+        parser.add_argument("--first-token-ms", type=float, default=0.0, help="Latency before a stream starts.")
+        parser.add_argument("--delta-ms", type=float, default=0.0, help="Latency before each streamed text delta.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         emulator = Emulator(context_window=options["context_window"], min_cache_tokens=options["min_cache_tokens"])
-        server = EmulatorServer(emulator, port=options["port"], verbose=options["verbose_requests"])
+        server = EmulatorServer(
+            emulator,
+            port=options["port"],
+            verbose=options["verbose_requests"],
+            first_token_ms=options["first_token_ms"],
+            delta_ms=options["delta_ms"],
+        )
         self.stdout.write(
             f"emulator listening on {server.base_url} (ANTHROPIC_BASE_URL / OPENAI_BASE_URL={server.base_url}/v1)"
         )

@@ -1,0 +1,166 @@
+"""A private Control Center stack of real processes for fault tests and load benchmarks.
+
+Its own `redis-server` on a free loopback port (so restarting it never touches the
+machine's shared Redis), web servers (uvicorn) and Celery workers pointed at it, all
+sharing one PostgreSQL database. Every process gets its own `PGAPPNAME`, so a test can
+find exactly that process's database backends in `pg_stat_activity`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from controlcenter.processes import ROOT, WorkerProcess, services_env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway redis-server with no persistence: a restart loses everything, as a crash would."""
+
+    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log_dir = log_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.log_dir)],
+            stdout=(self.log_dir / f"redis-{self.port}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
+                conn.sendall(b"PING\r\n")
+                if conn.recv(16).startswith(b"+PONG"):
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        self.kill()
+        time.sleep(down_seconds)
+        self.start()
+
+
+class WebProcess:
+    """`controlcenter serve` (uvicorn, HTTP + websockets) on a fixed port, restartable on the same port."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> None:
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"web server exited early:\n{self.log_path.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{self.base_url}/healthz", timeout=1)
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"web server not up after {timeout}s:\n{self.log_path.read_text()}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return
+        self._log.close()
+
+
+class Stack:
+    """Private Redis + web servers + workers on one database; `stop()` ends every process it started."""
+
+    def __init__(self, database_name: str, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.redis = RedisServer(workdir)
+        self.env = services_env(database_name)
+        self.env.update(
+            REDIS_URL=self.redis.url,
+            SECRET_KEY="stack-secret-key-for-tests-only-0123456789abcdef",
+            CC_VAR_DIR=str(workdir / "var"),
+            CC_WORKSPACE_ROOT=str(workdir / "workspaces"),
+            CC_TOOL_AUTO_APPROVE="bash",
+            CC_WORKER_HEARTBEAT_SECONDS="1",
+            LOG_LEVEL="INFO",
+        )
+        self.env.update(extra_env or {})
+        self.webs: list[WebProcess] = []
+        self.workers: list[WorkerProcess] = []
+
+    def app_name(self, role: str, index: int) -> str:
+        return f"ccstack-{self.redis.port}-{role}-{index}"
+
+    def start_web(self) -> WebProcess:
+        env = {**self.env, "PGAPPNAME": self.app_name("web", len(self.webs))}
+        web = WebProcess(env, self.workdir / f"web-{len(self.webs)}.log")
+        self.webs.append(web)
+        return web
+
+    def start_worker(self, concurrency: int = 2) -> WorkerProcess:
+        index = len(self.workers)
+        env = {**self.env, "PGAPPNAME": self.app_name("worker", index)}
+        worker = WorkerProcess(
+            env, f"stack{index}-{self.redis.port}@%h", self.workdir / f"worker-{index}.log", concurrency
+        )
+        worker.wait_ready()
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for process in [*self.webs, *self.workers]:
+            with contextlib.suppress(Exception):
+                process.stop()
+        self.redis.kill()

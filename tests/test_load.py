@@ -1,0 +1,42 @@
+"""The load benchmark at a reduced size, run by the normal test command (bench/load.py for the full size).
+
+10 concurrent runs on 2 workers, 20 API clients for 8 s, 20 websocket clients watching one run: all runs
+complete with one intact reply each, no API request fails, every watcher receives every event (RN-1).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from bench.load import measure
+
+pytestmark = [
+    pytest.mark.load,
+    pytest.mark.integration,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(240),
+]
+
+
+@pytest.mark.req("RN-1")
+@pytest.mark.req("RN-3")
+def test_reduced_load_completes_every_run_fails_no_request_and_reaches_every_watcher(tmp_path):
+    figures = measure(
+        database_name=connection.settings_dict["NAME"],
+        workdir=tmp_path,
+        runs=10,
+        workers=2,
+        worker_concurrency=4,
+        clients=20,
+        duration=8,
+        watchers=20,
+        first_token_ms=100,
+        delta_ms=5,
+    )
+    runs, api, watch = figures["runs"], figures["api"], figures["watch"]
+    assert runs["succeeded"] == runs["intact_conversations"] == 10 and runs["lost"] == 0, runs
+    assert api["errors"] == 0 and api["requests"] > 100, api
+    assert api["runs_posted"] >= 20 and api["runs_lost"] == 0, api
+    assert watch["clients_with_every_event"] == 20 and watch["events_missing"] == 0, watch
+    assert watch["events_in_run"] > 10, watch
