@@ -41,7 +41,10 @@ def _serve(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from controlcenter.celery import app
 
-    argv = ["worker", "--loglevel=INFO", f"--concurrency={args.concurrency}"]
+    from django.conf import settings
+
+    # Consume the queue runs are sent to (CC_RUN_QUEUE), or a worker would idle beside them.
+    argv = ["worker", "--loglevel=INFO", f"--concurrency={args.concurrency}", f"--queues={settings.CC_RUN_QUEUE}"]
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     app.worker_main(argv)
