@@ -39,9 +39,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from controlcenter.celery import app
-
     from django.conf import settings
+
+    from controlcenter.celery import app
 
     # Consume the queue runs are sent to (CC_RUN_QUEUE), or a worker would idle beside them.
     argv = ["worker", "--loglevel=INFO", f"--concurrency={args.concurrency}", f"--queues={settings.CC_RUN_QUEUE}"]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,8 +27,31 @@ def services_env(database_name: str) -> dict[str, str]:
     return env
 
 
-class WorkerProcess:
-    """A real Celery worker (not eager), in its own process group so it can be killed whole."""
+class ProcessGroup:
+    """A child started in its own process group (`start_new_session`), so it can be killed whole."""
+
+    process: subprocess.Popen[bytes]
+    _log: Any
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return
+        self._log.close()
+
+
+class WorkerProcess(ProcessGroup):
+    """A real Celery worker (not eager)."""
 
     def __init__(
         self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2, queue: str | None = None
@@ -64,19 +88,3 @@ class WorkerProcess:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log_path.read_text()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        self._log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return
-        self._log.close()

@@ -9,9 +9,7 @@ find exactly that process's database backends in `pg_stat_activity`.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from controlcenter.processes import ROOT, WorkerProcess, services_env
+from controlcenter.processes import ROOT, ProcessGroup, WorkerProcess, services_env
 
 
 def free_port() -> int:
@@ -70,7 +68,7 @@ class RedisServer:
         self.start()
 
 
-class WebProcess:
+class WebProcess(ProcessGroup):
     """`controlcenter serve` (uvicorn, HTTP + websockets) on a fixed port, restartable on the same port."""
 
     def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
@@ -102,22 +100,6 @@ class WebProcess:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"web server not up after {timeout}s:\n{self.log_path.read_text()}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        self._log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return
-        self._log.close()
 
 
 class Stack:
