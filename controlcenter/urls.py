@@ -51,6 +51,8 @@ api_patterns = [
     path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view()),
     path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
     path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
+    path("api/groups/", toolcatalog_api.ToolGroupListApi.as_view(), name="api-groups"),
+    path("api/mcp-servers/", toolcatalog_api.McpServerListApi.as_view(), name="api-mcp-servers"),
     path("api/scratchpad/", include("scratchpad.urls")),
     # runtime: approvals and cache metrics (RN-4, RN-2)
     path("api/runs/<int:run_id>/approvals/", agents_api.RunApprovalsApi.as_view(), name="api-run-approvals"),

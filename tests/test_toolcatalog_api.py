@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.test import override_settings
@@ -181,3 +183,23 @@ def test_a_mode_cannot_deny_its_own_output_action_and_servers_need_an_address():
     with pytest.raises(ValidationError, match="cannot contain '__'"):
         McpServer(name="a__b", transport="http", url="http://x.example/").full_clean()
     assert not Mode.objects.exists() and not McpServer.objects.exists()
+
+
+@pytest.mark.req("RN-3")
+def test_groups_and_mcp_servers_are_listed_without_the_servers_command_lines(alice_api, catalog):
+    from toolcatalog.models import McpServer
+
+    McpServer.objects.create(name="weather", transport="stdio", command="weather-server --token s3cret")
+    groups = alice_api.get("/api/groups/").json()
+    headings = [group["heading"] for group in groups]
+    assert "Files and shell" in headings and "Tickets and projects" in headings
+    assert sum(group["tools"] for group in groups) == 126
+    servers = alice_api.get("/api/mcp-servers/").json()
+    assert servers == [{"id": servers[0]["id"], "name": "weather", "transport": "stdio", "enabled": True,
+                        "created_at": servers[0]["created_at"]}]  # fmt: skip
+    assert "s3cret" not in json.dumps(servers)
+
+
+def test_groups_and_mcp_servers_need_authentication(client):
+    assert client.get("/api/groups/").status_code in (401, 403)
+    assert client.get("/api/mcp-servers/").status_code in (401, 403)

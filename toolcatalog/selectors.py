@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
-from toolcatalog.models import Mode, Tool
+from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 from toolcatalog.surface import ModeSpec, Surface, ToolRecord, build_surface
 
 DEFAULT_MODE = "default"
@@ -113,3 +113,11 @@ def mcp_catalog_records(records: list[ToolRecord] | None = None) -> list[ToolRec
 
     records = catalog_records() if records is None else records
     return sorted((r for r in records if r.name not in DISCOVERY_TOOLS), key=lambda r: r.name)
+
+
+def groups_list() -> QuerySet[ToolGroup]:
+    return ToolGroup.objects.annotate(tool_count=Count("tools")).order_by("order", "heading")
+
+
+def mcp_servers_list() -> QuerySet[McpServer]:
+    return McpServer.objects.order_by("name")

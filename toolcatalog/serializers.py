@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from toolcatalog.models import Mode, Tool
+from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 
 
 class ToolSerializer(serializers.ModelSerializer):
@@ -33,3 +33,18 @@ class ModeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Mode
         fields = ["id", "name", "description", "allow", "deny", "output_action"]
+
+
+class ToolGroupSerializer(serializers.ModelSerializer):
+    tools = serializers.IntegerField(source="tool_count")
+
+    class Meta:
+        model = ToolGroup
+        fields = ["id", "heading", "order", "tools"]
+
+
+class McpServerSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = McpServer
+        # The command line and URL may carry credentials: operators read them in the admin.
+        fields = ["id", "name", "transport", "enabled", "created_at"]
