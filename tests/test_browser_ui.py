@@ -123,36 +123,36 @@ def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server, page):  # n
 
 
 @pytest.mark.req("RN-4")
-def test_approval_prompt_takes_focus_and_answers_enter_and_escape(embedded_server, page, tmp_path):  # noqa: F811
+def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(embedded_server, page):  # noqa: F811
     base, _ = embedded_server
-    seeded = _seed(
-        tmp_path,
-        "c = Conversation.objects.create(owner=admin, title='approvals')\n"
-        "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'go'}])\n"
-        "c.tip = m; c.save()\n"
-        "r = Run.objects.create(conversation=c, trigger=m, provider='offline', model='offline-1', status='running')\n"
-        "RunEvent.objects.create(run=r, seq=1, type='run_started', payload={'provider': 'offline', "
-        "'model': 'offline-1', 'worker': 'w'})\n"
-        "RunEvent.objects.create(run=r, seq=2, type='tool_call', payload={'step': 1, 'id': 'tu1', "
-        "'name': 'bash', 'input': {'command': 'rm -rf build'}})\n"
-        "RunEvent.objects.create(run=r, seq=3, type='approval_requested', payload={'approval_id': 41, "
-        "'tool_use_id': 'tu1', 'name': 'bash', 'input': {'command': 'rm -rf build'}})\n"
-        "print(json.dumps({'conversation': c.pk, 'run': r.pk}))\n",
-    )
     _sign_in(page, base)
-    page.goto(f"{base}/conversations/{seeded['conversation']}/")
-    prompt = page.locator(".approval[data-approval-id='41']")
-    expect(prompt).to_contain_text("rm -rf build")
+    _new_conversation(page, "approvals")
+
+    # The offline model asks for the shell, which requires a person's approval (RN-4).
+    page.fill("#composer-input", "please run `echo approved-by-keyboard`")
+    page.keyboard.press("Enter")
+    prompt = page.locator(".approval").last
+    expect(prompt).to_contain_text("echo approved-by-keyboard", timeout=15_000)
     expect(prompt).to_be_focused()  # a person at the keyboard answers without hunting for it
     _screenshot(page, "conversation-approval")
+    page.keyboard.press("Enter")
+    expect(prompt).to_have_attribute("data-decision", "approved")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("article.assistant[data-run-id]").last).to_contain_text(
+        "the command exited with 0: approved-by-keyboard"
+    )
 
-    with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/approvals/41/approve/")):
-        page.keyboard.press("Enter")
-    expect(prompt.locator(".feedback")).not_to_have_text("Approving…")
-    if prompt.get_attribute("data-decision") is None:  # the approvals backend refused: answer again
-        expect(prompt).to_be_focused()
-        with page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/api/approvals/41/deny/")):
-            page.keyboard.press("Escape")
+    page.fill("#composer-input", "please run `echo never-runs`")
+    page.keyboard.press("Enter")
+    prompt = page.locator(".approval").last
+    expect(prompt).to_contain_text("echo never-runs", timeout=15_000)
+    expect(prompt).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(prompt).to_have_attribute("data-decision", "denied")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    reply = page.locator("article.assistant[data-run-id]").last
+    expect(reply).to_contain_text("the tool failed")
+    expect(reply).not_to_contain_text("exited with 0: never-runs")
 
 
 @pytest.mark.req("RN-2")

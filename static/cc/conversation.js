@@ -175,45 +175,11 @@
       case "usage":
         statusLine.textContent = `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
         break;
-      case "approval_requested": {
-        // RN-4: the run waits for a person; the decision goes through the API like any client's.
-        const box = el("div", "approval");
-        box.dataset.approvalId = p.approval_id;
-        box.appendChild(toolDetails(`${p.name} needs your approval`, JSON.stringify(p.input, null, 2)));
-        const row = el("div", "row");
-        for (const [label, decision] of [["Approve", "approve"], ["Deny", "deny"]]) {
-          const button = el("button", decision === "deny" ? "secondary" : null, label);
-          button.type = "button";
-          button.addEventListener("click", () => decide(p.approval_id, decision, box));
-          row.appendChild(button);
-        }
-        box.appendChild(row);
-        state.article.appendChild(box);
-        statusLine.textContent = `Waiting for your approval of ${p.name}.`;
-        break;
-      }
-      case "approval_decided": {
-        const box = state.article.querySelector(`[data-approval-id="${p.approval_id}"]`);
-        if (box) { box.querySelector(".row")?.remove(); box.appendChild(el("p", "muted", `${p.decision}.`)); }
-        break;
-      }
       case "run_finished":
         statusLine.textContent = p.status === "succeeded" ? "Run finished." : `Run ${p.status}. ${p.error || ""}`;
         if (activeRun === event.run_id) { activeRun = null; cancelButton.hidden = true; }
         break;
     }
-  }
-
-  async function decide(approvalId, decision, box) {
-    const response = await fetch(`/api/approvals/${approvalId}/${decision}/`, {
-      method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf },
-    });
-    if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      statusLine.textContent = body.detail || `Error ${response.status}`;
-      return;
-    }
-    box.querySelector(".row")?.remove();
   }
 
   async function catchUp(runId) {
