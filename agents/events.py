@@ -118,6 +118,9 @@ class RunEventPublisher:
         except Exception:
             # The event is in the log; a live viewer catches up from there.
             logger.exception("could not broadcast event %s of run %s", self.seq, self.run.pk)
+        if event_type == "run_finished":
+            # However a run ends (succeeded, failed, cancelled, reaped), its owner's dashboards move.
+            publish_dashboard_update(user_id=self.run.conversation.owner_id)
 
 
 # --- the observability dashboard ------------------------------------------------------
@@ -130,7 +133,7 @@ def dashboard_group(user_id: int) -> str:
 def publish_dashboard_update(*, user_id: int) -> None:
     """Send the user's fresh dashboard figures to their open dashboards.
 
-    Called by the run service once a turn is persisted. The figures are computed here,
+    Sent after every run_finished event, once the run's outcome is stored. The figures are computed here,
     by the sender, so the consumer stays transport. A failure is logged and swallowed:
     the run is already committed, and a reload shows the same figures.
     """

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import approvals
-from agents.events import RunEventPublisher, publish_dashboard_update
+from agents.events import RunEventPublisher
 from agents.models import ModelRequest, Run
 from agents.providers.base import PromptTooLong, ProviderError
 from agents.providers.registry import get_provider
@@ -188,7 +188,6 @@ def run_execute(*, run_id: int, worker: str) -> None:
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
     )
-    publish_dashboard_update(user_id=run.conversation.owner_id)
 
 
 @transaction.atomic
