@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from agents.runtime.actions import result_text
 from agents.runtime.request import ModelRequestSpec
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
 from conversations.transcript import Msg, block_tokens, text_of, tool_result_ids
@@ -101,6 +102,8 @@ CATEGORY_LABELS = {
 def is_scratchpad_stub(block: dict[str, Any]) -> bool:
     """A tool result that is the synthetic observation of an offloaded one (SP-3)."""
     content = block.get("content")
+    if isinstance(content, list) and all(item.get("type") in ("text", "tool_reference") for item in content):
+        content = result_text(block)  # an offload that loaded scratchpad_read carries a tool_reference
     if not isinstance(content, str) or '"scratchpad_id"' not in content:
         return False
     try:

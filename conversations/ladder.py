@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.runtime.actions import result_text
 from conversations import snapshots
 from conversations.transcript import Msg, image_size, transcript_tokens, trim_for_resume
 
@@ -166,7 +167,15 @@ def _result_text(block: dict[str, Any]) -> str:
     content = block.get("content")
     if isinstance(content, str):
         return content
+    if isinstance(content, list) and all(item.get("type") in ("text", "tool_reference") for item in content):
+        return result_text(block)
     return json.dumps(content, sort_keys=True, ensure_ascii=False)
+
+
+def _references(block: dict[str, Any]) -> list[dict[str, Any]]:
+    # A tool the result loaded stays loaded once the output is elided (TD-11).
+    content = block.get("content")
+    return [item for item in content if item.get("type") == "tool_reference"] if isinstance(content, list) else []
 
 
 def _is_uneventful(block: dict[str, Any]) -> bool:
@@ -195,7 +204,9 @@ def _elide(middle: list[Msg], replaced: list[dict[str, Any]]) -> int:
             if len(stub) >= len(text):
                 continue
             # The tool_use_id stays, so the call keeps its result and the pairing holds.
-            message["content"][index] = {"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": stub}
+            references = _references(block)
+            content: str | list[dict[str, Any]] = [{"type": "text", "text": stub}, *references] if references else stub
+            message["content"][index] = {"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": content}
             replaced.append({"kind": "elided", "message": message.get("id"), "block": index, "chars": len(text)})
             count += 1
     return count

@@ -9,6 +9,7 @@ from typing import Any
 
 from agents.models import Run
 from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
+from agents.runtime.actions import result_text
 from agents.runtime.request import ModelRequestSpec
 from conversations.models import Conversation, Message
 from toolcatalog.builtins import WorkspaceToolBox
@@ -49,7 +50,9 @@ def say(text: str) -> list[dict[str, Any]]:
 
 def last_results(request: ModelRequestSpec) -> list[dict[str, Any]]:
     """The observations the model sees in the last tool_result message, parsed."""
-    return [json.loads(block["content"]) for block in request.messages[-1]["content"] if block["type"] == "tool_result"]
+    return [
+        json.loads(result_text(block)) for block in request.messages[-1]["content"] if block["type"] == "tool_result"
+    ]
 
 
 def _read_file(arguments: dict[str, Any], root: Path) -> dict[str, Any]:

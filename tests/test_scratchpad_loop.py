@@ -8,6 +8,7 @@ import pytest
 
 from agents import services as agent_services
 from agents.models import Run
+from agents.runtime.actions import result_text
 from agents.runtime.loop import run_turn
 from conversations.models import Message
 from scratchpad import services
@@ -177,7 +178,7 @@ def test_small_observation_goes_into_history_whole(alice, tmp_path):
     run = make_run(alice)
     provider = ScriptedProvider([[tool_use("t1", "read_file", path="small.txt")], say("done")])
     outcome, _ = _turn(provider, run, tmp_path)
-    result = json.loads(outcome.messages[1]["content"][0]["content"])
+    result = json.loads(result_text(outcome.messages[1]["content"][0]))
     assert result == {"ok": True, "path": "small.txt", "bytes": 10, "encoding": "utf-8", "content": "tiny file\n"}
     assert not Entry.objects.exists()
     assert "scratchpad_read" not in _tool_names(provider.requests[1])
@@ -190,7 +191,7 @@ def test_threshold_is_the_configured_setting(alice, tmp_path, settings):
     run = make_run(alice)
     provider = ScriptedProvider([[tool_use("t1", "read_file", path="medium.txt")], say("done")])
     outcome, _ = _turn(provider, run, tmp_path)
-    result = json.loads(outcome.messages[1]["content"][0]["content"])
+    result = json.loads(result_text(outcome.messages[1]["content"][0]))
     assert "scratchpad_id" in result
     entry = Entry.objects.get()
     assert services.full_observation(entry)["content"] == "z" * 300
@@ -265,7 +266,7 @@ def test_run_execute_collects_expired_entries_and_offloads_a_large_listing(alice
     entry = Entry.objects.get(turn_id=str(run.pk))
     assert entry.executor_name == "list_dir" and entry.conversation_id == run.conversation_id
     results = [
-        json.loads(block["content"])
+        json.loads(result_text(block))
         for message in Message.objects.filter(conversation=run.conversation, role="user")
         for block in message.content
         if block.get("type") == "tool_result"

@@ -81,7 +81,11 @@ def test_activated_schemas_are_appended_after_the_resident_block(tmp_path):
     _run(model, toolbox)
     first, second = (request.tools for request in model.requests)
     assert second[: len(first)] == first
-    assert [tool["name"] for tool in second[len(first) :]] == ["list_dir"]
+    # Deferred, outside the cached prefix; the call's own result loads it (TD-11).
+    assert second[len(first) :] == [{**toolbox.surface.admitted["list_dir"].definition(), "defer_loading": True}]
+    result = model.requests[1].messages[-1]["content"][0]
+    assert result["content"][1:] == [{"type": "tool_reference", "tool_name": "list_dir"}]
+    assert json.loads(result["content"][0]["text"])["ok"] is True
     assert model.requests[0].system == model.requests[1].system
 
 
@@ -175,7 +179,9 @@ def test_describe_tool_loads_schemas_and_names_what_is_missing(tmp_path):
     assert [tool["name"] for tool in result["tools"]] == ["git_log"]
     assert "nope" in result["error"]
     assert toolbox.activated == ["git_log"]
-    assert json.dumps(toolbox.schemas()[-1]) == json.dumps(result["tools"][0])
+    # Sent deferred, and loaded by a tool_reference in this result (TD-11).
+    assert toolbox.schemas()[-1] == {**result["tools"][0], "defer_loading": True}
+    assert result["_loads_tools"] == ["git_log"]
 
 
 @pytest.mark.req("TD-7")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
+from agents.runtime.actions import LOADS_TOOLS
 from toolcatalog.schemas import arguments_problem
 from toolcatalog.search import ToolIndex, no_match_message
 from toolcatalog.surface import Surface, ToolRecord
@@ -67,9 +68,17 @@ class CatalogToolBox:
     # -- what the model is offered ---------------------------------------------------------
 
     def schemas(self) -> list[dict[str, Any]]:
-        # TD-11: the resident block never changes during a run; activations go after it.
-        activated = [self.surface.admitted[name].definition() for name in self.activated]
+        # TD-11: the resident block never changes during a run. An activated schema is sent
+        # with `defer_loading`, outside the cached prefix; the tool result that activated it
+        # carries a tool_reference that loads it there (see `execute`).
+        activated = [{**self.surface.admitted[name].definition(), "defer_loading": True} for name in self.activated]
         return [*self.surface.resident_schemas(), *activated]
+
+    def restore_loaded(self, names: list[str]) -> None:
+        """Offer again the deferred tools earlier turns loaded (their references are in the history)."""
+        for name in names:
+            if name in self.surface.deferred_names and name not in self.activated:
+                self.activated.append(name)
 
     def resident_count(self) -> int:
         """How many leading schemas are the resident block: the tool-block cache breakpoint goes after them (TD-13)."""
@@ -98,8 +107,12 @@ class CatalogToolBox:
                 "error": f"There is no tool named {name!r} on this run's surface. Use search_tools to find "
                 "the right tool, or call one from the tool list or the name index.",
             }
-        # TD-5: a deferred name called directly is loaded here, in the same step.
-        self._activate(name, "direct")
+        # TD-5: a deferred name called directly is loaded here, in the same step; its result loads the schema.
+        if self._activate(name, "direct"):
+            return {**self._run(tool, name, arguments), LOADS_TOOLS: [name]}
+        return self._run(tool, name, arguments)
+
+    def _run(self, tool: ToolRecord, name: str, arguments: dict[str, Any]) -> Observation:
         if problem := arguments_problem(tool.input_schema, arguments):
             return {"ok": False, "error": f"Invalid arguments for {name}: {problem}", "input_schema": tool.input_schema}
         if tool.max_calls_per_run is not None and self.calls[name] >= tool.max_calls_per_run:
@@ -134,26 +147,30 @@ class CatalogToolBox:
         for match in matches:
             if self._activate(match.tool.name, "search", query):
                 loaded.append(match.tool.name)
-        return {
+        observation = {
             "ok": True,
             "query": query,
             "matches": [match.tool.definition() for match in matches],
             "loaded": loaded,
             "message": "These tools are loaded; call them directly.",
         }
+        return {**observation, LOADS_TOOLS: loaded} if loaded else observation
 
     def _describe_tool(self, arguments: dict[str, Any]) -> Observation:
-        found, unknown = [], []
+        found, unknown, loaded = [], [], []
         for name in arguments.get("names", []):
             tool = self.surface.get(name)
             if tool is None:
                 unknown.append(name)
                 continue
-            self._activate(name, "direct")
+            if self._activate(name, "direct"):
+                loaded.append(name)
             found.append(tool.definition())
         observation: Observation = {"ok": not unknown or bool(found), "tools": found}
         if unknown:
             observation["error"] = f"Not on this run's surface: {', '.join(unknown)}. Try search_tools."
+        if loaded:
+            observation[LOADS_TOOLS] = loaded
         return observation
 
     def _list_tool_groups(self, arguments: dict[str, Any]) -> Observation:

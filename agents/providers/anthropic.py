@@ -32,6 +32,8 @@ class AnthropicProvider:
     name = "anthropic"
     # A cut stream can be resumed by sending the text so far as an assistant prefill.
     supports_prefill = True
+    # `defer_loading` tools stay out of the cached prefix until a tool_reference loads them (TD-11).
+    defers_tool_loading = True
 
     def __init__(self, *, api_key: str, base_url: str | None = None, timeout: float = 600.0) -> None:
         self._client = anthropic.Anthropic(api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout)

@@ -103,6 +103,9 @@ class StreamInterrupted(ProviderError):
 
 @runtime_checkable
 class Provider(Protocol):
+    """`defers_tool_loading` (optional, False when absent): the API keeps `defer_loading` tools out of
+    the cached prefix until a `tool_reference` loads them; without it an activation is a cache miss."""
+
     name: str
 
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:

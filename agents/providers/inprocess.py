@@ -16,6 +16,7 @@ from agents.runtime.request import ModelRequestSpec
 
 class EmulatorProvider:
     name = "emulator"
+    defers_tool_loading = True
 
     def __init__(self, emulator: Emulator, *, on_stream_start: Callable[[], None] | None = None) -> None:
         self.emulator = emulator

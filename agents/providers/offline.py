@@ -20,6 +20,7 @@ from typing import Any
 
 from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
 from agents.providers.emulator import ApiError, Emulator
+from agents.runtime.actions import result_text
 from agents.runtime.request import ModelRequestSpec
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
 
@@ -52,6 +53,8 @@ def shared_emulator() -> Emulator:
 
 class OfflineProvider:
     name = "offline"
+    # Accounted through the emulator's Anthropic-shaped cache, where deferred tools stay out of the prefix.
+    defers_tool_loading = True
 
     def __init__(self, *, emulator: Emulator | None = None) -> None:
         self._emulator = emulator
@@ -108,7 +111,7 @@ class OfflineProvider:
         parts: list[str] = []
         for result in results:
             try:
-                observation = json.loads(result.get("content") or "{}")
+                observation = json.loads(result_text(result) or "{}")
             except json.JSONDecodeError:
                 observation = {"ok": False}
             if observation.get("ok") is False:

@@ -30,7 +30,7 @@ from agents.providers.base import (
     error_for_status,
 )
 from agents.providers.retry import parse_retry_after, transport_errors
-from agents.runtime.request import ModelRequestSpec
+from agents.runtime.request import ModelRequestSpec, referenced_tools
 
 _CONTEXT = re.compile(r"maximum context length is (\d+) tokens.*?resulted in (\d+) tokens", re.DOTALL)
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
@@ -38,6 +38,9 @@ _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_to
 
 class OpenAICompatProvider:
     name = "openai"
+    # No deferred tools in the chat shape: a loaded tool is appended to `tools`, which
+    # changes the cached prefix from there on; the runtime records that miss (TD-11).
+    defers_tool_loading = False
     # Chat completions has no assistant prefill: a cut stream is replayed instead.
     supports_prefill = False
 
@@ -115,7 +118,7 @@ def to_chat_payload(request: ModelRequestSpec) -> dict[str, Any]:
     """The canonical (Anthropic-shaped) request as a chat-completions payload."""
     tools = request.tools
     by_name = {tool["name"]: tool for tool in tools}
-    loaded = [name for name in _referenced_tools(request.messages) if name in by_name]
+    loaded = [name for name in referenced_tools(request.messages) if name in by_name]
     offered = [tool for tool in tools if not tool.get("defer_loading")]
     offered += [by_name[name] for name in loaded if by_name[name].get("defer_loading")]
     messages: list[dict[str, Any]] = []
@@ -138,16 +141,6 @@ def to_chat_payload(request: ModelRequestSpec) -> dict[str, Any]:
             for tool in offered
         ]
     return payload
-
-
-def _referenced_tools(messages: list[dict[str, Any]]) -> list[str]:
-    names: list[str] = []
-    for message in messages:
-        for block in message["content"] if isinstance(message["content"], list) else []:
-            for item in block.get("content") if isinstance(block.get("content"), list) else []:
-                if item.get("type") == "tool_reference" and item.get("tool_name") not in names:
-                    names.append(item["tool_name"])
-    return names
 
 
 def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -50,6 +50,7 @@ class RetryingProvider:
             raise ValueError("max_attempts must be at least 1")
         self.inner = inner
         self.name = inner.name
+        self.defers_tool_loading = bool(getattr(inner, "defers_tool_loading", False))
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay

@@ -18,8 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agents.runtime.request import text_block, tool_reference
+
 Decision = Literal["approved", "denied"]
 Emit = Callable[[str, dict[str, Any]], None]
+
+# Reserved observation key: the deferred tools this call loaded. `tool_result` turns it into
+# `tool_reference` blocks after the observation's text, so the schema enters the prompt where
+# it was loaded and the cached prefix before it is untouched (TD-11). Never shown to the model.
+LOADS_TOOLS = "_loads_tools"
 
 
 @dataclass(frozen=True)
@@ -147,10 +154,11 @@ class StepExecutor:
             range(first_tool_step, first_tool_step + len(tool_uses)), tool_uses, plan, strict=True
         ):
             observation = next(observations) if kind == "run" else item
-            self.emit(
-                "tool_result",
-                {"step": step, "tool_step": tool_step, "id": block["id"], "name": block["name"], "output": observation},
-            )
+            payload = {"step": step, "tool_step": tool_step, "id": block["id"], "name": block["name"]}
+            loads = observation.get(LOADS_TOOLS)
+            if loads:
+                payload["loads_tools"] = list(loads)
+            self.emit("tool_result", {**payload, "output": without_loads(observation)})
             results.append(tool_result(block["id"], observation))
         return {"role": "user", "content": results}
 
@@ -172,12 +180,30 @@ class StepExecutor:
 
 
 def tool_result(tool_use_id: str, observation: dict[str, Any]) -> dict[str, Any]:
+    text = json.dumps(without_loads(observation), sort_keys=True, ensure_ascii=False)
+    loads = observation.get(LOADS_TOOLS) or []
+    # Without loads the content stays a plain string: the same bytes as before deferral (TD-10).
+    content: str | list[dict[str, Any]] = [text_block(text), *map(tool_reference, loads)] if loads else text
     return {
         "type": "tool_result",
         "tool_use_id": tool_use_id,
-        "content": json.dumps(observation, sort_keys=True, ensure_ascii=False),
+        "content": content,
         **({"is_error": True} if observation.get("ok") is False else {}),
     }
+
+
+def result_text(block: dict[str, Any]) -> str:
+    """The observation text of a tool_result block, whether or not it carries tool_reference blocks."""
+    content = block.get("content", "")
+    if isinstance(content, str):
+        return content
+    return "".join(item.get("text", "") for item in content if item.get("type") == "text")
+
+
+def without_loads(observation: dict[str, Any]) -> dict[str, Any]:
+    if LOADS_TOOLS not in observation:
+        return observation
+    return {key: value for key, value in observation.items() if key != LOADS_TOOLS}
 
 
 def tool_uses_of(message: dict[str, Any]) -> list[dict[str, Any]]:

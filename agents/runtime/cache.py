@@ -71,13 +71,14 @@ def _has_blocks(message: dict[str, Any]) -> bool:
 
 
 def prefix_bytes(spec: ModelRequestSpec, *, messages: int | None = None) -> bytes:
-    """The request as the cache reads it: tools, system, then messages, markers stripped.
+    """The request as the cache reads it: resident tools, system, then messages, markers stripped.
 
     `messages` limits how many messages are included. Request N+1 is append-only
     over request N when `prefix_bytes(n1, messages=len(n.messages)) == prefix_bytes(n)`.
     """
     payload = spec.as_payload()
-    parts = [canonical_json(_strip(tool)) for tool in payload.get("tools", [])]
+    # A `defer_loading` tool is not part of the prefix: it enters where a tool_reference loads it.
+    parts = [canonical_json(_strip(tool)) for tool in payload.get("tools", []) if not tool.get("defer_loading")]
     parts += [canonical_json(_strip(block)) for block in payload["system"]]
     chosen = payload["messages"] if messages is None else payload["messages"][:messages]
     parts += [canonical_json(_strip(message)) for message in chosen]

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from agents.providers.base import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
 from agents.runtime.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
 from agents.runtime.cache import place_breakpoints
-from agents.runtime.request import ModelRequestSpec, text_block
+from agents.runtime.request import ModelRequestSpec, referenced_tools, text_block
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -30,6 +30,12 @@ class ToolBox(Protocol):
         ...
 
 
+# Optional on a toolbox: `resident_count()` (the cached tool block's length, TD-13) and
+# `restore_loaded(names)`: the deferred tools that `tool_reference` blocks in the history
+# loaded, to be offered again (as `defer_loading`) so those references stay valid (TD-11).
+TOOL_ACTIVATION_MISS = "tool_activation"
+
+
 class TurnCancelled(Exception):
     """Someone asked the run to stop; nothing of the turn is kept."""
 
@@ -42,6 +48,11 @@ class StepRecord:
     duration_ms: int
     breakpoints: list[str]
     request_id: str = ""
+    # Deferred tools this request loaded for the first time (a tool_reference new since the last request).
+    tools_loaded: list[str] = field(default_factory=list)
+    # Why the provider could not read the previous prefix, when the runtime knows: "tool_activation"
+    # when it loaded tools on a provider without deferred loading (their schemas changed the prefix).
+    cache_miss: str = ""
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,10 @@ def run_turn(
     previous_end = len(history) - 2 if len(history) >= 2 else None
     executor = StepExecutor(toolbox, emit, limits=limits, max_parallel=max_parallel_tools, decisions=decisions)
     first_step = 1
+    loaded = set(referenced_tools([*history, *(resume.messages if resume is not None else [])]))
+    restore = getattr(toolbox, "restore_loaded", None)
+    if loaded and callable(restore):
+        restore(sorted(loaded))
     if resume is not None:
         outcome.messages = list(resume.messages)
         previous_end, first_step = resume.previous_end, resume.step + 1
@@ -111,9 +126,16 @@ def run_turn(
                                               previous_end, is_cancelled, on_prompt_too_long)  # fmt: skip
         history = request.messages[: len(request.messages) - len(outcome.messages)]
         previous_end = len(request.messages) - 1
+        newly = _newly_loaded(request, loaded)
+        loaded.update(newly)
+        miss = TOOL_ACTIVATION_MISS if newly and not getattr(provider, "defers_tool_loading", False) else ""
         outcome.steps.append(
-            StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id)
-        )
+            StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id,
+                       tools_loaded=newly, cache_miss=miss)
+        )  # fmt: skip
+        if miss:
+            # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
+            emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
         emit("usage", {"step": step, **_usage_dict(done.usage)})
         outcome.messages.append({"role": "assistant", "content": done.content})
 
@@ -130,7 +152,7 @@ def _request(provider, model, system, history, outcome, toolbox, emit, step, pre
     """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
     for attempt in (1, 2):
         request = ModelRequestSpec(
-            model=model, system=system, tools=toolbox.schemas(), messages=[*history, *outcome.messages]
+            model=model, system=system, tools=_deferred_last(toolbox.schemas()), messages=[*history, *outcome.messages]
         )
         resident = getattr(toolbox, "resident_count", None)
         place_breakpoints(request, previous_end=previous_end, resident_count=resident() if callable(resident) else None)
@@ -168,6 +190,16 @@ def _run_tools(executor: StepExecutor, outcome: TurnOutcome, step: int, tool_use
     except ApprovalNeeded as pause:
         pause.messages, pause.steps, pause.previous_end = list(outcome.messages), list(outcome.steps), previous_end
         raise
+
+
+def _deferred_last(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Deferred schemas after every resident one: the cached tool block stays one contiguous run.
+    return [*(t for t in tools if not t.get("defer_loading")), *(t for t in tools if t.get("defer_loading"))]
+
+
+def _newly_loaded(request: ModelRequestSpec, loaded: set[str]) -> list[str]:
+    deferred = {tool["name"] for tool in request.tools if tool.get("defer_loading")}
+    return [name for name in referenced_tools(request.messages) if name in deferred and name not in loaded]
 
 
 def _as_blocks(message: dict[str, Any]) -> dict[str, Any]:

@@ -9,12 +9,16 @@ protocol: the Django-backed one lives in `scratchpad/store.py`.
 
 Step N is the turn's N-th tool call, numbered by the loop (`execute_step`), so
 `{{step2.content}}` is the observation of the second call whatever happened to it.
+
+Deferred tools a call loaded (`LOADS_TOOLS`, TD-11) stay on the observation the model
+sees, offloaded or not, so its tool_result still carries their tool_reference blocks.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from agents.runtime.actions import LOADS_TOOLS, without_loads
 from agents.runtime.loop import ToolBox
 from scratchpad import tool as scratchpad_tool
 from scratchpad.offload import jsonable_observation, needs_offload
@@ -55,6 +59,11 @@ class ScratchpadToolBox:
             schemas.append(scratchpad_tool.SCHEMA)
         return schemas
 
+    def restore_loaded(self, names: list[str]) -> None:
+        restore = getattr(self.inner, "restore_loaded", None)
+        if callable(restore):
+            restore(names)
+
     def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.execute_step(self._last_step + 1, name, arguments)
 
@@ -70,10 +79,12 @@ class ScratchpadToolBox:
             except UnresolvableReference as exc:
                 return self._keep(step, {"ok": False, "error": f"{name} was not run: {exc}"})
         observation = self.inner.execute(name, arguments)
+        loads = observation.get(LOADS_TOOLS)
         if needs_offload(observation, self.threshold):
-            synthetic = self.store.offload(step=step, tool=name, observation=observation)
+            stored = without_loads(observation)
+            synthetic = self.store.offload(step=step, tool=name, observation=stored)
             self._offloaded[step] = synthetic["scratchpad_id"]
-            return synthetic
+            return {**synthetic, LOADS_TOOLS: loads} if loads else synthetic
         return self._keep(step, observation)
 
     def _keep(self, step: int, observation: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from agents.runtime.actions import result_text
+from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_text_tokens
 
 Message = dict[str, Any]
@@ -43,6 +45,8 @@ def _turn_starts(messages: list[Message]) -> list[int]:
 
 def _result_text(block: dict[str, Any]) -> str:
     content = block.get("content", "")
+    if isinstance(content, list) and all(item.get("type") in ("text", "tool_reference") for item in content):
+        return result_text(block)
     return content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
 
 
@@ -82,7 +86,13 @@ def _stub(block: dict[str, Any], tool_name: str) -> dict[str, Any]:
         # The full output is still in the scratchpad: say where, instead of "run it again".
         note["scratchpad_id"] = parsed["scratchpad_id"]
         note["note"] = f"The output of {tool_name} from an earlier turn is in the scratchpad entry named here."
-    stub = {"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": json.dumps(note, sort_keys=True)}
+    text = json.dumps(note, sort_keys=True)
+    # A tool the result loaded stays loaded: the stub keeps its tool_reference blocks (TD-11).
+    original_content = block.get("content")
+    items = original_content if isinstance(original_content, list) else []
+    references = [item for item in items if item.get("type") == "tool_reference"]
+    content: str | list[dict[str, Any]] = [text_block(text), *references] if references else text
+    stub = {"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": content}
     if block.get("is_error"):
         stub["is_error"] = True
     return stub
@@ -124,7 +134,7 @@ def prune_stale_tool_output(messages: list[Message], *, keep_turns: int, min_tok
         for block in message["content"]:
             if block.get("type") == "tool_result" and not _is_stub(block):
                 stub = _stub(block, names.get(block["tool_use_id"], "a tool"))
-                freed += estimate_text_tokens(_result_text(block)) - estimate_text_tokens(stub["content"])
+                freed += estimate_text_tokens(_result_text(block)) - estimate_text_tokens(_result_text(stub))
                 count += 1
                 blocks.append(stub)
             else:

@@ -109,3 +109,19 @@ def canonical_json(value: Any) -> bytes:
 
 def text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text}
+
+
+def tool_reference(name: str) -> dict[str, Any]:
+    """Inside a tool result: loads the `defer_loading` tool `name` at this point of the prompt (TD-11)."""
+    return {"type": "tool_reference", "tool_name": name}
+
+
+def referenced_tools(messages: list[dict[str, Any]]) -> list[str]:
+    """Names loaded by `tool_reference` blocks in the tool results of `messages`, in order of first reference."""
+    names: list[str] = []
+    for message in messages:
+        for block in message["content"] if isinstance(message.get("content"), list) else []:
+            for item in block.get("content") if isinstance(block.get("content"), list) else []:
+                if item.get("type") == "tool_reference" and item.get("tool_name") not in names:
+                    names.append(item["tool_name"])
+    return names
