@@ -90,6 +90,8 @@ def model_request_rows(run: Run, steps: list[StepRecord]) -> list[ModelRequest]:
             output_tokens=step.usage.output_tokens,
             request_id=step.request_id,
             breakpoints=step.breakpoints,
+            tools_loaded=step.tools_loaded,
+            cache_miss=step.cache_miss,
             stop_reason=step.stop_reason,
             duration_ms=step.duration_ms,
         )

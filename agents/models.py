@@ -80,6 +80,11 @@ class ModelRequest(models.Model):
     # "<fan-out id>/<child index>" for a subagent's request, recorded under its parent run (TD-14).
     subagent = models.CharField(max_length=64, blank=True)
     breakpoints = models.JSONField(default=list)
+    # Deferred tools this request loaded for the first time (tool_reference blocks new since the last request).
+    tools_loaded = models.JSONField(default=list)
+    # "tool_activation": the provider has no deferred loading, so loading tools changed the cached
+    # prefix and this request could not read what the previous one wrote (TD-11); "" otherwise.
+    cache_miss = models.CharField(max_length=32, blank=True)
     stop_reason = models.CharField(max_length=32, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)

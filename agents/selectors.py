@@ -4,10 +4,11 @@ import json
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from agents.models import Approval, ModelRequest, Run, RunEvent
+from agents.runtime.loop import TOOL_ACTIVATION_MISS
 from controlcenter.errors import NotFound
 from conversations.models import Conversation
 
@@ -43,9 +44,10 @@ def run_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
 
 
 def cache_verdict(request: ModelRequest) -> str:
-    """'hit' when the provider read from its cache; 'miss' when a breakpoint was set but nothing
-    was read; 'uncached' when the request marked no breakpoint and read nothing."""
-    if request.cache_read_input_tokens > 0:
+    """'hit' when the provider read from its cache (unless the runtime knows loading tools broke the
+    prefix: `cache_miss`, TD-11); 'miss' when a breakpoint was set but the prefix was not read;
+    'uncached' when the request marked no breakpoint and read nothing."""
+    if request.cache_read_input_tokens > 0 and not request.cache_miss:
         return "hit"
     if request.breakpoints or request.cache_creation_input_tokens > 0:
         return "miss"
@@ -160,6 +162,7 @@ def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = No
             cache_creation_input_tokens=Sum("cache_creation_input_tokens"),
             cache_read_input_tokens=Sum("cache_read_input_tokens"),
             output_tokens=Sum("output_tokens"),
+            activation_misses=Count("id", filter=Q(cache_miss=TOOL_ACTIVATION_MISS)),
         )
         .order_by(field)
     )
@@ -176,6 +179,9 @@ def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = No
                 "requests": row["requests"],
                 **tokens,
                 "prompt_tokens": prompt,
+                # Requests that could not read the previous prefix because tools were loaded
+                # on a provider without deferred loading (TD-11): a cost counted, not hidden.
+                "activation_misses": row["activation_misses"],
                 "cache_ratio": cache_ratio(
                     input_tokens=tokens["input_tokens"],
                     cache_creation_input_tokens=tokens["cache_creation_input_tokens"],

@@ -19,6 +19,8 @@ class ModelRequestSerializer(serializers.ModelSerializer):
             "output_tokens",
             "request_id",
             "breakpoints",
+            "tools_loaded",
+            "cache_miss",
             "stop_reason",
             "duration_ms",
         ]
@@ -69,4 +71,5 @@ class CacheMetricSerializer(serializers.Serializer):
     cache_read_input_tokens = serializers.IntegerField()
     output_tokens = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
+    activation_misses = serializers.IntegerField()
     cache_ratio = serializers.FloatField()
