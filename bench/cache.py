@@ -1,251 +1,329 @@
-"""A scripted 40-turn agent session through the real loop against the emulator (TD-11, TD-13, TD-14).
+"""A scripted 40-turn agent session through real runs, against the emulator (TD-11 … TD-14).
 
 `python manage.py bench cache --json [--catalog FILE] [--turns 40]`
 
-The session runs `agents.runtime.loop.run_turn` with the in-process emulator provider
-(its cache rules, test clock: 20 s per request, 60 s between turns) and the built-in
-tools in a temporary workspace. Scripted turns: file reads and listings; activations of
-catalog tools (turns 5, 15, 25, 35: the schema is appended after the resident block);
-a turn with 30 parallel calls (turn 10); a large observation (turn 20, a ~25k-token
-file); a fan-out of 5 subagents (turn 30, gated as `agents.subagents` does: the first
-child streams before its siblings begin).
+Every turn is a real run: `message_send` queues it, a Celery worker started for the
+bench runs `agents.services.run_execute` (the run's toolbox stack, system prompt with
+the deferred-name index, history view and pruning, `run_turn`, persistence), with the
+Anthropic adapter pointed at an in-process `EmulatorServer` (its cache rules, a test
+clock: 20 s per request, 60 s between turns). `spawn_agents` fans out to child tasks on
+the same worker. Usage comes from the `ModelRequest` rows the runs stored.
 
-What this branch does not have, and so the session does not exercise: the deferred
-tool index and `search_tools` (catalog branch), the scratchpad offload of large
-observations (scratchpad branch), pruning rewrites (history branch). `rewrites`
-counts requests that were not append-only over the previous request of their turn
-chain (0 expected without pruning).
+The catalog file is imported into the database the command runs against (idempotent,
+as `catalog import` is); the bench's user, conversation, runs and scratchpad entries
+are deleted afterwards.
 
-Baselines replay the same session: `no_deferral` (all catalog tools resident),
-`last_message_breakpoint_only` (one 5m marker at the end), `tools_appended_on_activation`
-(an activated schema merged into the sorted tool block, as a naive harness would).
+Scripted turns (the model is the emulator's policy, keyed on the conversation so far):
+searches with `search_tools` (turns 3, 13, 23, 33), direct calls of deferred tools
+(8, 18, 28, 38), 30 parallel `read_file` calls (turn 10), a ~300 KB log that goes to
+the scratchpad and is read back with `scratchpad_read` (turn 20), a fan-out of 5
+subagents (turn 30); other turns read, list and glob. Pruning (TD-12) rewrites the
+history once enough stale tool output has accumulated (`rewrites`).
+
+Baselines replay the recorded requests on a fresh emulator at the same clock times,
+changed one way each: `no_deferral` (every catalog tool resident, no name index, as
+TD-10 sends it), `last_message_breakpoint_only` (one 5m marker on the last block),
+`tools_appended_on_activation` (activated schemas appended to `tools` as plain tools,
+no tool_reference: what the runtime did before). `activation` compares the requests
+that loaded tools in three shapes: deferred loading (as run), appended, and the
+OpenAI-compatible adapter's payload (`to_chat_payload`, automatic prefix caching).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
+import threading
+import time
+import uuid
 from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from agents.providers.emulator import Emulator, TestClock
-from agents.providers.inprocess import EmulatorProvider
-from agents.runtime.cache import place_breakpoints, prefix_bytes
-from agents.runtime.loop import run_turn
-from agents.runtime.request import CachePoint, ModelRequestSpec, text_block
-from agents.subagents import SPAWN_AGENTS, SPAWN_AGENTS_SCHEMA, subagent_system
-from toolcatalog.builtins import BUILTINS, WorkspaceToolBox
+from agents.providers.emulator_server import EmulatorServer
+from agents.providers.openai_compat import to_chat_payload
+from agents.runtime.actions import result_text
+from agents.runtime.cache import prefix_bytes
+from agents.runtime.request import ModelRequestSpec
 
 MODEL = "claude-sonnet-4-5"
 PRICES = {"input": 1.0, "write_5m": 1.25, "write_1h": 2.0, "read": 0.1, "output": 5.0}
-SYSTEM = [
-    text_block(
-        "You are an agent running in Control Center. Work in the conversation's workspace with the tools you "
-        "are given; say plainly what you did and what you found."
-    )
-]
-ACTIVATION_TURNS = (5, 15, 25, 35)
+SEARCHES = {
+    3: "assign a ticket to a person",
+    13: "show the commit history of the repository",
+    23: "run a SQL query against a database",
+    33: "save something to long-term memory",
+}
+DIRECT = {
+    8: ("file_info", {"path": "notes.txt"}),
+    18: ("git_status", {}),
+    28: ("list_tables", {}),
+    38: ("get_ticket", {"ticket": "OPS-7"}),
+}
 PARALLEL_TURN, LARGE_TURN, FANOUT_TURN = 10, 20, 30
+STEP_SECONDS, TURN_SECONDS = 20, 60
+LAST_ENTRY = "<the entry just offloaded>"
 
 
 def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--catalog", default=str(Path(__file__).resolve().parents[2] / "shared/data/toolcatalog.json"))
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for one turn")
 
 
-class BenchToolBox:
-    """Built-ins run for real; other catalog tools answer a canned observation."""
-
-    def __init__(self, root: Path, catalog: dict[str, dict[str, Any]], resident: list[str], merge: bool) -> None:
-        self.inner = WorkspaceToolBox(root, approve=lambda name, arguments: True)
-        self.catalog = catalog
-        self.resident = [catalog[name] for name in resident]
-        self.active: list[dict[str, Any]] = []
-        self.merge = merge
-
-    def activate(self, name: str) -> None:
-        if all(t["name"] != name for t in self.resident + self.active):
-            self.active.append(self.catalog[name])
-
-    def schemas(self) -> list[dict[str, Any]]:
-        if self.merge:
-            return sorted(self.resident + self.active, key=lambda t: t["name"])
-        return [*self.resident, *self.active]
-
-    def resident_count(self) -> int | None:
-        return None if self.merge else len(self.resident)
-
-    def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        if name in BUILTINS:
-            return self.inner.execute(name, arguments)
-        return {"ok": True, "tool": name, "result": f"{name} finished with the given arguments."}
-
-
-class ScriptPolicy:
-    def __init__(self) -> None:
-        self.replies: list[list[dict[str, Any]]] = []
-
-    def __call__(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
-        if "subagent" in payload["system"][-1]["text"]:
-            return [text_block("Child finished: " + payload["messages"][-1]["content"][0]["text"])]
-        return self.replies.pop(0) if self.replies else [text_block("Done.")]
-
-
-class Clocked:
-    """The emulator provider; advances the test clock per request and can keep only the end marker."""
-
-    def __init__(self, emulator: Emulator, clock: TestClock, *, last_only: bool) -> None:
-        self.inner = EmulatorProvider(emulator)
-        self.name = "emulator"
-        self.clock = clock
-        self.last_only = last_only
-        self.requests: list[ModelRequestSpec] = []
-        self.usages: list[Any] = []
-
-    def stream(self, request: ModelRequestSpec):
-        if self.last_only:
-            last = [p for p in request.cache_points if p.label == "current_turn"]
-            request.cache_points = [CachePoint("messages", p.index, p.block, "5m", "current_turn") for p in last]
-            request.breakpoints = request.breakpoint_labels()
-        self.clock.advance(20)
-        self.requests.append(request)
-        for event in self.inner.stream(request):
-            if hasattr(event, "usage"):
-                self.usages.append(event.usage)
-            yield event
+# --- the model: a policy keyed on the conversation so far --------------------------------
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"type": "tool_use", "name": name, "input": arguments}
 
 
-def _turn_script(turn: int, activated: str | None) -> list[list[dict[str, Any]]]:
+def say(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def turn_script(turn: int) -> list[list[dict[str, Any]]]:
+    """The model's replies in one turn, step by step; the last reply ends the turn."""
     if turn == PARALLEL_TURN:
         blocks: list[dict[str, Any]] = []
         for n in range(30):
-            blocks += [text_block(f"Checking {n}."), call("list_dir", path=".")]
-        return [blocks, [text_block("All thirty listings agree.")]]
+            blocks += [say(f"Checking part {n}."), call("read_file", path=f"parts/part{n:02d}.txt")]
+        return [blocks, [say("All thirty parts agree.")]]
     if turn == LARGE_TURN:
-        return [[call("read_file", path="big.log")], [text_block("The log is long; nothing alarming.")]]
+        return [
+            [call("read_file", path="big.log")],
+            [call("scratchpad_read", scratchpad_id=LAST_ENTRY, mode="tail", n=2000)],
+            [say("The log is long; its tail shows nothing alarming.")],
+        ]
     if turn == FANOUT_TURN:
-        tasks = [f"Review module {n} and report problems." for n in range(5)]
-        return [[call(SPAWN_AGENTS, tasks=tasks)], [text_block("The five reviews are in.")]]
-    if activated:
-        return [[call(activated)], [text_block(f"{activated} did its job.")]]
+        tasks = [f"Review module {n} of the project and report its problems." for n in range(5)]
+        return [[call("spawn_agents", tasks=tasks)], [say("The five reviews are in.")]]
+    if turn in SEARCHES:
+        return [[call("search_tools", query=SEARCHES[turn])], [say(f"Found tools for: {SEARCHES[turn]}.")]]
+    if turn in DIRECT:
+        name, arguments = DIRECT[turn]
+        return [[call(name, **arguments)], [say(f"{name} answered.")]]
     return [
-        [text_block(f"Turn {turn}: reading."), call("read_file", path="notes.txt", limit=20)],
-        [call("list_dir", path="."), call("glob", pattern="*.txt")],
-        [text_block(f"Turn {turn} is done.")],
+        [say(f"Turn {turn}: reading."), call("read_file", path="notes.txt", offset=turn, limit=60)],
+        [call("list_dir", path="."), call("glob", pattern=f"parts/part{turn % 30:02d}*")],
+        [say(f"Turn {turn} is done.")],
     ]
 
 
-def _session(catalog: dict[str, dict[str, Any]], turns: int, *, variant: str) -> dict[str, Any]:
-    clock = TestClock()
-    policy = ScriptPolicy()
-    emulator = Emulator(clock=clock, policy=policy)
-    provider = Clocked(emulator, clock, last_only=variant == "last_message_breakpoint_only")
-    resident = sorted(BUILTINS) if variant != "no_deferral" else sorted(catalog)
-    deferred = [name for name in sorted(catalog) if name not in BUILTINS]
-    with tempfile.TemporaryDirectory() as folder:
-        root = Path(folder)
-        (root / "notes.txt").write_text("".join(f"note {n}\n" for n in range(200)))
-        (root / "big.log").write_text("".join(f"{n:06d} request handled in {n % 97} ms\n" for n in range(12_000)))
-        box = BenchToolBox(root, catalog, resident, merge=variant == "tools_appended_on_activation")
-        box.resident.append(SPAWN_AGENTS_SCHEMA)
-        fanout: dict[str, Any] = {}
+class Policy:
+    """Answers parents from the script and children with their verdict; records every payload with its time."""
 
-        def execute(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-            if name == SPAWN_AGENTS:
-                fanout.update(_fanout(provider, box, arguments["tasks"]))
-                return {"ok": True, "results": fanout["answers"]}
-            return BenchToolBox.execute(box, name, arguments)
+    def __init__(self, clock: TestClock) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.recorded: list[tuple[float, dict[str, Any]]] = []
 
-        box.execute = execute  # type: ignore[method-assign]
-        history: list[dict[str, Any]] = []
-        rewrites = 0
-        for turn in range(1, turns + 1):
-            clock.advance(60)
-            activated = deferred[(turn * 7) % len(deferred)] if turn in ACTIVATION_TURNS else None
-            if activated:
-                box.activate(activated)
-            policy.replies = _turn_script(turn, activated)
-            history.append({"role": "user", "content": [text_block(f"Please do step {turn}.")]})
-            start = len(provider.requests)
-            outcome = run_turn(
-                provider=provider, model=MODEL, system=SYSTEM, history=history, toolbox=box, emit=lambda k, p: None
-            )
-            history += outcome.messages
-            chain = [r for r in provider.requests[start:] if "subagent" not in r.system[-1]["text"]]
-            for before, after in zip(chain, chain[1:], strict=False):
-                if prefix_bytes(after, messages=len(before.messages)) != prefix_bytes(before):
-                    rewrites += 1
-    parent_usages = [u for r, u in zip(provider.requests, provider.usages, strict=True)
-                     if "subagent" not in r.system[-1]["text"]]  # fmt: skip
-    return {**_figures(provider.usages), "rewrites": rewrites, "requests": len(parent_usages), "fanout": fanout}
+    def __call__(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.lock:
+            self.recorded.append((self.clock.now(), copy.deepcopy(payload)))
+            self.clock.advance(STEP_SECONDS)
+        if is_child(payload):
+            task = payload["messages"][0]["content"][0]["text"]
+            return [say(f"Reviewed: {task} No blocking problems; two small naming issues.")]
+        starts = [i for i, m in enumerate(payload["messages"]) if _opens_turn(m)]
+        turn = int(payload["messages"][starts[-1]]["content"][0]["text"].split()[-1].rstrip("."))
+        step = sum(1 for m in payload["messages"][starts[-1] :] if m["role"] == "user" and not _opens_turn(m))
+        script = turn_script(turn)
+        reply = copy.deepcopy(script[min(step, len(script) - 1)])
+        for block in reply:
+            if block.get("input", {}).get("scratchpad_id") == LAST_ENTRY:
+                # The model reads the id off the synthetic observation it was just given.
+                last = payload["messages"][-1]["content"][0]
+                block["input"]["scratchpad_id"] = json.loads(result_text(last))["scratchpad_id"]
+        return reply
 
 
-def _fanout(provider: Clocked, box: BenchToolBox, tasks: list[str]) -> dict[str, Any]:
-    """Children of one shape, gated: the first child streams before its siblings begin (TD-14)."""
-    children_box = BenchToolBox(box.inner.root, box.catalog, sorted(BUILTINS), merge=False)
-    usages, answers = [], []
-    for index, task in enumerate(tasks):
-        before = len(provider.usages)
-        outcome = run_turn(
-            provider=provider,
-            model=MODEL,
-            system=subagent_system("worker"),
-            history=[{"role": "user", "content": [text_block(task)]}],
-            toolbox=children_box,
-            emit=lambda k, p: None,
-        )
-        usages.append(provider.usages[before:])
-        answers.append({"index": index, "text": outcome.messages[-1]["content"][0]["text"]})
-    siblings = [u for child in usages[1:] for u in child]
-    return {"answers": answers, "child_cache_ratio": _figures(siblings)["cache_ratio"]}
+def is_child(payload: dict[str, Any]) -> bool:
+    return "subagent" in payload["system"][0]["text"]
 
 
-def _ungated_fanout_ratio(count: int = 5) -> float:
-    """The same children begun all at once: every one misses the prefix the first is still writing."""
-    emulator = Emulator(clock=TestClock())
-    specs = []
-    for n in range(count):
-        spec = ModelRequestSpec(
-            model=MODEL,
-            system=subagent_system("worker"),
-            tools=[BUILTINS[name].definition() for name in sorted(BUILTINS)],
-            messages=[{"role": "user", "content": [text_block(f"Review module {n} and report problems.")]}],
-        )
-        specs.append(place_breakpoints(spec, previous_end=None, resident_count=None))
-    pending = [emulator.begin(spec.as_payload()) for spec in specs]
-    for response in pending:
-        response.start()
-    return _figures([_as_usage(p.usage) for p in pending[1:]])["cache_ratio"]
-
-
-def _as_usage(usage: Any) -> Any:
-    from agents.providers.base import Usage
-
-    return Usage(
-        input_tokens=usage.input_tokens,
-        cache_creation_input_tokens=usage.cache_creation_input_tokens,
-        cache_read_input_tokens=usage.cache_read_input_tokens,
-        output_tokens=usage.output_tokens,
-        cache_creation_5m_input_tokens=usage.cache_creation_5m,
-        cache_creation_1h_input_tokens=usage.cache_creation_1h,
+def _opens_turn(message: dict[str, Any]) -> bool:
+    content = message["content"]
+    return message["role"] == "user" and not any(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
     )
 
 
-def _figures(usages: list[Any]) -> dict[str, Any]:
+# --- the session -------------------------------------------------------------------------
+
+
+def _workspace(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "notes.txt").write_text(
+        "".join(f"note {n}: the service handled its queue in {n % 17} ms\n" for n in range(120))
+    )
+    (root / "parts").mkdir(exist_ok=True)
+    for n in range(30):
+        (root / "parts" / f"part{n:02d}.txt").write_text(f"part {n}\n" * 20)
+    (root / "big.log").write_text("".join(f"{n:06d} request handled in {n % 97} ms\n" for n in range(9_000)))
+
+
+def _session(options: dict[str, Any], clock: TestClock, policy: Policy) -> dict[str, Any]:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+
+    from agents.models import ModelRequest, Run, RunEvent
+    from controlcenter.processes import WorkerProcess, services_env
+    from conversations.services import conversation_create, message_send
+    from scratchpad.models import Entry
+    from toolcatalog.services import catalog_import
+    from toolcatalog.workspace import workspace_root
+
+    if settings.CC_MODE != "services":
+        raise SystemExit("bench cache needs DATABASE_URL and REDIS_URL: it runs its turns on a Celery worker")
+    catalog_import(text=Path(options["catalog"]).read_text(encoding="utf-8"))
+    user, _ = get_user_model().objects.get_or_create(username=f"bench-cache-{uuid.uuid4().hex[:6]}")
+    with tempfile.TemporaryDirectory() as folder, EmulatorServer(Emulator(clock=clock, policy=policy)) as server:
+        settings.CC_WORKSPACE_ROOT = Path(folder)
+        settings.CC_PROVIDER, settings.CC_MODEL = "anthropic", MODEL  # what the runs are created with
+        settings.CC_RUN_QUEUE = f"bench-cache-{uuid.uuid4().hex[:8]}"
+        env = services_env(connection.settings_dict["NAME"])
+        env.update(
+            ANTHROPIC_API_KEY="bench", ANTHROPIC_BASE_URL=server.base_url, CC_WORKSPACE_ROOT=folder,
+            CC_RUN_QUEUE=settings.CC_RUN_QUEUE, CC_SERVER_TOOL_DEFERRAL="on", CC_SUBAGENT_RELEASE_WAIT_SECONDS="10",
+        )  # fmt: skip
+        worker = WorkerProcess(env, f"bench-cache-{uuid.uuid4().hex[:6]}@%h", Path(folder) / "worker.log",
+                               concurrency=4, queue=settings.CC_RUN_QUEUE)  # fmt: skip
+        try:
+            worker.wait_ready()
+            conversation = conversation_create(owner=user, title="bench cache")
+            _workspace(workspace_root(conversation.pk))
+            runs = []
+            for turn in range(1, options["turns"] + 1):
+                clock.advance(TURN_SECONDS)
+                sent = message_send(conversation=conversation, text=f"Please do step {turn}.")
+                run = _wait(sent.run, options["timeout"])
+                if run.status != Run.Status.SUCCEEDED:
+                    raise SystemExit(f"turn {turn} ended {run.status}: {run.error}")
+                runs.append(run.pk)
+            rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
+            pruned = RunEvent.objects.filter(run_id__in=runs, type="context_pruned").count()
+        finally:
+            worker.stop()
+            Entry.objects.filter(conversation__owner=user).delete()
+            user.delete()
+    return {"rows": rows, "pruned": pruned}
+
+
+def _wait(run: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.is_finished:
+            return run
+        time.sleep(0.05)
+    raise SystemExit(f"run {run.pk} did not finish within {timeout}s (still {run.status})")
+
+
+# --- replays -------------------------------------------------------------------------------
+
+
+def _bare(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _bare(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_bare(v) for v in value]
+    return value
+
+
+def _marked(block: dict[str, Any], ttl: str) -> dict[str, Any]:
+    return {**block, "cache_control": {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}}
+
+
+def _without_references(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = copy.deepcopy(messages)
+    for message in out:
+        for index, block in enumerate(message["content"] if isinstance(message["content"], list) else []):
+            if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+                kept = {k: v for k, v in block.items() if k != "content"}
+                message["content"][index] = {**kept, "content": result_text(block)}
+    return out
+
+
+def appended(payload: dict[str, Any]) -> dict[str, Any]:
+    """Activated schemas as plain tools after the others, results without tool_reference."""
+    out = copy.deepcopy(payload)
+    resident = [t for t in out.get("tools", []) if not t.get("defer_loading")]
+    loaded = [
+        {k: v for k, v in t.items() if k != "defer_loading"} for t in out.get("tools", []) if t.get("defer_loading")
+    ]
+    if loaded:
+        out["tools"] = [*resident, *loaded]
+        out["messages"] = _without_references(out["messages"])
+    return out
+
+
+def no_deferral(payload: dict[str, Any], every_tool: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every catalog tool resident in name order, the prompt without the name index (TD-10)."""
+    if is_child(payload):
+        return payload
+    out = copy.deepcopy(payload)
+    catalog = {t["name"] for t in every_tool}
+    extra = [_bare(t) for t in out["tools"] if not t.get("defer_loading") and t["name"] not in catalog]
+    tools = [copy.deepcopy(t) for t in every_tool]
+    tools[-1] = _marked(tools[-1], "1h")
+    out["tools"] = [*tools, *extra]
+    out["system"] = [_marked(_bare(out["system"][0]), "1h")]
+    out["messages"] = _without_references(out["messages"])
+    return out
+
+
+def last_message_only(payload: dict[str, Any]) -> dict[str, Any]:
+    out = _bare(payload)
+    last = out["messages"][-1]
+    if isinstance(last["content"], str):
+        last["content"] = [say(last["content"])]
+    last["content"][-1] = _marked(last["content"][-1], "5m")
+    return out
+
+
+def replay(recorded: list[tuple[float, dict[str, Any]]], change) -> list[Any]:
+    clock = TestClock()
+    emulator = Emulator(clock=clock)
+    usages = []
+    for at, payload in recorded:
+        clock.advance(at - clock.now())
+        usages.append(emulator.measure(change(payload)))
+    return usages
+
+
+def openai_replay(recorded: list[tuple[float, dict[str, Any]]]) -> list[tuple[int, int]]:
+    """(prompt tokens, cached tokens) of each request as the OpenAI-compatible adapter would send it."""
+    clock = TestClock()
+    emulator = Emulator(clock=clock)
+    out = []
+    for at, payload in recorded:
+        clock.advance(at - clock.now())
+        bare = _bare(payload)
+        spec = ModelRequestSpec(model=bare["model"], system=bare["system"], tools=bare.get("tools", []),
+                                messages=bare["messages"], max_tokens=bare["max_tokens"])  # fmt: skip
+        response = emulator.openai_begin(to_chat_payload(spec))
+        response.start()
+        out.append((response.prompt_tokens, response.cached_tokens))
+    return out
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def _figures(usages: list[Any], output_tokens: int) -> dict[str, Any]:
     uncached = sum(u.input_tokens for u in usages)
-    w5 = sum(u.cache_creation_5m_input_tokens for u in usages)
-    w1 = sum(u.cache_creation_1h_input_tokens for u in usages)
+    w5 = sum(_w(u, "5m") for u in usages)
+    w1 = sum(_w(u, "1h") for u in usages)
     reads = sum(u.cache_read_input_tokens for u in usages)
-    output = sum(u.output_tokens for u in usages)
     prompt = uncached + w5 + w1 + reads
     cost = (uncached * PRICES["input"] + w5 * PRICES["write_5m"] + w1 * PRICES["write_1h"]
-            + reads * PRICES["read"] + output * PRICES["output"])  # fmt: skip
-    uncached_cost = prompt * PRICES["input"] + output * PRICES["output"]
+            + reads * PRICES["read"] + output_tokens * PRICES["output"])  # fmt: skip
+    uncached_cost = prompt * PRICES["input"] + output_tokens * PRICES["output"]
     return {
         "cache_ratio": round(reads / prompt, 4) if prompt else 0.0,
         "cost_units": round(cost),
@@ -254,28 +332,79 @@ def _figures(usages: list[Any]) -> dict[str, Any]:
     }
 
 
-def run(options: dict[str, Any]) -> dict[str, Any]:
-    catalog = {tool["name"]: _schema(tool) for tool in json.loads(Path(options["catalog"]).read_text())["tools"]}
-    for name, tool in BUILTINS.items():
-        catalog[name] = tool.definition()
-    runtime = _session(catalog, options["turns"], variant="runtime")
-    figures: dict[str, Any] = {
-        "cache_ratio": runtime["cache_ratio"],
-        "cost_units": runtime["cost_units"],
-        "cost_vs_uncached": runtime["cost_vs_uncached"],
-        "fanout_child_cache_ratio": runtime["fanout"].get("child_cache_ratio", 0.0),
-        "fanout_child_cache_ratio_ungated": _ungated_fanout_ratio(),
-        "rewrites": runtime["rewrites"],
-        "requests": runtime["requests"],
-        "prompt_tokens": runtime["prompt_tokens"],
-        "baselines": {},
-        "not_exercised": ["search_tools / deferred index", "scratchpad offload", "pruning rewrite"],
+def _w(usage: Any, ttl: str) -> int:
+    # ModelRequest rows and the emulator's Usage name the TTL split differently.
+    return getattr(usage, f"cache_creation_{ttl}_input_tokens", None) or getattr(usage, f"cache_creation_{ttl}", 0)
+
+
+def _rewrites(parents: list[dict[str, Any]]) -> int:
+    specs = [ModelRequestSpec(model=p["model"], system=_bare(p["system"]), tools=_bare(p.get("tools", [])),
+                              messages=_bare(p["messages"])) for p in parents]  # fmt: skip
+    return sum(
+        1
+        for before, after in zip(specs, specs[1:], strict=False)
+        if prefix_bytes(after, messages=len(before.messages)) != prefix_bytes(before)
+    )
+
+
+def _activation(loading: list[int], prompt: list[int], read: list[int]) -> dict[str, Any]:
+    """How much of the previous request the requests that loaded tools read back."""
+    pairs = [(read[i], prompt[i - 1]) for i in loading if i > 0]
+    return {
+        "requests": len(pairs),
+        "read_of_previous_prefix": round(sum(r for r, _ in pairs) / sum(p for _, p in pairs), 4) if pairs else 0.0,
+        "previous_prefix_tokens_not_read": sum(max(0, p - r) for r, p in pairs),
     }
-    for variant in ("no_deferral", "last_message_breakpoint_only", "tools_appended_on_activation"):
-        replay = _session(catalog, options["turns"], variant=variant)
-        figures["baselines"][variant] = {"cache_ratio": replay["cache_ratio"], "cost_units": replay["cost_units"]}
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    from toolcatalog.selectors import run_surface
+
+    clock = TestClock()
+    policy = Policy(clock)
+    session = _session(options, clock, policy)
+    rows = session["rows"]
+    parents = [r for r in rows if not r.subagent]
+    children = sorted((r for r in rows if r.subagent), key=lambda r: int(r.subagent.split("/")[1]))
+    output = sum(r.output_tokens for r in rows)
+    recorded = sorted(policy.recorded, key=lambda item: item[0])
+    parent_payloads = [p for _, p in recorded if not is_child(p)]
+    if len(parent_payloads) != len(parents):
+        raise SystemExit(f"{len(parent_payloads)} parent requests reached the emulator, {len(parents)} were stored")
+    figures: dict[str, Any] = {
+        **_figures(rows, output),
+        "requests": len(parents),
+        "child_requests": len(children),
+        "fanout_child_cache_ratio": _figures([r for r in children if not r.subagent.endswith("/0")], 0)["cache_ratio"],
+        "rewrites": _rewrites(parent_payloads),
+        "context_pruned_events": session["pruned"],
+        "tool_activation_misses_recorded": sum(1 for r in parents if r.cache_miss),
+        "baselines": {},
+    }
+    every_tool = run_surface(deferral=False)[0].resident_schemas()
+    changes = {
+        "no_deferral": lambda p: no_deferral(p, every_tool),
+        "last_message_breakpoint_only": last_message_only,
+        "tools_appended_on_activation": appended,
+    }
+    replays = {name: replay(recorded, change) for name, change in changes.items()}
+    for name, usages in replays.items():
+        figures["baselines"][name] = {k: v for k, v in _figures(usages, output).items() if k != "prompt_tokens"}
+    figures["replay_as_run"] = _figures(replay(recorded, lambda p: p), output)["cache_ratio"]
+
+    loading = [i for i, r in enumerate(parents) if r.tools_loaded]
+    parent_index = [i for i, (_, p) in enumerate(recorded) if not is_child(p)]
+    appended_usage = [replays["tools_appended_on_activation"][i] for i in parent_index]
+    chat = openai_replay([item for item in recorded if not is_child(item[1])])
+    figures["activation"] = {
+        "deferred_loading": _activation(loading, [r.prompt_tokens for r in parents],
+                                        [r.cache_read_input_tokens for r in parents]),
+        "appended": _activation(loading, [u.prompt_tokens for u in appended_usage],
+                                [u.cache_read_input_tokens for u in appended_usage]),
+        "openai_compat": {
+            **_activation(loading, [p for p, _ in chat], [c for _, c in chat]),
+            "cache_ratio": round(sum(c for _, c in chat) / sum(p for p, _ in chat), 4),
+        },
+        "tools_loaded": [t for r in parents for t in r.tools_loaded],
+    }  # fmt: skip
     return figures
-
-
-def _schema(tool: dict[str, Any]) -> dict[str, Any]:
-    return {"name": tool["name"], "description": tool.get("description", ""), "input_schema": tool["input_schema"]}

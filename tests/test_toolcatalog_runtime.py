@@ -126,9 +126,14 @@ def test_search_returns_schemas_and_activates_matches_for_the_next_request(tmp_p
     _, results = _run(model, toolbox)
     names = [match["name"] for match in results[0]["matches"]]
     assert "assign_ticket" in names
-    assert all("input_schema" in match for match in results[0]["matches"])
-    offered_next = [tool["name"] for tool in model.requests[1].tools]
-    assert "assign_ticket" in offered_next
+    # The schemas are loaded by tool_reference blocks in the result, sent as deferred tools (TD-11).
+    result = model.requests[1].messages[-1]["content"][0]["content"]
+    assert [item["tool_name"] for item in result[1:]] == results[0]["loaded"] == names
+    offered_next = {tool["name"]: tool for tool in model.requests[1].tools}
+    assert offered_next["assign_ticket"] == {
+        **toolbox.surface.admitted["assign_ticket"].definition(),
+        "defer_loading": True,
+    }
     assert ("assign_ticket", "search", "assign a ticket to someone") in [
         (a.tool_name, a.trigger, a.query) for a in toolbox.activations
     ]

@@ -147,10 +147,13 @@ class CatalogToolBox:
         for match in matches:
             if self._activate(match.tool.name, "search", query):
                 loaded.append(match.tool.name)
+        # The schemas travel as tool_reference blocks (loaded where this result stands) or are
+        # already in the request (resident, or loaded earlier): the text only names the matches,
+        # so a search stays small and is never offloaded to the scratchpad (TD-6, TD-11).
         observation = {
             "ok": True,
             "query": query,
-            "matches": [match.tool.definition() for match in matches],
+            "matches": [_summary(match.tool) for match in matches],
             "loaded": loaded,
             "message": "These tools are loaded; call them directly.",
         }
@@ -184,17 +187,21 @@ class CatalogToolBox:
         return {"ok": True, "groups": [{"heading": h, "tools": names} for h, names in groups.items()]}
 
 
+def _summary(tool: ToolRecord) -> dict[str, str]:
+    return {"name": tool.name, "group": tool.group, "description": tool.description}
+
+
 def search_tool_bm25(
     index: ToolIndex, query: str, *, allowed: Container[str] | None = None, limit: int = 5
 ) -> Observation:
-    """The MCP surface's search (TD-7): the same ranking as search_tools, but it only
-    describes matches. MCP clients already hold every schema from tools/list, so
-    there is nothing to load and nothing is activated."""
+    """The MCP surface's search (TD-7): the same ranking and match descriptions as
+    search_tools, but nothing is loaded: MCP clients already hold every schema from
+    tools/list, so nothing is activated."""
     matches = index.search(query, k=limit, allowed=allowed)
     if not matches:
         return {"ok": True, "query": query, "matches": [], "message": no_match_message(query)}
     return {
         "ok": True,
         "query": query,
-        "matches": [{"name": m.tool.name, "group": m.tool.group, "description": m.tool.description} for m in matches],
+        "matches": [_summary(m.tool) for m in matches],
     }
