@@ -23,6 +23,7 @@ class Recording:
     def __init__(self, emulator: Emulator) -> None:
         self.inner = EmulatorProvider(emulator)
         self.name = "emulator"
+        self.defers_tool_loading = self.inner.defers_tool_loading
         self.requests: list[ModelRequestSpec] = []
 
     def stream(self, request: ModelRequestSpec):
@@ -143,3 +144,75 @@ def test_prefix_bytes_detects_a_rewritten_message(tmp_path):
     base = ModelRequestSpec(model=MODEL, system=SYSTEM, tools=[], messages=[user("a"), user("b")])
     rewritten = ModelRequestSpec(model=MODEL, system=SYSTEM, tools=[], messages=[user("A"), user("b"), user("c")])
     assert prefix_bytes(rewritten, messages=2) != prefix_bytes(base)
+
+
+def catalog_toolbox(tmp_path, *, deferral: bool = True):
+    from tests.toolcatalog_helpers import reference_records
+    from toolcatalog.runtime import CatalogToolBox
+    from toolcatalog.search import ToolIndex
+    from toolcatalog.surface import ModeSpec, build_surface
+    from toolcatalog.toolbox import builtin_executor
+
+    records = reference_records()
+    index = ToolIndex(records)
+    surface = build_surface(records, ModeSpec(), deferral=deferral)
+    return CatalogToolBox(surface=surface, index=lambda: index, executor=builtin_executor(tmp_path))
+
+
+def activation_session(tmp_path, *, deferral: bool = True) -> tuple[Recording, list[Any]]:
+    """Three turns, each a new run's toolbox as in production: a search, a direct call of a deferred
+    name, then plain work; later turns keep the earlier tool_reference blocks in their history."""
+    (tmp_path / "notes.txt").write_text("alpha\nbeta\n")
+    script: list[Any] = [
+        [tool_call("search_tools", query="assign a ticket to a person")],
+        "Found the ticket tools.",
+        [tool_call("git_log")],
+        "git_log answered.",
+        [tool_call("read_file", path="notes.txt")],
+        "Read the notes.",
+    ]
+    provider = Recording(Emulator(clock=TestClock(), policy=ScriptedPolicy(script)))
+    history: list[dict[str, Any]] = []
+    steps: list[Any] = []
+    for turn in range(3):
+        toolbox = catalog_toolbox(tmp_path, deferral=deferral)
+        history.append(user(f"Please do step {turn}. " + "Context for the step. " * 300))
+        system = [*SYSTEM, *toolbox.surface.system_blocks()]
+        outcome = run_turn(
+            provider=provider, model=MODEL, system=system, history=history, toolbox=toolbox, emit=lambda k, p: None
+        )
+        history += outcome.messages
+        steps += outcome.steps
+    return provider, steps
+
+
+@pytest.mark.req("TD-11")
+@pytest.mark.req("TD-5")
+@pytest.mark.req("TD-6")
+def test_activations_by_search_and_by_direct_call_keep_every_request_append_only_and_fully_cached(tmp_path):
+    provider, steps = activation_session(tmp_path)
+    requests = provider.requests
+    assert len(requests) == 6
+    for before, after in zip(requests, requests[1:], strict=False):
+        assert prefix_bytes(after, messages=len(before.messages)) == prefix_bytes(before)
+    # Every request reads the whole of the one before it, activation or not.
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert after.usage.cache_read_input_tokens == before.usage.prompt_tokens
+    loaded_by_search = steps[1].tools_loaded
+    assert "assign_ticket" in loaded_by_search and steps[3].tools_loaded == ["git_log"]
+    assert all(step.cache_miss == "" for step in steps)  # the emulator keeps deferred tools out of the prefix
+    # A later turn (a new toolbox) offers what the history loaded again, as deferred tools.
+    deferred = [tool["name"] for tool in requests[-1].tools if tool.get("defer_loading")]
+    assert deferred == [*loaded_by_search, "git_log"]
+
+
+@pytest.mark.req("TD-10")
+def test_with_deferral_off_nothing_is_deferred_and_results_stay_plain_strings(tmp_path):
+    provider, steps = activation_session(tmp_path, deferral=False)
+    for request in provider.requests:
+        assert not any(tool.get("defer_loading") for tool in request.tools)
+        for message in request.messages:
+            for block in message["content"]:
+                if block["type"] == "tool_result":
+                    assert isinstance(block["content"], str)
+    assert all(step.tools_loaded == [] for step in steps)

@@ -110,10 +110,11 @@ def run_turn(
     previous_end = len(history) - 2 if len(history) >= 2 else None
     executor = StepExecutor(toolbox, emit, limits=limits, max_parallel=max_parallel_tools, decisions=decisions)
     first_step = 1
-    loaded = set(referenced_tools([*history, *(resume.messages if resume is not None else [])]))
+    referenced = referenced_tools([*history, *(resume.messages if resume is not None else [])])
     restore = getattr(toolbox, "restore_loaded", None)
-    if loaded and callable(restore):
-        restore(sorted(loaded))
+    if referenced and callable(restore):
+        restore(referenced)  # in the order they were loaded, so the tools array reads as it did
+    loaded = set(referenced)
     if resume is not None:
         outcome.messages = list(resume.messages)
         previous_end, first_step = resume.previous_end, resume.step + 1
