@@ -84,6 +84,9 @@ def _event_summary(event_type: str, payload: dict[str, Any]) -> str:
             f"{payload.get('cache_creation_input_tokens', 0)} cache write, "
             f"{payload.get('cache_read_input_tokens', 0)} cache read, {payload.get('output_tokens', 0)} output"
         )
+    if event_type == "cache_miss":
+        tools = ", ".join(payload.get("tools") or [])
+        return f"step {payload.get('step')}: {payload.get('cause')} on {payload.get('provider')}: loading {tools}"
     if event_type == "approval_requested":
         return f"{payload.get('name')} waits for approval ({payload.get('approval_id')})"
     if event_type == "approval_decided":

@@ -207,3 +207,4 @@ def test_on_the_openai_route_the_activation_miss_is_recorded_and_shown(worker, m
     client.force_login(alice)
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert 'data-cause="tool_activation"' in page and "git_log changed the prefix" in page
+    assert "step 3: tool_activation on openai: loading git_log" in page  # the timeline row
