@@ -341,3 +341,35 @@ def test_reference_to_an_expired_step_is_an_error_and_the_tool_does_not_run(alic
     assert not (tmp_path / "out.txt").exists()
     # Expired, the entry is no longer offered either.
     assert "scratchpad_read" not in _tool_names(provider.requests[2])
+
+
+@pytest.mark.req("TD-11")
+@pytest.mark.req("SP-3")
+def test_a_deferred_tool_whose_first_output_is_offloaded_is_still_loaded_by_its_result(alice, tmp_path):
+    from dataclasses import replace
+
+    from tests.toolcatalog_helpers import reference_records
+    from toolcatalog.runtime import CatalogToolBox
+    from toolcatalog.search import ToolIndex
+    from toolcatalog.surface import ModeSpec, build_surface
+    from toolcatalog.toolbox import builtin_executor
+
+    (tmp_path / "big.txt").write_text("line of the log\n" * 2000)
+    records = [replace(r, resident=False) if r.name == "read_file" else r for r in reference_records()]
+    index = ToolIndex(records)
+    surface = build_surface(records, ModeSpec(), deferral=True)
+    catalog = CatalogToolBox(surface=surface, index=lambda: index, executor=builtin_executor(tmp_path))
+    run = make_run(alice)
+    toolbox = turn_toolbox(inner=catalog, run_id=run.pk, conversation_id=run.conversation_id)
+    provider = ScriptedProvider([[tool_use("t1", "read_file", path="big.txt")], say("read")])
+    run_turn(provider=provider, model="m", system=[], history=USER, toolbox=toolbox, emit=lambda *_: None)
+    result = provider.requests[1].messages[-1]["content"][0]
+    synthetic = json.loads(result_text(result))
+    assert "scratchpad_id" in synthetic and "_loads_tools" not in synthetic
+    assert result["content"][1:] == [{"type": "tool_reference", "tool_name": "read_file"}]
+    loaded = [tool for tool in provider.requests[1].tools if tool.get("defer_loading")]
+    assert [tool["name"] for tool in loaded] == ["read_file"]
+    # The stored observation is the tool's own, without the runtime's reserved key.
+    stored = Entry.objects.get(turn_id=str(run.pk))
+    assert stored.executor_name == "read_file"
+    assert "_loads_tools" not in json.dumps(services.full_observation(stored))
