@@ -22,6 +22,14 @@ def conversations_for_user(*, user: AbstractBaseUser, search: str = "") -> Query
     return queryset
 
 
+def models_offered() -> list[dict[str, Any]]:
+    """The model picker's choices: CC_MODELS, the server default (CC_MODEL) first."""
+    return [
+        {"name": name, "provider": provider, "default": name == settings.CC_MODEL}
+        for name, provider in settings.CC_MODELS.items()
+    ]
+
+
 def conversation_for_user(*, user: AbstractBaseUser, conversation_id: int) -> Conversation:
     """The conversation if `user` owns it; another user's answers exactly like a missing one."""
     try:
@@ -180,10 +188,11 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     latest_run = Run.objects.filter(conversation=conversation).order_by("-id").first()
     turn_id = latest_run.pk if latest_run else 0
     # The very functions run_execute builds its requests with (TD-15).
-    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk)
+    # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
+    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
     pruning = turn_pruned(history_view(tip=conversation.tip))
     request = ModelRequestSpec(
-        model=latest_run.model if latest_run else settings.CC_MODEL,
+        model=conversation.model or settings.CC_MODEL,
         system=turn_system(catalog),
         tools=toolbox.schemas(),
         messages=pruning.messages,

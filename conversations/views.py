@@ -13,6 +13,7 @@ from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
 from conversations.models import Conversation, Message
+from toolcatalog.selectors import modes_list
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
 SLASH_COMMANDS = [
@@ -112,6 +113,8 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
             **_page_messages(request, conversation),
             "active_run": active_run,
             "slash_commands": SLASH_COMMANDS,
+            "models": selectors.models_offered(),
+            "modes": modes_list(),
         },
     )
 
