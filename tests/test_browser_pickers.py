@@ -26,8 +26,8 @@ def offered_models(monkeypatch):
 def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
     offered_models,
     embedded_server,
-    page,
-    tmp_path,  # noqa: F811
+    page,  # noqa: F811
+    tmp_path,
 ):
     base, _ = embedded_server
     seeded = _seed(
