@@ -67,6 +67,11 @@ urlpatterns = [
     path("conversations/<int:conversation_id>/", conversations_views.conversation_detail, name="conversation-detail"),
     path("conversations/<int:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
     path(
+        "conversations/<int:conversation_id>/tree/rows/",
+        conversations_views.conversation_tree_rows,
+        name="conversation-tree-rows",
+    ),
+    path(
         "conversations/<int:conversation_id>/context/",
         conversations_views.conversation_context,
         name="conversation-context",
