@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from agents.models import ModelRequest, Run, RunEvent
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from toolcatalog.models import Mode
 
 pytestmark = pytest.mark.django_db
@@ -85,6 +85,18 @@ def test_bad_input_is_a_400_that_says_what_is_offered_and_stores_nothing(
         assert error["details"] == {k: [no_list_dir.pk if v == "MODE" else v for v in vs] for k, vs in details.items()}
     conversation.refresh_from_db()
     assert (conversation.model, conversation.mode_id) == ("offline-1", None)  # neither field changed
+
+
+@pytest.mark.req("RN-3")
+def test_a_model_no_longer_offered_refuses_the_message_and_stores_nothing(alice, alice_api, two_models):
+    conversation = Conversation.objects.create(owner=alice, title="stale", model="gone-1")
+    response = alice_api.post(f"/api/conversations/{conversation.pk}/messages/", {"text": "hi"}, format="json")
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "model 'gone-1' is no longer offered; pick one of offline-1, offline-2" in message
+    assert not Message.objects.filter(conversation=conversation).exists() and not Run.objects.exists()
+    conversation.refresh_from_db()
+    assert conversation.tip_id is None
 
 
 @pytest.mark.req("RN-3")
