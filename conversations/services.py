@@ -22,6 +22,7 @@ from agents.services import ACTIVE_STATUSES, run_start
 from controlcenter.errors import Conflict, DomainError
 from conversations import commands, export, ladder, selectors, transcript
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from toolcatalog.models import Mode
 
 TITLE_MAX = 200
 
@@ -72,10 +73,8 @@ def conversation_update(*, conversation: Conversation, model: str = KEEP, mode_i
     """Set the model and mode the conversation's next run uses (its pickers); a run already started keeps its own.
 
     `model` is a name from CC_MODELS, or blank for the server default; `mode_id` a catalog
-    mode, or None for no mode. Either bad value changes nothing.
+    mode, or None for the default mode. Either bad value changes nothing.
     """
-    from toolcatalog.models import Mode
-
     changes: dict[str, Any] = {}
     if model is not KEEP:
         if model and model not in settings.CC_MODELS:
