@@ -19,6 +19,8 @@ class Run(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     provider = models.CharField(max_length=32)
     model = models.CharField(max_length=128)
+    # The conversation's mode when the run was started (its tool filter, TD-8); none is the default.
+    mode = models.ForeignKey("toolcatalog.Mode", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     worker = models.CharField(max_length=255, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -38,7 +38,7 @@ _PAYLOAD_PREVIEW = 400
 def run_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
     """The run if `user` owns its conversation; another user's answers exactly like a missing one."""
     try:
-        return Run.objects.select_related("conversation").get(pk=run_id, conversation__owner=user)
+        return Run.objects.select_related("conversation", "mode").get(pk=run_id, conversation__owner=user)
     except Run.DoesNotExist:
         raise NotFound(f"Run {run_id} does not exist.") from None
 
@@ -197,20 +197,13 @@ def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = No
 
 def run_context_activity(*, run: Run) -> dict[str, Any]:
     """What the run did to its context: deferred tools it loaded (trigger, query), searches that
-    found nothing, and the conversation's compaction passes while it ran (TD-15, CH-1).
-
-    Compactions belong to the conversation, not to a run, so the run's are the passes
-    recorded between its start and its end (or now, while it is in flight).
+    found nothing, and the compaction passes its turn made (proactive or reactive; TD-15, CH-1).
     """
-    from conversations.models import Compaction
     from toolcatalog.models import RetrievalMiss, ToolActivation
 
-    compactions = Compaction.objects.filter(conversation_id=run.conversation_id, created_at__gte=run.created_at)
-    if run.finished_at is not None:
-        compactions = compactions.filter(created_at__lte=run.finished_at)
     return {
         "activations": list(ToolActivation.objects.filter(run=run).order_by("id")),
         "misses": list(RetrievalMiss.objects.filter(run=run).order_by("id")),
-        "compactions": list(compactions.order_by("id")),
+        "compactions": list(run.compactions.order_by("id")),
         "pruned": list(RunEvent.objects.filter(run=run, type="context_pruned").order_by("seq")),
     }

@@ -3,6 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from agents.models import Approval, ModelRequest, Run, RunEvent
+from conversations.serializers import CompactionSerializer
 
 
 class ModelRequestSerializer(serializers.ModelSerializer):
@@ -28,6 +29,8 @@ class ModelRequestSerializer(serializers.ModelSerializer):
 
 class RunSerializer(serializers.ModelSerializer):
     model_requests = ModelRequestSerializer(many=True, read_only=True)
+    # The passes this run's turn made (Compaction.run); /compact and /shake have no run.
+    compactions = CompactionSerializer(many=True, read_only=True)
 
     class Meta:
         model = Run
@@ -38,6 +41,7 @@ class RunSerializer(serializers.ModelSerializer):
             "status",
             "provider",
             "model",
+            "mode",
             "worker",
             "created_at",
             "started_at",
@@ -46,6 +50,7 @@ class RunSerializer(serializers.ModelSerializer):
             "error",
             "retryable",
             "model_requests",
+            "compactions",
         ]
 
 

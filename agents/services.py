@@ -24,10 +24,11 @@ from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
 from agents.subagents import SpawningToolBox
 from controlcenter.db import reconnecting
-from controlcenter.errors import Conflict
+from controlcenter.errors import Conflict, DomainError
 from conversations.models import Conversation, Message
 from scratchpad import services as scratchpad_services
 from scratchpad.store import turn_toolbox
+from toolcatalog.models import Mode
 from toolcatalog.runtime import CatalogToolBox
 from toolcatalog.services import activations_record
 from toolcatalog.toolbox import run_toolbox
@@ -45,11 +46,21 @@ ACTIVE_STATUSES = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING)
 
 
 def run_start(*, conversation: Conversation, trigger: Message) -> Run:
-    """Create a queued run for `trigger` and hand it to a worker once the row is committed."""
+    """Create a queued run for `trigger` with the conversation's model and mode, and hand it to
+    a worker once the row is committed."""
     from agents.dispatch import enqueue_run
 
+    model = conversation.model or settings.CC_MODEL
+    if model not in settings.CC_MODELS:
+        raise DomainError(
+            f"The conversation's model {model!r} is no longer offered; pick one of {', '.join(settings.CC_MODELS)}."
+        )
     run = Run.objects.create(
-        conversation=conversation, trigger=trigger, provider=settings.CC_PROVIDER, model=settings.CC_MODEL
+        conversation=conversation,
+        trigger=trigger,
+        provider=settings.CC_MODELS[model],
+        model=model,
+        mode_id=conversation.mode_id,
     )
     transaction.on_commit(lambda: enqueue_run(run.pk))
     return run
@@ -120,7 +131,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
     if not run_claim(run_id=run_id, worker=worker):
         logger.info("run %s is not queued any more; %s leaves it alone", run_id, worker)
         return
-    run = Run.objects.select_related("conversation", "trigger").get(pk=run_id)
+    run = Run.objects.select_related("conversation", "trigger", "mode").get(pk=run_id)
     publisher = RunEventPublisher(run)
     first_event_seen = False
 
@@ -131,12 +142,15 @@ def run_execute(*, run_id: int, worker: str) -> None:
             first_event_seen = True
             reconnecting(lambda: Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now()))
 
-    emit("run_started", {"provider": run.provider, "model": run.model, "worker": worker})
+    emit(
+        "run_started",
+        {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None, "worker": worker},
+    )
     history: list[dict[str, Any]] = []
     try:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()
-        catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id)
+        catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode)
         system = turn_system(catalog)
         history = _turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
         outcome = run_turn(
@@ -230,7 +244,9 @@ def turn_pruned(messages: list[dict[str, Any]]) -> PruneResult:
     )
 
 
-def turn_toolboxes(*, run_id: int, conversation_id: int) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
+def turn_toolboxes(
+    *, run_id: int, conversation_id: int, mode: Mode | None = None
+) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """The run's catalog toolbox, and the stack the loop talks to, outermost first:
 
     approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
@@ -240,6 +256,7 @@ def turn_toolboxes(*, run_id: int, conversation_id: int) -> tuple[CatalogToolBox
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
         conversation_id=conversation_id,
+        mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
     )
@@ -252,7 +269,7 @@ def _turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[s
     """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
     from conversations.services import turn_context  # conversations.services starts runs: import at use
 
-    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens)
+    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run)
     if context.compaction is not None:
         emit("compaction", _compaction_event(context.compaction))
     pruning = turn_pruned(context.messages)
@@ -280,7 +297,7 @@ def _reactive_compaction(run: Run, emit: Callable[[str, dict[str, Any]], None]) 
         limit = int(maximum * 0.9) - estimate_json_tokens(turn)
         if limit <= 0:
             return None
-        compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit)
+        compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit, run=run)
         if compacted is None:
             return None
         view, compaction = compacted

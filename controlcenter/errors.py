@@ -7,9 +7,11 @@ class DomainError(Exception):
     code = "invalid"
     status = 400
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, details: dict | None = None) -> None:
         super().__init__(message)
         self.message = message
+        # Machine-readable help beside the sentence, e.g. the values that would have been accepted.
+        self.details = details
 
 
 class NotFound(DomainError):

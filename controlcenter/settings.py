@@ -93,11 +93,27 @@ ANTHROPIC_API_KEY = env_secret("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_http_url("ANTHROPIC_BASE_URL")
 OPENAI_API_KEY = env_secret("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_http_url("OPENAI_BASE_URL")
-if CC_PROVIDER == "anthropic" and not ANTHROPIC_API_KEY:
-    raise ImproperEnvironment("CC_PROVIDER=anthropic needs ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY_FILE).")
-if CC_PROVIDER == "openai" and not (OPENAI_API_KEY or OPENAI_BASE_URL):
+# The models a conversation may pick (its model picker), each served by a provider:
+# "NAME" uses CC_PROVIDER, "NAME=PROVIDER" names another ("offline-1=offline,claude-sonnet-4-5=anthropic").
+# CC_MODEL is the server default and always offered, first.
+CC_MODELS: dict[str, str] = {CC_MODEL: CC_PROVIDER}
+for _item in env_list("CC_MODELS", []):
+    _name, _, _provider = (part.strip() for part in _item.partition("="))
+    _provider = _provider or CC_PROVIDER
+    if not _name or _provider not in ("offline", "anthropic", "openai"):
+        raise ImproperEnvironment(
+            f"CC_MODELS has {_item!r}; write NAME or NAME=PROVIDER with PROVIDER offline, anthropic or openai."
+        )
+    if CC_MODELS.setdefault(_name, _provider) != _provider:
+        raise ImproperEnvironment(f"CC_MODELS names {_name!r} with two providers; a model has one.")
+if "anthropic" in CC_MODELS.values() and not ANTHROPIC_API_KEY:
     raise ImproperEnvironment(
-        "CC_PROVIDER=openai needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server (Ollama, vLLM, llama.cpp)."
+        "Provider anthropic (CC_PROVIDER or CC_MODELS) needs ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY_FILE)."
+    )
+if "openai" in CC_MODELS.values() and not (OPENAI_API_KEY or OPENAI_BASE_URL):
+    raise ImproperEnvironment(
+        "Provider openai (CC_PROVIDER or CC_MODELS) needs OPENAI_API_KEY, "
+        "or OPENAI_BASE_URL for a local server (Ollama, vLLM, llama.cpp)."
     )
 
 # The worker/server CLI flag --tool-deferral overrides this by setting the variable.

@@ -51,6 +51,7 @@ api_patterns = [
     path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view()),
     path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
     path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
+    path("api/models/", conversations_api.ModelListApi.as_view(), name="api-models"),
     path("api/groups/", toolcatalog_api.ToolGroupListApi.as_view(), name="api-groups"),
     path("api/mcp-servers/", toolcatalog_api.McpServerListApi.as_view(), name="api-mcp-servers"),
     path("api/scratchpad/", include("scratchpad.urls")),
@@ -65,6 +66,11 @@ urlpatterns = [
     path("", conversations_views.conversation_list, name="conversation-list"),
     path("conversations/<int:conversation_id>/", conversations_views.conversation_detail, name="conversation-detail"),
     path("conversations/<int:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
+    path(
+        "conversations/<int:conversation_id>/tree/rows/",
+        conversations_views.conversation_tree_rows,
+        name="conversation-tree-rows",
+    ),
     path(
         "conversations/<int:conversation_id>/context/",
         conversations_views.conversation_context,

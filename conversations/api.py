@@ -18,10 +18,12 @@ from conversations.serializers import (
     CompactSerializer,
     ConversationCreateSerializer,
     ConversationSerializer,
+    ConversationUpdateSerializer,
     ForkSerializer,
     MessageCreateSerializer,
     MessageEditSerializer,
     MessageSerializer,
+    ModelChoiceSerializer,
     RewindDigestSerializer,
     RewindSerializer,
 )
@@ -61,6 +63,25 @@ class ConversationDetailApi(APIView):
                 "path": MessageSerializer(selectors.current_path(conversation), many=True).data,
             }
         )
+
+    @extend_schema(request=ConversationUpdateSerializer, responses=ConversationSerializer)
+    def patch(self, request: Request, conversation_id: int) -> Response:
+        """Pick the model and mode the next run uses."""
+        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        payload = ConversationUpdateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        changes = payload.validated_data
+        if "mode" in changes:
+            changes["mode_id"] = changes.pop("mode")
+        return Response(ConversationSerializer(services.conversation_update(conversation=conversation, **changes)).data)
+
+
+class ModelListApi(APIView):
+    """The models a conversation may pick (CC_MODELS), the server default first."""
+
+    @extend_schema(responses=ModelChoiceSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(ModelChoiceSerializer(selectors.models_offered(), many=True).data)
 
 
 class MessageCreateApi(APIView):

@@ -11,6 +11,12 @@ class Conversation(models.Model):
     tip = models.ForeignKey("Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # Provenance of a fork (CH-8); the fork shares no rows with its source.
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
+    # What the next run uses (the page's pickers): a name from CC_MODELS, blank for the server
+    # default (CC_MODEL); a catalog mode, none for the default (the mode named `default`, if any).
+    model = models.CharField(max_length=128, blank=True)
+    mode = models.ForeignKey(
+        "toolcatalog.Mode", null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -95,6 +101,8 @@ class Compaction(models.Model):
     # Which message blocks the pass replaced, so it can be inspected and undone.
     replaced = models.JSONField(default=list)
     trigger = models.CharField(max_length=16, default="command")
+    # The run whose turn compacted (proactive or reactive); none for /compact, /shake and the API.
+    run = models.ForeignKey("agents.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="compactions")
     # The compacted history up to `tip`, as later requests send it: turns after the tip
     # are appended to this view, so the prefix stays stable until the next pass (TD-11).
     view = models.JSONField(null=True, blank=True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.conf import settings
@@ -9,7 +10,7 @@ from django.db.models.functions import Cast
 
 from agents.models import Run
 from controlcenter.errors import DomainError, NotFound
-from conversations import export
+from conversations import export, treeview
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 PREVIEW_CHARS = 160
@@ -20,6 +21,14 @@ def conversations_for_user(*, user: AbstractBaseUser, search: str = "") -> Query
     if search:
         queryset = queryset.filter(title__icontains=search)
     return queryset
+
+
+def models_offered() -> list[dict[str, Any]]:
+    """The model picker's choices: CC_MODELS, the server default (CC_MODEL) first."""
+    return [
+        {"name": name, "provider": provider, "default": name == settings.CC_MODEL}
+        for name, provider in settings.CC_MODELS.items()
+    ]
 
 
 def conversation_for_user(*, user: AbstractBaseUser, conversation_id: int) -> Conversation:
@@ -180,10 +189,11 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     latest_run = Run.objects.filter(conversation=conversation).order_by("-id").first()
     turn_id = latest_run.pk if latest_run else 0
     # The very functions run_execute builds its requests with (TD-15).
-    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk)
+    # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
+    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
     pruning = turn_pruned(history_view(tip=conversation.tip))
     request = ModelRequestSpec(
-        model=latest_run.model if latest_run else settings.CC_MODEL,
+        model=conversation.model or settings.CC_MODEL,
         system=turn_system(catalog),
         tools=toolbox.schemas(),
         messages=pruning.messages,
@@ -241,51 +251,65 @@ def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> 
     ).order_by("-updated_at")
 
 
-def tree_rows(*, conversation: Conversation) -> list[dict[str, Any]]:
-    """The message tree as the navigator draws it: depth-first, one row per message (CH-7).
+def tree_window(*, conversation: Conversation) -> dict[str, Any]:
+    """The tree navigator's page (CH-7): the path around the tip, small branches beside it, folds for
+    the rest (`conversations.treeview`), so the page stays small however long the conversation is."""
+    tree = _tree_layout(conversation)
+    items = treeview.window(tree)
+    return {"items": _tree_items(conversation, tree, items), "total": len(tree.order), "on_path": tree.on_path}
 
-    A chain of single children stays at one level; each fork indents its branches, so a
-    1,000-message conversation with two branches is two columns deep, not a thousand.
-    Rows say whether the tip may move there (not an assistant message that stops on a tool
-    call) and whether the message is a prompt that can be edited and re-run.
-    """
-    rows = list(
-        Message.objects.filter(conversation=conversation).values("id", "parent_id", "role", "content").order_by("id")
-    )
-    children: dict[int | None, list[dict[str, Any]]] = {}
-    for row in rows:
-        children.setdefault(row["parent_id"], []).append(row)
-    by_id = {row["id"]: row for row in rows}
-    on_path = set()
-    current = conversation.tip_id
-    while current is not None and current in by_id:
-        on_path.add(current)
-        current = by_id[current]["parent_id"]
+
+def tree_slice(*, conversation: Conversation, first: int, count: int, keep: str) -> list[dict[str, Any]]:
+    """The rows of one fold of the navigator (`count` messages from `first` in its order), opened on demand."""
+    tree = _tree_layout(conversation)
+    if first not in tree.index:
+        raise DomainError(f"Message {first} is not part of conversation {conversation.pk}.")
+    if count < 1 or keep not in ("start", "end"):
+        raise DomainError("A fold is opened with count >= 1 and keep 'start' or 'end'.")
+    return _tree_items(conversation, tree, treeview.expand(tree, first, count, keep))  # type: ignore[arg-type]
+
+
+def _tree_layout(conversation: Conversation) -> treeview.Layout:
+    # Ids and parents only: cheap for 10,000 messages; content is read for the drawn rows alone.
+    structure = list(Message.objects.filter(conversation=conversation).order_by("id").values_list("id", "parent_id"))
+    return treeview.layout(structure, conversation.tip_id)
+
+
+def _tree_items(
+    conversation: Conversation, tree: treeview.Layout, items: list[treeview.Row | treeview.Fold]
+) -> list[dict[str, Any]]:
+    """Rows as the navigator draws them, and folds with what they hold. Rows say whether the tip may
+    move there (not an assistant message that stops on a tool call) and whether the message is a
+    prompt that can be edited and re-run."""
+    ids = [item.id for item in items if isinstance(item, treeview.Row)]
+    messages = {row["id"]: row for row in Message.objects.filter(pk__in=ids).values("id", "role", "content")}
     labels: dict[int, list[str]] = {}
-    for message_id, label in Checkpoint.objects.filter(conversation=conversation).values_list("message_id", "label"):
+    for message_id, label in Checkpoint.objects.filter(conversation=conversation, message_id__in=ids).values_list(
+        "message_id", "label"
+    ):
         labels.setdefault(message_id, []).append(label)
     out: list[dict[str, Any]] = []
-    # Iterative, so depth is bounded by memory, not by Python's recursion limit.
-    stack: list[tuple[dict[str, Any], int, bool]] = [(row, 0, False) for row in reversed(children.get(None, []))]
-    if len(children.get(None, [])) > 1:
-        stack = [(row, 1, True) for row in reversed(children[None])]
-    while stack:
-        row, level, branch_start = stack.pop()
+    for item in items:
+        if isinstance(item, treeview.Fold):
+            out.append({"fold": True, **dataclasses.asdict(item)})
+            continue
+        message_id = item.id
+        row = messages[message_id]
         content = row["content"] or []
-        kids = children.get(row["id"], [])
         kinds = {block.get("type") for block in content}
         out.append(
             {
-                "id": row["id"],
-                "parent": row["parent_id"],
+                "fold": False,
+                "id": message_id,
+                "parent": tree.parent[message_id],
                 "role": row["role"],
                 "preview": _preview(content) or "(empty)",
-                "level": level,
-                "branch_start": branch_start,
-                "children": len(kids),
-                "on_path": row["id"] in on_path,
-                "tip": row["id"] == conversation.tip_id,
-                "checkpoints": labels.get(row["id"], []),
+                "level": tree.level[message_id],
+                "branch_start": tree.branch_start[message_id],
+                "children": tree.children[message_id],
+                "on_path": message_id in tree.on_path,
+                "tip": message_id == tree.tip,
+                "checkpoints": labels.get(message_id, []),
                 "branchable": "tool_use" not in kinds,
                 "editable": row["role"] == Message.Role.USER and "tool_result" not in kinds,
                 "text": "\n".join(b.get("text", "") for b in content if b.get("type") == "text")
@@ -293,8 +317,4 @@ def tree_rows(*, conversation: Conversation) -> list[dict[str, Any]]:
                 else "",
             }
         )
-        if len(kids) == 1:
-            stack.append((kids[0], level, False))
-        else:
-            stack.extend((kid, level + 1, True) for kid in reversed(kids))
     return out

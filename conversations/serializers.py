@@ -14,8 +14,21 @@ class MessageSerializer(serializers.ModelSerializer):
 class ConversationSerializer(serializers.ModelSerializer):
     class Meta:
         model = Conversation
-        fields = ["id", "title", "tip", "created_at", "updated_at"]
-        read_only_fields = ["tip", "created_at", "updated_at"]
+        fields = ["id", "title", "tip", "model", "mode", "created_at", "updated_at"]
+        read_only_fields = ["tip", "model", "mode", "created_at", "updated_at"]
+
+
+class ConversationUpdateSerializer(serializers.Serializer):
+    """The pickers: what the next run uses. Checked against CC_MODELS and the catalog by the service."""
+
+    model = serializers.CharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
+    mode = serializers.IntegerField(required=False, allow_null=True, min_value=1, help_text="null: the default mode")
+
+
+class ModelChoiceSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    provider = serializers.CharField()
+    default = serializers.BooleanField()
 
 
 class ConversationCreateSerializer(serializers.Serializer):
@@ -70,4 +83,15 @@ class CompactSerializer(serializers.Serializer):
 class CompactionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Compaction
-        fields = ["id", "rung", "tip", "tokens_before", "tokens_after", "steps", "replaced", "trigger", "created_at"]
+        fields = [
+            "id",
+            "run",
+            "rung",
+            "tip",
+            "tokens_before",
+            "tokens_after",
+            "steps",
+            "replaced",
+            "trigger",
+            "created_at",
+        ]

@@ -22,6 +22,7 @@ from agents.services import ACTIVE_STATUSES, run_start
 from controlcenter.errors import Conflict, DomainError
 from conversations import commands, export, ladder, selectors, transcript
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from toolcatalog.models import Mode
 
 TITLE_MAX = 200
 
@@ -62,6 +63,42 @@ def conversation_create(*, owner: AbstractBaseUser, title: str = "") -> Conversa
     if len(title) > TITLE_MAX:
         raise DomainError(f"The title has {len(title)} characters; the limit is {TITLE_MAX}.")
     return Conversation.objects.create(owner=owner, title=title or "New conversation")
+
+
+# "Not given" for conversation_update, where None means "clear".
+KEEP: Any = object()
+
+
+def conversation_update(*, conversation: Conversation, model: str = KEEP, mode_id: int | None = KEEP) -> Conversation:
+    """Set the model and mode the conversation's next run uses (its pickers); a run already started keeps its own.
+
+    `model` is a name from CC_MODELS, or blank for the server default; `mode_id` a catalog
+    mode, or None for the default mode. Either bad value changes nothing.
+    """
+    changes: dict[str, Any] = {}
+    if model is not KEEP:
+        if model and model not in settings.CC_MODELS:
+            offered = list(settings.CC_MODELS)
+            raise DomainError(
+                f"Model {model!r} is not offered here; choose one of {', '.join(offered)} (or blank for the default).",
+                {"model": offered},
+            )
+        changes["model"] = model
+    with transaction.atomic():
+        if mode_id is not KEEP:
+            # Locked, so the mode cannot be deleted between this check and the update.
+            if mode_id is not None and not Mode.objects.select_for_update().filter(pk=mode_id).exists():
+                raise DomainError(
+                    f"Mode {mode_id} does not exist; choose one of the modes listed at /api/modes/ "
+                    "(or null for the default mode).",
+                    {"mode": list(Mode.objects.values_list("pk", flat=True))},
+                )
+            changes["mode_id"] = mode_id
+        if changes:
+            # Not save(): picking a model is not activity, so the conversations list keeps its order.
+            Conversation.objects.filter(pk=conversation.pk).update(**changes)
+    conversation.refresh_from_db()
+    return conversation
 
 
 def _check_text(text: str) -> None:
@@ -152,7 +189,13 @@ def conversation_fork(*, conversation: Conversation, title: str = "") -> Convers
         path = selectors.current_path(conversation)
         if not path:
             raise DomainError("The conversation has no messages yet; there is nothing to fork.")
-        fork = Conversation.objects.create(owner=conversation.owner, title=title, forked_from=conversation)
+        fork = Conversation.objects.create(
+            owner=conversation.owner,
+            title=title,
+            forked_from=conversation,
+            model=conversation.model,
+            mode_id=conversation.mode_id,
+        )
         copies = [Message(conversation=fork, role=m.role, content=copy.deepcopy(m.content)) for m in path]
         ids = _reserve_message_ids(len(copies))
         if ids:
@@ -300,7 +343,7 @@ class TurnContext:
     compaction: Compaction | None
 
 
-def turn_context(*, trigger: Message, overhead_tokens: int) -> TurnContext:
+def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = None) -> TurnContext:
     """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
 
     Compaction runs proactively (CH-2) when the history and `overhead_tokens` (system and
@@ -313,15 +356,15 @@ def turn_context(*, trigger: Message, overhead_tokens: int) -> TurnContext:
     if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
         return TurnContext(history, None)
     target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
-    view, compaction = _compact_view(trigger, history, target, trigger_name="proactive")  # type: ignore[misc]
+    view, compaction = _compact_view(trigger, history, target, trigger_name="proactive", run=run)  # type: ignore[misc]
     return TurnContext(view, compaction)
 
 
 def reactive_compaction(
-    *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int
+    *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int, run: Run | None = None
 ) -> tuple[list[dict[str, Any]], Compaction] | None:
     """After the provider refused the prompt as too long (CH-2): one pass, no model call; None if it cannot fit."""
-    return _compact_view(trigger, history, limit_tokens, trigger_name="reactive", must_fit=True)
+    return _compact_view(trigger, history, limit_tokens, trigger_name="reactive", must_fit=True, run=run)
 
 
 # Overflow recovery never depends on a model call (CH-2): snapshots are always available.
@@ -329,7 +372,13 @@ NO_CALL_RUNGS = ("elide", "drop_images", "snapshot")
 
 
 def _compact_view(
-    trigger: Message, history: list[dict[str, Any]], target: int, *, trigger_name: str, must_fit: bool = False
+    trigger: Message,
+    history: list[dict[str, Any]],
+    target: int,
+    *,
+    trigger_name: str,
+    must_fit: bool = False,
+    run: Run | None = None,
 ) -> tuple[list[dict[str, Any]], Compaction] | None:
     result = ladder.compact(
         history, rungs=NO_CALL_RUNGS, target_tokens=target, tail_tokens=settings.CC_COMPACT_TAIL_TOKENS
@@ -347,6 +396,7 @@ def _compact_view(
         replaced=result.replaced,
         trigger=trigger_name,
         view=view,
+        run=run,
     )
     return view, compaction
 

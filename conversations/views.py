@@ -13,6 +13,7 @@ from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
 from conversations.models import Conversation, Message
+from toolcatalog.selectors import modes_list
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
 SLASH_COMMANDS = [
@@ -112,6 +113,8 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
             **_page_messages(request, conversation),
             "active_run": active_run,
             "slash_commands": SLASH_COMMANDS,
+            "models": selectors.models_offered(),
+            "modes": modes_list(),
         },
     )
 
@@ -135,17 +138,36 @@ def _owned(request: HttpRequest, conversation_id: int) -> Conversation:
 def conversation_tree(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The tree navigator (CH-7..CH-9): the page reads; its script writes through the REST API."""
     conversation = _owned(request, conversation_id)
+    tree = selectors.tree_window(conversation=conversation)
     return render(
         request,
         "conversations/tree.html",
         {
             "conversation": conversation,
-            "rows": selectors.tree_rows(conversation=conversation),
-            "checkpoints": selectors.checkpoints_for(conversation=conversation).select_related("message"),
-            "on_path": {m.pk for m in selectors.current_path(conversation)},
+            "items": tree["items"],
+            "total": tree["total"],
+            "checkpoints": selectors.checkpoints_for(conversation=conversation),
+            "on_path": tree["on_path"],
             "rewinds": selectors.rewinds_for(conversation=conversation).order_by("-id")[:10],
         },
     )
+
+
+@login_required
+def conversation_tree_rows(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """One fold of the tree navigator opened: its rows as list items for the page to put in its place."""
+    conversation = _owned(request, conversation_id)
+    try:
+        first, count = int(request.GET.get("first", "")), int(request.GET.get("count", ""))
+    except ValueError:
+        return HttpResponse("first and count must be message counts (integers).", status=400, content_type="text/plain")
+    try:
+        items = selectors.tree_slice(
+            conversation=conversation, first=first, count=count, keep=request.GET.get("keep", "start")
+        )
+    except DomainError as exc:
+        return HttpResponse(exc.message, status=400, content_type="text/plain")
+    return render(request, "conversations/_tree_rows.html", {"conversation": conversation, "items": items})
 
 
 @login_required

@@ -215,3 +215,61 @@ def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embed
     expect(page.locator("#slice-status.error")).to_contain_text("start <= end")
     expect(slice_text).to_have_text("line 1 ok\nline 2 ok\n")
     _screenshot(page, "scratchpad-viewer")
+
+
+LONG_SEED = """
+c = Conversation.objects.create(owner=admin, title='long')
+parent = None
+ids = []
+for n in range(300):
+    parent = Message.objects.create(conversation=c, parent=parent, role='user' if n % 2 == 0 else 'assistant',
+        content=[{'type': 'text', 'text': 'message %d' % n}])
+    ids.append(parent.pk)
+side = parent
+for n in range(40):  # a long branch under message 250: folded beside the shown path
+    side = Message.objects.create(conversation=c, parent=side if n else Message.objects.get(pk=ids[250]),
+        role='assistant' if n % 2 == 0 else 'user', content=[{'type': 'text', 'text': 'side %d' % n}])
+c.tip_id = ids[-1]; c.save()
+print(json.dumps({'conversation': c.pk, 'ids': ids}))
+"""
+
+
+@pytest.mark.req("CH-7")
+def test_a_long_tree_is_windowed_and_folds_open_by_keyboard_then_the_tip_moves_inside_them(
+    embedded_server,
+    page,  # noqa: F811
+    tmp_path,
+):
+    base, _ = embedded_server
+    seeded = _seed(tmp_path, LONG_SEED)
+    ids = seeded["ids"]
+    _sign_in(page, base)
+    page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
+    items = page.locator("#tree [role=treeitem]")
+    expect(page.locator("#tree [aria-selected=true]")).to_have_attribute("data-message-id", str(ids[-1]))
+    expect(page.locator("#tree [aria-selected=true]")).to_be_focused()
+    expect(items).to_have_count(102)  # 100 messages of the path, the earlier path and the side branch folded
+    path_fold, side_fold = page.locator("#tree li.fold").first, page.locator("#tree li.fold").last
+    expect(path_fold).to_contain_text("Show 200 earlier messages")
+    expect(side_fold).to_contain_text(f"Show a branch of 40 messages from #{ids[250]}")
+    _screenshot(page, "tree-windowed")
+
+    page.keyboard.press("Home")  # the earlier-path fold
+    expect(path_fold).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#tree-status")).to_have_text("Showing 200 more messages.")
+    expect(page.locator(f"#m-{ids[199]}")).to_be_focused()  # the row next to where the fold was
+    expect(items).to_have_count(301)
+    expect(page.locator(f"#m-{ids[0]}")).to_have_attribute("aria-level", "1")
+
+    page.locator("#tree li.fold").last.click()  # the side branch, by mouse
+    expect(page.locator("#tree li.fold")).to_have_count(0)
+    page.locator("#tree li.node", has_text="side 39").click()  # move the tip into the opened branch
+    expect(page.locator("#tree-status")).to_contain_text("The tip is now #")
+    selected = page.locator("#tree [aria-selected=true]")
+    expect(selected).to_contain_text("side 39")
+    expect(selected).to_be_focused()
+    # A new window around the new tip: the old continuation (49 messages) is now the folded branch.
+    expect(page.locator("#tree li.fold").last).to_contain_text(f"Show a branch of 49 messages from #{ids[250]}")
+    expect(items).to_have_count(102)
+    _screenshot(page, "tree-windowed-moved")

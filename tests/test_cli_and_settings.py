@@ -46,6 +46,10 @@ def test_manage_passthrough_runs_a_django_command():
         ("CC_PROVIDER", "gemini", "CC_PROVIDER='gemini' is not one of"),
         ("CC_SERVER_TOOL_DEFERRAL", "nope", "must be 'on' or 'off'"),
         ("DATABASE_URL", "mysql://x/y", "scheme 'mysql'"),
+        ("CC_MODELS", "offline-2=gemini", "CC_MODELS has 'offline-2=gemini'; write NAME or NAME=PROVIDER"),
+        ("CC_MODELS", "=offline", "CC_MODELS has '=offline'"),
+        ("CC_MODELS", "offline-1=openai", "CC_MODELS names 'offline-1' with two providers"),
+        ("CC_MODELS", "a,,b", "has an empty item"),
     ],
 )
 def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, value, message, tmp_path):
@@ -69,3 +73,19 @@ def test_anthropic_provider_without_a_key_is_refused(tmp_path):
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "needs ANTHROPIC_API_KEY" in result.stderr
+
+
+def test_models_offered_name_their_providers_and_each_provider_needs_its_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "CC_MODEL", "CC_PROVIDER"))}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_MODELS="offline-2, claude-sonnet-4-5=anthropic")
+    show = "from django.conf import settings; print(settings.CC_MODELS)"
+    command = [sys.executable, "manage.py", "shell", "-c", show]
+    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "Provider anthropic (CC_PROVIDER or CC_MODELS) needs ANTHROPIC_API_KEY" in refused.stderr
+    env.update(ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL="http://127.0.0.1:8765")
+    offered = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert offered.returncode == 0, offered.stderr
+    assert offered.stdout.strip().splitlines()[-1] == (
+        "{'offline-1': 'offline', 'offline-2': 'offline', 'claude-sonnet-4-5': 'anthropic'}"
+    )

@@ -64,7 +64,7 @@ def small_window(settings):
     settings.CC_COMPACT_TAIL_TOKENS = 1_000
 
 
-def test_a_turn_past_the_threshold_compacts_first_and_later_turns_reuse_the_view(alice, small_window):
+def test_a_turn_past_the_threshold_compacts_first_and_later_turns_reuse_the_view(alice, alice_api, small_window):
     conversation = _long_conversation(alice)  # about 36k tokens of history
     _, first = message_send(conversation=conversation, text="What did you find?")
     run_execute(run_id=first.pk, worker="test")
@@ -73,6 +73,9 @@ def test_a_turn_past_the_threshold_compacts_first_and_later_turns_reuse_the_view
 
     compaction = Compaction.objects.get(conversation=conversation)
     assert compaction.trigger == "proactive"
+    assert compaction.run_id == first.pk  # the run that caused it, recorded, not guessed from times
+    listed = alice_api.get(f"/api/runs/{first.pk}/").json()["compactions"]
+    assert [(c["id"], c["run"], c["trigger"]) for c in listed] == [(compaction.pk, first.pk, "proactive")]
     assert compaction.tokens_before > 24_000 >= compaction.tokens_after
     event = RunEvent.objects.get(run=first, type="compaction").payload
     assert event["trigger"] == "proactive" and event["tokens_after"] == compaction.tokens_after
@@ -87,6 +90,9 @@ def test_a_turn_past_the_threshold_compacts_first_and_later_turns_reuse_the_view
     second.refresh_from_db()
     assert second.status == Run.Status.SUCCEEDED, second.error
     assert Compaction.objects.filter(conversation=conversation).count() == 1  # the view was reused
+    assert alice_api.get(f"/api/runs/{second.pk}/").json()["compactions"] == []
+    # /compact from the API belongs to the conversation only: no run caused it.
+    assert alice_api.post(f"/api/conversations/{conversation.pk}/compact/", {}, format="json").json()["run"] is None
     reused = ModelRequest.objects.filter(run=second).order_by("step").first()
     assert reused.cache_read_input_tokens > 0  # same prefix as the first turn's requests (TD-11)
 
@@ -111,6 +117,7 @@ def test_a_prompt_the_provider_refuses_as_too_long_is_compacted_once_and_sent_ag
     assert outcome.stop_reason == "end_turn"
     compaction = Compaction.objects.get(conversation=conversation)
     assert compaction.trigger == "reactive"
+    assert compaction.run_id == run.pk
     assert compaction.rung in ("elide", "drop_images", "snapshot")  # never a model call
     assert ("compaction", {"trigger": "reactive", "rung": compaction.rung, "tokens_before": compaction.tokens_before,
                            "tokens_after": compaction.tokens_after}) in events  # fmt: skip

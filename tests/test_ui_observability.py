@@ -97,8 +97,19 @@ def test_run_page_shows_its_activations_misses_and_compactions(alice, bob):
         tokens_before=50000,
         tokens_after=9000,
         steps=[{"rung": "elide", "freed": 1000}, {"rung": "snapshot", "freed": 40000}],
+        run=run,
+    )
+    # A /shake in the same conversation while the run was in flight: the conversation's, not the run's.
+    Compaction.objects.create(
+        conversation=run.conversation,
+        rung="drop_images",
+        tokens_before=777,
+        tokens_after=555,
+        steps=[{"rung": "drop_images", "freed": 222}],
+        trigger="command",
     )
     html = _client(alice).get(f"/runs/{run.pk}/").content.decode()
+    assert "drop_images" not in html
     assert "<tr><td><code>git_push</code></td><td>search</td><td>push my branch</td></tr>" in html
     assert "<tr><td><code>jira_create</code></td><td>direct</td><td>—</td></tr>" in html
     assert "found nothing for “order a pizza”" in html
@@ -106,5 +117,5 @@ def test_run_page_shows_its_activations_misses_and_compactions(alice, bob):
     quiet = _run(alice)
     html = _client(alice).get(f"/runs/{quiet.pk}/").content.decode()
     assert "No deferred tool was loaded." in html and "No search came back empty." in html
-    assert "No compaction while this run ran." in html  # the other conversation's pass is not this run's
+    assert "This run's turn did not compact." in html  # the other run's pass is not this run's
     assert _client(bob).get(f"/runs/{run.pk}/").status_code == 404

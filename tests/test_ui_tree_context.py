@@ -45,7 +45,8 @@ def branched(alice) -> Conversation:
 
 @pytest.mark.req("CH-7")
 def test_tree_rows_indent_only_at_forks_and_mark_tip_path_and_what_can_be_done(branched):
-    rows = selectors.tree_rows(conversation=branched)
+    rows = selectors.tree_window(conversation=branched)["items"]
+    assert not any(row["fold"] for row in rows)  # a small tree is drawn whole
     assert len(rows) == Message.objects.filter(conversation=branched).count() == 8
     by_id = {row["id"]: row for row in rows}
     assert [row["level"] for row in rows[:2]] == [0, 0]  # a chain does not indent

@@ -13,8 +13,9 @@ class UnknownProvider(ValueError):
 def get_provider(name: str) -> Provider:
     """The named provider, configured from settings; network providers retry transient failures.
 
-    The model name is not read here: runs record `settings.CC_MODEL` when they are
-    created and the request carries it, so an old run keeps the model it started with.
+    The model name is not read here: a run records its conversation's model (from
+    CC_MODELS, CC_MODEL by default) and that model's provider when it is created, and the
+    request carries it, so an old run keeps the model it started with.
     """
     if name == "offline":
         return OfflineProvider()

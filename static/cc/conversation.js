@@ -152,7 +152,7 @@
     const p = event.payload;
     switch (event.type) {
       case "run_started":
-        statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}.`;
+        statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}${p.mode ? `, mode ${p.mode}` : ""}.`;
         showRun(event.run_id);
         break;
       case "text_delta":
@@ -373,4 +373,32 @@
     else statusLine.textContent = errorText(await response.json().catch(() => ({})), response);
   });
   if (activeRun) { cancelButton.hidden = false; showRun(activeRun); }
+
+  // Model and mode pickers: each change is saved at once (PATCH); the next run uses it.
+  // A refused value puts the picker back and says why; focus stays on the picker.
+  const optionsStatus = document.getElementById("run-options-status");
+  for (const picker of document.querySelectorAll("#run-options select")) {
+    let saved = picker.value;
+    picker.addEventListener("change", async () => {
+      const value = picker.value;
+      const field = picker.name;
+      const label = picker.selectedOptions[0].textContent;
+      optionsStatus.classList.remove("error");
+      optionsStatus.textContent = `Saving ${field}…`;
+      const response = await fetch(`/api/conversations/${conversationId}/`, {
+        method: "PATCH",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
+        body: JSON.stringify({ [field]: field === "mode" ? (value ? Number(value) : null) : value }),
+      });
+      if (response.ok) {
+        saved = value;
+        optionsStatus.textContent = `The next run uses ${field} ${label}.`;
+      } else {
+        picker.value = saved;
+        optionsStatus.classList.add("error");
+        optionsStatus.textContent = errorText(await response.json().catch(() => ({})), response);
+      }
+    });
+  }
 })();

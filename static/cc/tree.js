@@ -1,12 +1,15 @@
 // Tree navigator: every change goes through the REST API, then the page reloads from the
-// server (the tree is the truth), keeping focus on the node that was acted on.
+// server (the tree is the truth), keeping focus on the node that was acted on. A long tree
+// comes windowed: folds (li.fold) open on demand, their rows fetched as HTML from tree/rows/.
 (() => {
   const root = document.getElementById("tree-page");
   if (!root) return;
   const conversationId = root.dataset.conversationId;
   const statusLine = document.getElementById("tree-status");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-  const nodes = [...document.querySelectorAll("#tree [role=treeitem]")];
+  const tree = document.getElementById("tree");
+  // Live, not a snapshot: opening a fold adds rows.
+  const items = () => [...document.querySelectorAll("#tree [role=treeitem]")];
   const editForm = document.getElementById("edit-form");
   const editText = document.getElementById("edit-text");
   let editing = null;
@@ -34,9 +37,27 @@
   }
 
   function focusNode(node) {
-    nodes.forEach((n) => { n.tabIndex = -1; });
+    items().forEach((n) => { n.tabIndex = -1; });
     node.tabIndex = 0;
     node.focus();
+  }
+
+  async function expand(fold) {
+    const { first, count, keep } = fold.dataset;
+    statusLine.textContent = `Opening ${count} message(s)…`;
+    const params = new URLSearchParams({ first, count, keep });
+    const response = await fetch(`/conversations/${conversationId}/tree/rows/?${params}`, { credentials: "same-origin" });
+    const body = await response.text();
+    if (!response.ok) { fail(new Error(body || `Error ${response.status}`)); return; }
+    const template = document.createElement("template");
+    template.innerHTML = body;
+    const added = [...template.content.querySelectorAll("[role=treeitem]")];
+    fold.replaceWith(template.content);
+    if (!added.length) return;
+    // Focus the row nearest to where the person was: the earlier path opens from its end.
+    focusNode(keep === "end" ? added[added.length - 1] : added[0]);
+    const rows = added.filter((n) => n.dataset.messageId).length;
+    statusLine.textContent = `Showing ${rows} more message${rows === 1 ? "" : "s"}.`;
   }
 
   async function branch(node) {
@@ -66,22 +87,30 @@
     editing = null;
   }
 
-  nodes.forEach((node) => {
-    node.addEventListener("click", (event) => {
-      if (event.target.closest("button.edit")) { startEdit(node); return; }
-      if (event.target.closest("a")) return;
-      focusNode(node);
-      branch(node);
-    });
-    node.addEventListener("keydown", (event) => {
-      const index = nodes.indexOf(node);
-      if (event.key === "ArrowDown" && index < nodes.length - 1) { event.preventDefault(); focusNode(nodes[index + 1]); }
-      else if (event.key === "ArrowUp" && index > 0) { event.preventDefault(); focusNode(nodes[index - 1]); }
-      else if (event.key === "Home") { event.preventDefault(); focusNode(nodes[0]); }
-      else if (event.key === "End") { event.preventDefault(); focusNode(nodes[nodes.length - 1]); }
-      else if (event.key === "Enter" || event.key === " ") { event.preventDefault(); branch(node); }
-      else if (event.key === "e" || event.key === "E") { event.preventDefault(); startEdit(node); }
-    });
+  // Delegated, so rows from an opened fold behave like the rest.
+  tree?.addEventListener("click", (event) => {
+    const node = event.target.closest("[role=treeitem]");
+    if (!node) return;
+    if (node.classList.contains("fold")) { expand(node); return; }
+    if (event.target.closest("button.edit")) { startEdit(node); return; }
+    if (event.target.closest("a")) return;
+    focusNode(node);
+    branch(node);
+  });
+  tree?.addEventListener("keydown", (event) => {
+    const node = event.target.closest("[role=treeitem]");
+    if (!node || event.target !== node) return;
+    const nodes = items();
+    const index = nodes.indexOf(node);
+    if (event.key === "ArrowDown" && index < nodes.length - 1) { event.preventDefault(); focusNode(nodes[index + 1]); }
+    else if (event.key === "ArrowUp" && index > 0) { event.preventDefault(); focusNode(nodes[index - 1]); }
+    else if (event.key === "Home") { event.preventDefault(); focusNode(nodes[0]); }
+    else if (event.key === "End") { event.preventDefault(); focusNode(nodes[nodes.length - 1]); }
+    else if (event.key === "Enter" || event.key === " ") {
+      event.preventDefault();
+      if (node.classList.contains("fold")) expand(node); else branch(node);
+    }
+    else if (event.key === "e" || event.key === "E") { event.preventDefault(); startEdit(node); }
   });
 
   editForm.addEventListener("submit", async (event) => {
@@ -126,6 +155,6 @@
   const note = sessionStorage.getItem("cc-tree-note");
   if (note) { statusLine.textContent = note; sessionStorage.removeItem("cc-tree-note"); }
   const target = location.hash && document.getElementById(location.hash.slice(1));
-  const start = target || nodes.find((n) => n.tabIndex === 0);
+  const start = target || items().find((n) => n.tabIndex === 0) || items()[0];
   if (start) { focusNode(start); start.scrollIntoView({ block: "center" }); }
 })();
