@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('agents', '0002_runtime'),
+        ('agents', '0003_model_request_tools_loaded_cache_miss'),
         ('toolcatalog', '0002_tool_server_missing_mcpcallcount'),
     ]
 
