@@ -7,8 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from agents.providers.emulator import Emulator, ScriptedPolicy, TestClock
+from agents.providers.inprocess import EmulatorProvider
 from agents.runtime.loop import run_turn
-from agents.runtime.request import text_block
+from agents.runtime.request import referenced_tools, text_block
 from tests.toolcatalog_helpers import ScriptedModel, final, reference_records, tool_call
 from toolcatalog.runtime import CatalogToolBox, search_tool_bm25
 from toolcatalog.search import ToolIndex
@@ -199,3 +201,30 @@ def test_search_tool_bm25_ranks_the_same_index_but_only_describes(tmp_path):
     assert [m["name"] for m in described["matches"]] == [m["name"] for m in loaded["matches"]]
     assert all(set(m) == {"name", "group", "description"} for m in described["matches"])
     assert search_tool_bm25(ToolIndex(records), "zzqx")["message"].startswith("No tool on this run's surface")
+
+
+@pytest.mark.req("TD-8")
+@pytest.mark.req("TD-11")
+def test_a_mode_change_after_an_activation_drops_the_references_to_the_tools_it_denies(tmp_path):
+    # Turn 1 loads assign_ticket by search; the conversation then switches to a mode that
+    # denies it. The next request must not reference a tool it no longer carries (the API
+    # refuses that), and the denied tool stays unreachable (TD-8).
+    first = _toolbox(tmp_path, _records())
+    provider = EmulatorProvider(Emulator(clock=TestClock(), policy=ScriptedPolicy([
+        tool_call("t1", "search_tools", {"query": "assign a ticket to someone"}), "found it",
+        tool_call("t2", "assign_ticket", {"ticket_id": "T-1", "assignee": "ana"}), "could not",
+    ])))  # fmt: skip
+    history = [*HISTORY]
+    outcome = run_turn(provider=provider, model="claude-sonnet-4-5", system=[text_block("sys")], history=history,
+                       toolbox=first, emit=lambda *_: None)  # fmt: skip
+    history += [*outcome.messages, {"role": "user", "content": [text_block("assign it")]}]
+    assert "assign_ticket" in referenced_tools(history)
+
+    denying = _toolbox(tmp_path, _records(), mode=ModeSpec(name="no-tickets", deny=("assign_ticket",)))
+    events = []
+    outcome = run_turn(provider=provider, model="claude-sonnet-4-5", system=[text_block("sys")], history=history,
+                       toolbox=denying, emit=lambda kind, payload: events.append((kind, payload)))  # fmt: skip
+    assert outcome.messages[-1]["content"][0]["text"] == "could not"
+    refused = [payload["output"] for kind, payload in events if kind == "tool_result"]
+    assert refused and refused[0]["ok"] is False and "assign_ticket" in refused[0]["error"]
+    assert "assign_ticket" not in [tool["name"] for tool in denying.schemas()]

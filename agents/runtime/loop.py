@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from agents.providers.base import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
 from agents.runtime.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
 from agents.runtime.cache import place_breakpoints
-from agents.runtime.request import ModelRequestSpec, referenced_tools, text_block
+from agents.runtime.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -114,7 +114,16 @@ def run_turn(
     restore = getattr(toolbox, "restore_loaded", None)
     if referenced and callable(restore):
         restore(referenced)  # in the order they were loaded, so the tools array reads as it did
-    loaded = set(referenced)
+    offered = {schema["name"] for schema in toolbox.schemas()} if referenced else set()
+    unoffered = {name for name in referenced if name not in offered}
+    if unoffered:
+        # The conversation's mode (or the catalog) changed since these tools were loaded: a
+        # reference to a tool the request does not carry is refused by the provider. The tool
+        # block changed too, so dropping the references costs no cache hit that was still there.
+        history = without_tool_references(history, unoffered)
+        if resume is not None:
+            resume = replace(resume, messages=without_tool_references(resume.messages, unoffered))
+    loaded = set(referenced) - unoffered
     if resume is not None:
         outcome.messages = list(resume.messages)
         previous_end, first_step = resume.previous_end, resume.step + 1

@@ -116,6 +116,25 @@ def tool_reference(name: str) -> dict[str, Any]:
     return {"type": "tool_reference", "tool_name": name}
 
 
+def without_tool_references(messages: list[dict[str, Any]], names: set[str]) -> list[dict[str, Any]]:
+    """`messages` with the `tool_reference` blocks that name one of `names` taken out of their tool results."""
+    def keep(item: Any) -> bool:
+        return not (isinstance(item, dict) and item.get("type") == "tool_reference" and item.get("tool_name") in names)
+
+    cleaned = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [
+                {**block, "content": [item for item in block["content"] if keep(item)]}
+                if isinstance(block, dict) and isinstance(block.get("content"), list)
+                else block
+                for block in content
+            ]
+        cleaned.append({**message, "content": content})
+    return cleaned
+
+
 def referenced_tools(messages: list[dict[str, Any]]) -> list[str]:
     """Names loaded by `tool_reference` blocks in the tool results of `messages`, in order of first reference."""
     names: list[str] = []
