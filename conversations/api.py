@@ -22,6 +22,7 @@ from conversations.serializers import (
     MessageCreateSerializer,
     MessageEditSerializer,
     MessageSerializer,
+    PathMessageSerializer,
     RewindDigestSerializer,
     RewindSerializer,
 )
@@ -50,7 +51,7 @@ class ConversationDetailApi(APIView):
     @extend_schema(
         responses=inline_serializer(
             "ConversationWithPath",
-            {"conversation": ConversationSerializer(), "path": MessageSerializer(many=True)},
+            {"conversation": ConversationSerializer(), "path": PathMessageSerializer(many=True)},
         )
     )
     def get(self, request: Request, conversation_id: int) -> Response:
@@ -58,7 +59,7 @@ class ConversationDetailApi(APIView):
         return Response(
             {
                 "conversation": ConversationSerializer(conversation).data,
-                "path": MessageSerializer(selectors.current_path(conversation), many=True).data,
+                "path": PathMessageSerializer(selectors.current_path(conversation), many=True).data,
             }
         )
 
