@@ -110,9 +110,11 @@ def view_of_path(*, conversation_id: int, path: list[PathMessage]) -> list[dict[
     candidates = Compaction.objects.filter(conversation_id=conversation_id, view__isnull=False).order_by("-id")
     latest = next((pk for pk, tip in candidates.values_list("pk", "tip_id") if tip in on_path), None) if path else None
     compaction = Compaction.objects.only("tip_id", "view").get(pk=latest) if latest is not None else None
-    later = path[on_path[compaction.tip_id] + 1 :] if compaction else path
-    # Notes before the compaction's tip are inside its view: it was built from this same history.
-    notes = rewind_notes(conversation_id=conversation_id, path=later)
+    start = on_path[compaction.tip_id] + 1 if compaction else 0
+    later = path[start:]
+    # Notes before the compaction's tip are inside its view (it was built from this same
+    # history); the tip itself may be the checkpoint the first later prompt follows.
+    notes = rewind_notes(conversation_id=conversation_id, path=path[max(0, start - 1) :])
     return [*(compaction.view if compaction else []), *(_sendable(m, notes.get(m.id)) for m in later)]
 
 

@@ -155,3 +155,15 @@ def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests
     # The explored path itself was written before the rewind: going back to it carries no note.
     explored_view = selectors.history_view(conversation_id=explored.pk, tip_id=explored_tip)
     assert "[rewind note]" not in json.dumps(explored_view)
+
+
+@pytest.mark.req("CH-9")
+def test_a_compaction_at_the_checkpoint_keeps_the_rewind_note_of_the_prompt_after_it(explored):
+    services.checkpoint_create(conversation=explored, label="cp")
+    add_turn(explored, "Try the risky idea.", "It broke the build.")
+    services.conversation_rewind(conversation=explored, label="cp")
+    services.command_run(conversation=explored, text="/shake")  # a compaction view whose tip is the checkpoint
+    _, run = services.message_send(conversation=explored, text="Do the safe thing.")
+    sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
+    note, prompt = sent[-1]["content"]
+    assert prompt["text"] == "Do the safe thing." and '"Try the risky idea."' in note["text"]
