@@ -6,7 +6,9 @@ For each shape in `conversations.snapshots.PAGE_SHAPES`: characters per page, im
 tokens per page and the saving ratio (text tokens of the same characters / image
 tokens) under both billing rules (area: about w*h/750; fixed: 1,120 per page up to
 2048 px), render time per page, and `ocr_char_accuracy`: the first page read back by
-Tesseract (a stand-in for a vision model), upscaled, against its source text.
+Tesseract (a stand-in for a vision model), upscaled, against its source text. `font`
+says how many glyphs the font has and which characters of a multilingual sample it
+lacks (each drawn as the replacement glyph).
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ _SAMPLE = [
     ("user", "Good. Change the three call sites, run the test suite and report which tests fail, if any."),
     ("result", '{"ok": false, "error": "2 failed, 118 passed: test_quoted_newline, test_bom_header"}'),
 ]
+
+
+# The seeds' languages and the scripts users write in; the last two characters are outside the font.
+_MULTILINGUAL = (
+    "Perché no? Città, però. Árvíztűrő tükörfúrógép, ŐŰ. Não, ação, coração. "
+    "Ελληνικά γράμματα. Русский текст, Україна. “quotes” — dash … → ≤ ≥ € ✓ 中😀"
+)
 
 
 def add_arguments(parser) -> None:
@@ -111,4 +120,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             "ocr_char_accuracy": _ocr_accuracy(pages[0], laid_out[0], shape, options["upscale"], options["ocr_rows"]),
             "ocr_rows_sampled": min(options["ocr_rows"], len(laid_out[0])),
         }
-    return {"shapes": figures, "sample": json.dumps(_SAMPLE[0][1])[:60]}
+    missing = snapshots.missing_chars(_MULTILINGUAL)
+    return {
+        "shapes": figures,
+        "sample": json.dumps(_SAMPLE[0][1])[:60],
+        "font": {
+            "glyphs": len(snapshots.font().codepoints),
+            "multilingual_sample_chars": len(_MULTILINGUAL),
+            "multilingual_missing": dict(missing),
+        },
+    }

@@ -24,6 +24,7 @@ from conversations.serializers import (
     MessageEditSerializer,
     MessageSerializer,
     ModelChoiceSerializer,
+    PathMessageSerializer,
     RewindDigestSerializer,
     RewindSerializer,
 )
@@ -52,7 +53,7 @@ class ConversationDetailApi(APIView):
     @extend_schema(
         responses=inline_serializer(
             "ConversationWithPath",
-            {"conversation": ConversationSerializer(), "path": MessageSerializer(many=True)},
+            {"conversation": ConversationSerializer(), "path": PathMessageSerializer(many=True)},
         )
     )
     def get(self, request: Request, conversation_id: int) -> Response:
@@ -60,7 +61,7 @@ class ConversationDetailApi(APIView):
         return Response(
             {
                 "conversation": ConversationSerializer(conversation).data,
-                "path": MessageSerializer(selectors.current_path(conversation), many=True).data,
+                "path": PathMessageSerializer(selectors.current_path(conversation), many=True).data,
             }
         )
 

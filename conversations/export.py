@@ -23,6 +23,8 @@ def export_markdown(conversation: dict[str, Any], messages: Sequence[Msg]) -> st
     out = [f"# {conversation.get('title', 'Conversation')}", ""]
     for message in messages:
         out += [f"## {str(message['role']).capitalize()} (#{message.get('id')})", ""]
+        for note in message.get("rewind_notes") or []:
+            out += [f"> {note}", ""]
         for block in message.get("content") or []:
             kind = block.get("type")
             if kind == "text":
@@ -74,6 +76,21 @@ def exploration_digest(explored: Sequence[Msg]) -> dict[str, Any]:
         "tool_errors": errors,
         "outcome": last_answer[: PREVIEW_CHARS * 2],
     }
+
+
+def rewind_note(label: str, digest: dict[str, Any]) -> str:
+    """The digest of a rewound exploration as the model reads it, in front of the next prompt (CH-9)."""
+    tried = "; ".join(json.dumps(text, ensure_ascii=False) for text in digest.get("tried") or []) or "no new prompt"
+    tools = ", ".join(f"{name} x{count}" for name, count in (digest.get("tools") or {}).items()) or "none"
+    outcome = digest.get("outcome") or "no answer"
+    return (
+        f"[rewind note] After this point an exploration of {digest.get('messages', 0)} messages "
+        f"(#{digest.get('from_message')}-#{digest.get('to_message')}) was tried and then rewound to checkpoint "
+        f"{label!r}; it is kept in the tree but is not part of this conversation any more. "
+        f"Prompts tried: {tried}. Tools called: {tools}; tool errors: {digest.get('tool_errors', 0)}. "
+        f"How it ended: {json.dumps(outcome, ensure_ascii=False)}. "
+        "Use what it found; do not repeat what failed unless asked to."
+    )
 
 
 CATEGORIES = (

@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import gc
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
 
 from agents.models import Run
+from agents.runtime.request import text_block
+from agents.runtime.tokens import estimate_text_tokens
 from controlcenter.errors import DomainError, NotFound
 from conversations import export, treeview
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
@@ -39,45 +47,135 @@ def conversation_for_user(*, user: AbstractBaseUser, conversation_id: int) -> Co
         raise NotFound(f"Conversation {conversation_id} does not exist.") from None
 
 
-_PATH_SQL = """
-WITH RECURSIVE path(id, depth) AS (
-    SELECT id, 0 FROM {table} WHERE id = %s AND conversation_id = %s
-    UNION ALL
-    SELECT m.parent_id, p.depth + 1 FROM {table} m JOIN path p ON m.id = p.id WHERE m.parent_id IS NOT NULL
-)
-SELECT m.* FROM {table} m JOIN path p ON m.id = p.id ORDER BY p.depth DESC
-"""
+class PathMessage(NamedTuple):
+    """A message of a path as plain data: what the runtime, the API, export and fork read.
 
-
-def path_to(message: Message | None) -> list[Message]:
-    """Root-to-`message` path of the tree, oldest first, in one query (a recursive CTE walking up the parents)."""
-    if message is None:
-        return []
-    sql = _PATH_SQL.format(table=Message._meta.db_table)
-    return list(Message.objects.raw(sql, [message.pk, message.conversation_id]))
-
-
-def current_path(conversation: Conversation) -> list[Message]:
-    return path_to(conversation.tip)
-
-
-def history_view(*, tip: Message | None) -> list[dict[str, Any]]:
-    """What a request sends for the path to `tip`: the latest compaction view on it, then the messages after.
-
-    Without a compaction this is the path itself. A view is reused until the next pass,
-    so the requests of later turns start with the same bytes (CH-2, TD-11).
+    A 10,000-message path is one query and one JSON decode; building model instances
+    for it cost several times more, and nothing on a path needs their behaviour. A tuple,
+    because building one from a decoded row is a single C call.
     """
-    path = path_to(tip)
-    on_path = {message.pk: index for index, message in enumerate(path)}
-    latest = (
-        Compaction.objects.filter(conversation_id=tip.conversation_id, tip_id__in=on_path, view__isnull=False)
-        .order_by("-id")
-        .first()
-        if tip is not None
-        else None
-    )
-    later = path[on_path[latest.tip_id] + 1 :] if latest else path
-    return [*(latest.view if latest else []), *({"role": m.role, "content": m.content} for m in later)]
+
+    id: int
+    parent_id: int | None
+    role: str
+    content: list[dict[str, Any]]
+    created_at: str  # ISO 8601, UTC
+
+    @property
+    def pk(self) -> int:
+        # Read like a Message's, so templates written against model instances keep working.
+        return self.id
+
+
+# Walks up the parents carrying each row's columns, so every level is one index lookup.
+_PATH_CTE = """
+WITH RECURSIVE path(id, parent_id, role, content, created_at, depth) AS (
+    SELECT id, parent_id, role, content, created_at, 0 FROM {table} WHERE id = %s AND conversation_id = %s
+    UNION ALL
+    SELECT m.id, m.parent_id, m.role, m.content, m.created_at, p.depth + 1
+    FROM {table} m JOIN path p ON m.id = p.parent_id
+)
+"""
+# The database builds the path as one JSON array of [id, parent, role, content, created_at],
+# oldest first, so Python decodes one string instead of 10,000 rows of JSON and timestamps.
+_PATH_AGGREGATE = {
+    "postgresql": "SELECT json_agg(json_build_array(id, parent_id, role, content, created_at)"
+    " ORDER BY depth DESC)::text FROM path",
+    # SQLite 3.40 has no ORDER BY inside an aggregate; it aggregates an ordered subquery in that order.
+    "sqlite": "SELECT json_group_array(json_array(id, parent_id, role, json(content),"
+    " replace(created_at, ' ', 'T') || '+00:00')) FROM (SELECT * FROM path ORDER BY depth DESC)",
+}
+
+
+def path_to(*, conversation_id: int, tip_id: int | None) -> list[PathMessage]:
+    """Root-to-tip path of the tree, oldest first: the one way a path is loaded (CH-7).
+
+    One query (a recursive CTE walking up the parents, aggregated to one JSON array by
+    the database); empty when there is no tip or it is not in this conversation.
+    """
+    if tip_id is None:
+        return []
+    sql = _PATH_CTE.format(table=Message._meta.db_table) + _PATH_AGGREGATE[connection.vendor]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [tip_id, conversation_id])
+        (aggregate,) = cursor.fetchone()
+    if not aggregate:
+        return []
+    with _no_collection():
+        return list(map(PathMessage._make, json.loads(aggregate)))
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    """The cyclic garbage collector paused while a path is decoded.
+
+    Decoding 10,000 messages allocates ~40,000 containers, enough to set off full
+    collections that scan every live object of the process: 300-700 ms spikes on every
+    few loads in a busy worker. Nothing decoded here is cyclic; reference counting frees it.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def current_path(conversation: Conversation) -> list[PathMessage]:
+    return path_to(conversation_id=conversation.pk, tip_id=conversation.tip_id)
+
+
+def history_view(*, conversation_id: int, tip_id: int | None) -> list[dict[str, Any]]:
+    """What a request sends for the path to the tip: the latest compaction view on it, then the messages after.
+
+    Without a compaction this is the path itself, with the rewind notes in place (CH-9).
+    A view is reused until the next pass, so the requests of later turns start with the
+    same bytes (CH-2, TD-11).
+    """
+    return view_of_path(conversation_id=conversation_id, path=path_to(conversation_id=conversation_id, tip_id=tip_id))
+
+
+def view_of_path(*, conversation_id: int, path: list[PathMessage]) -> list[dict[str, Any]]:
+    on_path = {message.id: index for index, message in enumerate(path)}
+    # A conversation has few compactions; matching their tips here avoids an IN list of the whole path.
+    candidates = Compaction.objects.filter(conversation_id=conversation_id, view__isnull=False).order_by("-id")
+    latest = next((pk for pk, tip in candidates.values_list("pk", "tip_id") if tip in on_path), None) if path else None
+    compaction = Compaction.objects.only("tip_id", "view").get(pk=latest) if latest is not None else None
+    start = on_path[compaction.tip_id] + 1 if compaction else 0
+    later = path[start:]
+    # Notes before the compaction's tip are inside its view (it was built from this same
+    # history); the tip itself may be the checkpoint the first later prompt follows.
+    notes = rewind_notes(conversation_id=conversation_id, path=path[max(0, start - 1) :])
+    with _no_collection():
+        return [*(compaction.view if compaction else []), *(_sendable(m, notes.get(m.id)) for m in later)]
+
+
+def _sendable(message: PathMessage, notes: list[str] | None) -> dict[str, Any]:
+    if not notes:
+        return {"role": message.role, "content": message.content}
+    return {"role": message.role, "content": [*(text_block(note) for note in notes), *message.content]}
+
+
+def rewind_notes(*, conversation_id: int, path: list[PathMessage]) -> dict[int, list[str]]:
+    """The rewind notes of a path (CH-9), by the id of the message that carries them.
+
+    A prompt written under a checkpoint after a rewind to it carries the digest of every
+    exploration rewound there before it was written. It goes in front of that prompt, after
+    the checkpoint: every earlier message stays byte for byte what earlier requests sent,
+    and later turns send the same note at the same place, so the prompt cache only grows.
+    The explored path itself (written before the rewind) carries none.
+    """
+    if len(path) < 2:
+        return {}
+    following = {parent.id: child for parent, child in zip(path, path[1:], strict=False)}
+    notes: dict[int, list[str]] = {}
+    # A conversation has few rewinds: all of them, rather than an IN list of the whole path.
+    for record in RewindDigest.objects.filter(conversation_id=conversation_id).order_by("id"):
+        child = following.get(record.target_id)
+        if child is not None and record.created_at <= datetime.fromisoformat(child.created_at):
+            notes.setdefault(child.id, []).append(export.rewind_note(record.label, record.digest))
+    return notes
 
 
 def message_in_conversation(*, conversation: Conversation, message_id: int) -> Message:
@@ -88,13 +186,16 @@ def message_in_conversation(*, conversation: Conversation, message_id: int) -> M
     return message
 
 
-def as_plain(message: Message) -> dict[str, Any]:
+def as_plain(message: Message | PathMessage) -> dict[str, Any]:
     """The message as the pure core takes it: Anthropic shape plus its database id."""
-    return {"id": message.pk, "role": message.role, "content": message.content}
+    return {"id": message.id, "role": message.role, "content": message.content}
 
 
 def path_messages(conversation: Conversation) -> list[dict[str, Any]]:
-    return [as_plain(message) for message in current_path(conversation)]
+    """The current path as the pure core takes it (ids kept), rewind notes in place: what the ladder compacts."""
+    path = current_path(conversation)
+    notes = rewind_notes(conversation_id=conversation.pk, path=path)
+    return [{"id": m.id, **_sendable(m, notes.get(m.id))} for m in path]
 
 
 def message_tree(*, conversation: Conversation) -> dict[str, Any]:
@@ -161,7 +262,10 @@ def conversation_export(*, conversation: Conversation, kind: str) -> dict[str, A
         "tip": conversation.tip_id,
         "forked_from": conversation.forked_from_id,
     }
-    messages = path_messages(conversation)
+    path = current_path(conversation)
+    notes = rewind_notes(conversation_id=conversation.pk, path=path)
+    # The stored content as it is, and the rewind notes the model reads in front of it beside it (CH-9).
+    messages = [{**as_plain(m), **({"rewind_notes": notes[m.id]} if m.id in notes else {})} for m in path]
     if kind == "json":
         return export.export_json(meta, messages)
     if kind in ("markdown", "md"):
@@ -191,7 +295,8 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     # The very functions run_execute builds its requests with (TD-15).
     # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
     catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
-    pruning = turn_pruned(history_view(tip=conversation.tip))
+    path = current_path(conversation)
+    pruning = turn_pruned(view_of_path(conversation_id=conversation.pk, path=path))
     request = ModelRequestSpec(
         model=conversation.model or settings.CC_MODEL,
         system=turn_system(catalog),
@@ -211,6 +316,12 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).
         "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
         "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},
+        # Digests of rewound explorations, sent in front of the prompt that followed the rewind (CH-9).
+        "rewind_notes": [
+            {"message": message_id, "text": note, "tokens": estimate_text_tokens(note)}
+            for message_id, notes in rewind_notes(conversation_id=conversation.pk, path=path).items()
+            for note in notes
+        ],
         "turn": {"run": latest_run.pk if latest_run else None, "status": latest_run.status if latest_run else None},
         "scratchpad": [
             {

@@ -11,6 +11,16 @@ class MessageSerializer(serializers.ModelSerializer):
         fields = ["id", "parent", "role", "content", "created_at"]
 
 
+class PathMessageSerializer(serializers.Serializer):
+    """A message of the current path (`selectors.PathMessage`), in the same shape as MessageSerializer."""
+
+    id = serializers.IntegerField()
+    parent = serializers.IntegerField(source="parent_id", allow_null=True)
+    role = serializers.ChoiceField(choices=Message.Role.choices)
+    content = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+
+
 class ConversationSerializer(serializers.ModelSerializer):
     class Meta:
         model = Conversation

@@ -7,7 +7,6 @@ these services instead of starting a run.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,7 +195,8 @@ def conversation_fork(*, conversation: Conversation, title: str = "") -> Convers
             model=conversation.model,
             mode_id=conversation.mode_id,
         )
-        copies = [Message(conversation=fork, role=m.role, content=copy.deepcopy(m.content)) for m in path]
+        # Decoded fresh from the database for this fork, so the copies share no objects with anything.
+        copies = [Message(conversation=fork, role=m.role, content=m.content) for m in path]
         ids = _reserve_message_ids(len(copies))
         if ids:
             for new_id, message in zip(ids, copies, strict=True):
@@ -210,7 +210,7 @@ def conversation_fork(*, conversation: Conversation, title: str = "") -> Convers
             for parent, message in zip(copies, copies[1:], strict=False):
                 message.parent_id = parent.pk
             Message.objects.bulk_update(copies[1:], ["parent"])
-        new_id_of = {old.pk: new.pk for old, new in zip(path, copies, strict=True)}
+        new_id_of = {old.id: new.pk for old, new in zip(path, copies, strict=True)}
         Checkpoint.objects.bulk_create(
             Checkpoint(conversation=fork, label=checkpoint.label, message_id=new_id_of[checkpoint.message_id])
             for checkpoint in Checkpoint.objects.filter(conversation=conversation, message_id__in=new_id_of)
@@ -258,7 +258,7 @@ def conversation_rewind(*, conversation: Conversation, label: str | None = None)
     with transaction.atomic():
         locked = _lock(conversation)
         path = selectors.current_path(locked)
-        position = {message.pk: index for index, message in enumerate(path)}
+        position = {message.id: index for index, message in enumerate(path)}
         checkpoints = list(Checkpoint.objects.filter(conversation=locked))
         if label is None:
             behind = [c for c in checkpoints if c.message_id in position and c.message_id != locked.tip_id]
@@ -351,7 +351,7 @@ def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = No
     with the rungs that need no model call. Its view is stored and reused by later turns,
     so a pass is one rewrite, not a different prefix at every turn.
     """
-    history = selectors.history_view(tip=trigger)
+    history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
         return TurnContext(history, None)

@@ -6,8 +6,11 @@ text than its image costs. Pages are always rendered from the retained source
 text, never from an earlier pass's pixels: re-imaging an image loses a generation
 of glyph quality per compaction until nothing can read it (CH-4).
 
-The glyphs are Pillow's built-in bitmap font (6 x 11 px cells, public domain,
-shipped inside Pillow), so rendering needs no font file, no key and no network.
+The glyphs are the X11 misc-fixed 6x12 font (public domain, shipped in
+`conversations/fonts/`, ~4,500 glyphs: Latin with its extensions, Greek, Cyrillic,
+Hebrew, punctuation, arrows, maths, box drawing), so rendering needs no key and no
+network. A character the font lacks is drawn as the font's replacement glyph (U+FFFD)
+and counted in the report, never silently dropped or turned into '?'.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from __future__ import annotations
 import base64
 import io
 import json
+import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw, ImageFont
+import numpy as np
+from PIL import Image
 
 from agents.runtime.tokens import estimate_text_tokens
 from conversations.transcript import Msg, image_size, image_tokens
@@ -38,9 +45,10 @@ class PageShape:
     name: str
     width: int
     height: int
+    # The glyph cell is the font's (misc-fixed 6x12); the narrow margin keeps 88 rows on an `area` page.
     cell_width: int = 6
-    cell_height: int = 11
-    margin: int = 4
+    cell_height: int = 12
+    margin: int = 2
 
     @property
     def columns(self) -> int:
@@ -87,6 +95,9 @@ class SnapshotReport:
     image_tokens_per_page: int = 0
     text_tokens: int = 0
     image_tokens: int = 0
+    # Characters the font has no glyph for, drawn as the replacement glyph: how many, and which.
+    missing_chars: int = 0
+    missing: dict[str, int] = field(default_factory=dict)
 
     @property
     def tokens_saved(self) -> int:
@@ -102,17 +113,52 @@ class SnapshotReport:
             "text_tokens": self.text_tokens,
             "image_tokens": self.image_tokens,
             "tokens_saved": self.tokens_saved,
+            "missing_chars": self.missing_chars,
+            "missing": self.missing,
         }
 
 
+FONT_FILE = Path(__file__).parent / "fonts" / "misc-fixed-6x12.npz"
+REPLACEMENT = "\ufffd"
+
+
+@dataclass(frozen=True)
+class GlyphFont:
+    """A single-width bitmap font: sorted code points and one cell bitmap (0/1) per glyph."""
+
+    codepoints: np.ndarray
+    glyphs: np.ndarray  # glyphs x cell height x cell width, uint8 0/1
+    replacement: int  # index of U+FFFD, drawn for every character the font lacks
+
+    def indices(self, text: str) -> np.ndarray:
+        """Glyph index per character of `text`, the replacement glyph where the font has none."""
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        found = np.minimum(np.searchsorted(self.codepoints, codes), len(self.codepoints) - 1)
+        return np.where(self.codepoints[found] == codes, found, self.replacement)
+
+
 @cache
-def _font() -> ImageFont.ImageFont:
-    return ImageFont.load_default_imagefont()
+def font() -> GlyphFont:
+    with np.load(FONT_FILE) as data:
+        codepoints, rows = data["codepoints"], data["rows"]
+    # One byte per pixel row, the cell's columns in the high bits.
+    glyphs = np.unpackbits(rows[:, :, None], axis=2)[:, :, :6]
+    replacement = int(np.searchsorted(codepoints, ord(REPLACEMENT)))
+    return GlyphFont(codepoints, np.ascontiguousarray(glyphs), replacement)
 
 
 def _printable(text: str) -> str:
-    # The bitmap font covers Latin-1; anything else becomes '?' rather than a blank cell.
-    return "".join(ch if 32 <= ord(ch) < 256 and ord(ch) != 127 else ("    " if ch == "\t" else "?") for ch in text)
+    # Composed form, so a base letter plus a combining accent takes the one precomposed glyph;
+    # a tab is four cells, other control characters fall to the replacement glyph.
+    return unicodedata.normalize("NFC", text).replace("\t", "    ")
+
+
+def missing_chars(text: str) -> Counter[str]:
+    """The characters of `text` the font has no glyph for (each drawn as the replacement glyph)."""
+    text = _printable(text)
+    glyphs = font()
+    drawn_as_replacement = np.flatnonzero(glyphs.indices(text) == glyphs.replacement)
+    return Counter(text[i] for i in drawn_as_replacement.tolist() if text[i] != REPLACEMENT)
 
 
 BREAK = " \u00b6 "  # a pilcrow marks a line break, so short lines do not waste the rest of a row
@@ -214,23 +260,29 @@ def _segments(stream: str, dim_at: bytearray, start: int, end: int) -> Row:
 
 
 def render_page(rows: Sequence[Row], shape: PageShape) -> Page:
-    # Three inks in a 2-bit palette: encoding a quarter of the bytes of a grey image is
-    # what keeps a 2048-px page under 100 ms (PNG compression dominates rendering).
-    image = Image.new("P", (shape.width, shape.height), 0)
-    image.putpalette([PAPER] * 3 + [INK] * 3 + [DIM_INK] * 3)
-    draw = ImageDraw.Draw(image)
-    font = _font()
+    glyphs = font()
+    count, columns = len(rows), shape.columns
+    texts = ["".join(segment.text for segment in row) for row in rows]
+    # The page as a grid of glyph indices and inks, then every cell's bitmap in one numpy gather.
+    cells = glyphs.indices("".join(text.ljust(columns) for text in texts)).reshape(count, columns)
+    inks = np.ones((count, columns), dtype=np.uint8)
     for row_index, row in enumerate(rows):
-        y = shape.margin + row_index * shape.cell_height
         column = 0
         for segment in row:
-            x = shape.margin + column * shape.cell_width
-            draw.text((x, y), segment.text, font=font, fill=2 if segment.dim else 1)
+            if segment.dim:
+                inks[row_index, column : column + len(segment.text)] = 2
             column += len(segment.text)
+    height, width = glyphs.glyphs.shape[1:]
+    pixels = (glyphs.glyphs[cells] * inks[:, :, None, None]).transpose(0, 2, 1, 3).reshape(count * height, -1)
+    page = np.zeros((shape.height, shape.width), dtype=np.uint8)
+    page[shape.margin : shape.margin + pixels.shape[0], shape.margin : shape.margin + pixels.shape[1]] = pixels
+    # Three inks in a 2-bit palette: encoding a quarter of the bytes of a grey image is
+    # what keeps a 2048-px page under 100 ms (PNG compression dominates rendering).
+    image = Image.frombytes("P", (shape.width, shape.height), page.tobytes())
+    image.putpalette([PAPER] * 3 + [INK] * 3 + [DIM_INK] * 3)
     buffer = io.BytesIO()
     image.save(buffer, format="PNG", bits=2, compress_level=1)
-    chars = sum(len(segment.text) for row in rows for segment in row)
-    return Page(buffer.getvalue(), chars, shape.width, shape.height)
+    return Page(buffer.getvalue(), sum(len(text) for text in texts), shape.width, shape.height)
 
 
 def render(
@@ -241,6 +293,7 @@ def render(
     pages = [render_page(chunk, shape) for chunk in layout(lines, shape)]
     per_page = image_tokens(shape.width, shape.height, rule=image_rule)
     source_text = "\n".join(line.text for line in lines)
+    missing = missing_chars(" ".join(line.text for line in lines))
     report = SnapshotReport(
         shape=shape.name,
         image_rule=image_rule,
@@ -249,5 +302,7 @@ def render(
         image_tokens_per_page=per_page,
         text_tokens=estimate_text_tokens(source_text),
         image_tokens=per_page * len(pages),
+        missing_chars=sum(missing.values()),
+        missing=dict(missing.most_common(20)),
     )
     return pages, report

@@ -12,7 +12,7 @@ from agents.models import Run
 from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
-from conversations.models import Conversation, Message
+from conversations.models import Conversation
 from toolcatalog.selectors import modes_list
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
@@ -65,7 +65,7 @@ def _compact(raw: Any) -> str:
     return json.dumps(raw, ensure_ascii=False, sort_keys=True)
 
 
-def _present(path: list[Message], run_by_trigger: dict[int, int]) -> list[dict[str, Any]]:
+def _present(path: list[selectors.PathMessage], run_by_trigger: dict[int, int]) -> list[dict[str, Any]]:
     """The path as the page shows it: each tool call carries its result, so a message
     holding only tool results is folded into the call that asked for them."""
     results: dict[str, dict[str, Any]] = {}

@@ -65,7 +65,7 @@ def test_tree_rows_indent_only_at_forks_and_mark_tip_path_and_what_can_be_done(b
 @pytest.mark.req("CH-7")
 @pytest.mark.req("CH-9")
 def test_tree_page_draws_every_message_the_tip_and_checkpoints(alice, branched):
-    Checkpoint.objects.create(conversation=branched, label="first", message=selectors.current_path(branched)[1])
+    Checkpoint.objects.create(conversation=branched, label="first", message_id=selectors.current_path(branched)[1].id)
     html = _client(alice).get(f"/conversations/{branched.pk}/tree/").content.decode()
     assert html.count('role="treeitem"') == 8
     assert f'id="m-{branched.tip_id}" role="treeitem" aria-level="2" aria-selected="true"' in html

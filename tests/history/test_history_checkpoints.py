@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from agents.models import Run
+from agents.services import _turn_history, run_execute
 from controlcenter.errors import DomainError
 from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
@@ -109,3 +113,57 @@ def test_duplicate_label_and_rewind_errors_change_nothing(explored):
     explored.refresh_from_db()
     assert explored.tip_id == first_answer != tip
     assert Checkpoint.objects.count() == 1 and not RewindDigest.objects.exists()
+
+
+@pytest.mark.req("CH-9")
+def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests_only_grow(explored):
+    services.checkpoint_create(conversation=explored, label="before-refactor")
+    at_checkpoint = selectors.history_view(conversation_id=explored.pk, tip_id=explored.tip_id)
+    add_turn(explored, "Rename the module.", "Renamed, but the tests fail.", tools=[("run_tests", {"ok": False})])
+    explored_tip = explored.tip_id
+    services.conversation_rewind(conversation=explored, label="before-refactor")
+
+    _, run = services.message_send(conversation=explored, text="Try an adapter instead.")
+    # The history the run sends, built by the runtime's own turn-building code.
+    sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
+    assert sent[: len(at_checkpoint)] == at_checkpoint  # nothing before the checkpoint was rewritten
+    assert len(sent) == len(at_checkpoint) + 1
+    note, prompt = sent[-1]["content"]
+    assert prompt == {"type": "text", "text": "Try an adapter instead."}
+    assert note["text"].startswith("[rewind note]")
+    for seen in ("'before-refactor'", '"Rename the module."', "run_tests x1", "tool errors: 1", "the tests fail"):
+        assert seen in note["text"], seen
+
+    # The turn runs for real; the next turn's request starts with every byte this one sent.
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    explored.refresh_from_db()
+    _, second = services.message_send(conversation=explored, text="Go on.")
+    later = _turn_history(second, overhead_tokens=0, emit=lambda kind, payload: None)
+    assert later[: len(sent)] == sent and len(later) == len(sent) + 2
+
+    # /context and the export show the note where the model reads it; the stored prompt is unchanged.
+    prompt_id = Message.objects.get(conversation=explored, content=[prompt]).pk
+    context = services.command_run(conversation=explored, text="/context").data
+    assert [(n["message"], n["text"]) for n in context["rewind_notes"]] == [(prompt_id, note["text"])]
+    exported = selectors.conversation_export(conversation=explored, kind="json")
+    (carrier,) = [m for m in exported["messages"] if m.get("rewind_notes")]
+    assert carrier["id"] == prompt_id and carrier["rewind_notes"] == [note["text"]] and carrier["content"] == [prompt]
+    assert f"> {note['text']}" in selectors.conversation_export(conversation=explored, kind="markdown")
+
+    # The explored path itself was written before the rewind: going back to it carries no note.
+    explored_view = selectors.history_view(conversation_id=explored.pk, tip_id=explored_tip)
+    assert "[rewind note]" not in json.dumps(explored_view)
+
+
+@pytest.mark.req("CH-9")
+def test_a_compaction_at_the_checkpoint_keeps_the_rewind_note_of_the_prompt_after_it(explored):
+    services.checkpoint_create(conversation=explored, label="cp")
+    add_turn(explored, "Try the risky idea.", "It broke the build.")
+    services.conversation_rewind(conversation=explored, label="cp")
+    services.command_run(conversation=explored, text="/shake")  # a compaction view whose tip is the checkpoint
+    _, run = services.message_send(conversation=explored, text="Do the safe thing.")
+    sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
+    note, prompt = sent[-1]["content"]
+    assert prompt["text"] == "Do the safe thing." and '"Try the risky idea."' in note["text"]

@@ -187,6 +187,46 @@ def test_a_page_carries_far_more_characters_than_its_image_costs():
             assert page.size == (shape.width, shape.height)
 
 
+def _cells(page: snapshots.Page, shape: snapshots.PageShape, first: int, count: int) -> list[bytes]:
+    """The pixels of `count` glyph cells of the first row, from column `first` on."""
+    with Image.open(io.BytesIO(page.png)) as image:
+        return [
+            image.crop(
+                (
+                    shape.margin + column * shape.cell_width,
+                    shape.margin,
+                    shape.margin + (column + 1) * shape.cell_width,
+                    shape.margin + shape.cell_height,
+                )
+            ).tobytes()
+            for column in range(first, first + count)
+        ]
+
+
+@pytest.mark.req("CH-3")
+def test_text_beyond_latin_1_gets_its_own_glyphs_and_what_the_font_lacks_is_counted():
+    # Hungarian double acutes (Latin Extended-A), Portuguese, Greek and Cyrillic, then the
+    # replacement character itself and two characters the font has no glyph for.
+    text = "oőuűãçΩЖ\ufffd中😀"
+    shape = snapshots.PAGE_SHAPES["area"]
+    pages, report = snapshots.render([{"id": 1, "role": "user", "content": [{"type": "text", "text": text}]}])
+    o, o_double_acute, u, u_double_acute, a_tilde, c_cedilla, omega, zhe, replacement, han, emoji = _cells(
+        pages[0], shape, len("[user #1] "), len(text)
+    )
+    drawn = [o, o_double_acute, u, u_double_acute, a_tilde, c_cedilla, omega, zhe, replacement]
+    assert len(set(drawn)) == len(drawn), "every covered character has a glyph of its own"
+    question_mark = _cells(
+        snapshots.render([{"role": "user", "content": [{"type": "text", "text": "?"}]}])[0][0], shape, len("[user] "), 1
+    )[0]
+    assert question_mark not in drawn
+    # What the font lacks is drawn as the visible replacement glyph and reported, never as '?'.
+    assert han == emoji == replacement != question_mark
+    assert report.missing_chars == 2 and report.missing == {"中": 1, "😀": 1}
+    # A combining accent is composed first, so 'o' + U+030B takes the precomposed glyph.
+    decomposed, _ = snapshots.render([{"id": 1, "role": "user", "content": [{"type": "text", "text": "o\u030b"}]}])
+    assert _cells(decomposed[0], shape, len("[user #1] "), 1)[0] == o_double_acute
+
+
 @pytest.mark.req("CH-3")
 def test_tool_results_are_capped_and_dimmer_and_role_markers_are_kept():
     message = {"id": 7, "role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "y" * 5000}]}

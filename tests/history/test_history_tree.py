@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -99,7 +101,7 @@ def test_fork_copies_the_path_with_new_ids(explored):
     copied = selectors.current_path(fork)
     assert [(m.role, m.content) for m in copied] == [(m.role, m.content) for m in original]
     assert not {m.pk for m in copied} & {m.pk for m in original}
-    assert all(m.conversation_id == fork.pk for m in copied)
+    assert Message.objects.filter(pk__in=[m.id for m in copied], conversation=fork).count() == len(copied)
     assert copied[0].parent_id is None and fork.forked_from_id == explored.pk and fork.owner_id == explored.owner_id
 
 
@@ -149,3 +151,22 @@ def test_edit_while_a_run_is_in_progress_is_a_conflict(explored):
     with pytest.raises(Conflict):
         services.message_edit(conversation=explored, message_id=prompt.pk, text="and again")
     assert Message.objects.filter(parent_id=prompt.parent_id).count() == 2
+
+
+@pytest.mark.req("CH-7")
+def test_the_path_loads_in_one_query_as_plain_rows_equal_to_the_stored_messages(explored):
+    stored = {m.pk: m for m in Message.objects.filter(conversation=explored)}
+    with CaptureQueriesContext(connection) as queries:
+        path = selectors.current_path(explored)
+    assert len(queries) == 1
+    assert path[-1].id == explored.tip_id and path[0].parent_id is None
+    for parent, child in zip(path, path[1:], strict=False):
+        assert child.parent_id == parent.id
+    for row in path:
+        message = stored[row.id]
+        assert (row.role, row.content, row.parent_id) == (message.role, message.content, message.parent_id)
+        assert datetime.fromisoformat(row.created_at) == message.created_at
+    # A tip of another conversation loads nothing rather than someone else's path.
+    other = Conversation.objects.create(owner=explored.owner, title="other")
+    assert selectors.path_to(conversation_id=other.pk, tip_id=explored.tip_id) == []
+    assert selectors.path_to(conversation_id=explored.pk, tip_id=None) == []
