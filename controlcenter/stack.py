@@ -30,29 +30,32 @@ def free_port() -> int:
 class RedisServer:
     """A throwaway redis-server with no persistence: a restart loses everything, as a crash would."""
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(self, log_dir: Path, port: int | None = None, password: str | None = None) -> None:
         self.port = port or free_port()
         self.log_dir = log_dir
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.log_dir)],
+             "--dir", str(self.log_dir), *(["--requirepass", self.password] if self.password else [])],
             stdout=(self.log_dir / f"redis-{self.port}.log").open("ab"),
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
-                conn.sendall(b"PING\r\n")
-                if conn.recv(16).startswith(b"+PONG"):
+                auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                conn.sendall(auth + b"PING\r\n")
+                if b"+PONG" in conn.recv(64):
                     return
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
@@ -105,9 +108,16 @@ class WebProcess(ProcessGroup):
 class Stack:
     """Private Redis + web servers + workers on one database; `stop()` ends every process it started."""
 
-    def __init__(self, database_name: str, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        database_name: str,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        *,
+        redis_password: str | None = None,
+    ) -> None:
         self.workdir = workdir
-        self.redis = RedisServer(workdir)
+        self.redis = RedisServer(workdir, password=redis_password)
         self.env = services_env(database_name)
         self.env.update(
             REDIS_URL=self.redis.url,
