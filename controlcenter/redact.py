@@ -52,19 +52,32 @@ def configured_secrets() -> list[str]:
 
 
 def install_log_redaction(secrets: Iterable[str]) -> None:
-    """Make every log record created from now on carry its message and traceback redacted."""
+    """Make every log record created from now on carry its message, arguments and traceback redacted.
+
+    An argument is replaced by its redacted text only when redaction changes it; otherwise it
+    stays as it was (an object, a number), for the handler to format as usual.
+    """
     known = list(secrets)
     previous = logging.getLogRecordFactory()
     if getattr(previous, "redacts", False):
         previous = previous.wrapped  # settings reloaded: replace, never stack
 
+    def clean(value: Any) -> Any:
+        if value is None or isinstance(value, bool | int | float):
+            return value  # may be formatted with %d; holds no text
+        text = value if isinstance(value, str) else str(value)  # e.g. httpx logs a URL object
+        redacted = redact_text(text, known)
+        return value if redacted == text else redacted
+
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = previous(*args, **kwargs)
-        try:
-            message = record.getMessage()
-        except Exception:  # a bad format string: let the handler report it as usual
-            return record
-        record.msg, record.args = redact_text(message, known), None
+        # The message and each argument on their own: formatters such as uvicorn's access log
+        # unpack `record.args`, so its shape must stay (a URL's query is one argument there).
+        record.msg = clean(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(clean(value) for value in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {key: clean(value) for key, value in record.args.items()}
         if record.exc_info and record.exc_info[1] is not None:
             record.exc_text = redact_text("".join(traceback.format_exception(*record.exc_info)).rstrip(), known)
         return record

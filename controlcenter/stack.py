@@ -9,6 +9,7 @@ find exactly that process's database backends in `pg_stat_activity`.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user + system) used so far by the live processes of one process group.
+
+    The server's own cost, whatever else the shared host is doing: on a busy machine a
+    throughput figure measures the neighbours, CPU seconds per request measure the code.
+    """
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class RedisServer:
@@ -74,26 +92,32 @@ class RedisServer:
 class WebProcess(ProcessGroup):
     """`controlcenter serve` (uvicorn, HTTP + websockets) on a fixed port, restartable on the same port."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None, workers: int = 1) -> None:
         self.env = env
         self.log_path = log_path
         self.port = port or free_port()
+        self.workers = workers
         self.start()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def cpu_seconds(self) -> float:
+        """CPU used so far by the server and its worker processes (one process group)."""
+        return group_cpu_seconds(self.process.pid)
+
     def start(self, timeout: float = 30) -> None:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port),
+             "--workers", str(self.workers)],
             cwd=ROOT,
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
+        )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -135,9 +159,9 @@ class Stack:
     def app_name(self, role: str, index: int) -> str:
         return f"ccstack-{self.redis.port}-{role}-{index}"
 
-    def start_web(self) -> WebProcess:
+    def start_web(self, workers: int = 1) -> WebProcess:
         env = {**self.env, "PGAPPNAME": self.app_name("web", len(self.webs))}
-        web = WebProcess(env, self.workdir / f"web-{len(self.webs)}.log")
+        web = WebProcess(env, self.workdir / f"web-{len(self.webs)}.log", workers=workers)
         self.webs.append(web)
         return web
 

@@ -69,3 +69,16 @@ def test_anthropic_provider_without_a_key_is_refused(tmp_path):
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode != 0
     assert "needs ANTHROPIC_API_KEY" in result.stderr
+
+
+@pytest.mark.req("RN-1")
+def test_several_web_processes_are_refused_in_embedded_mode(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_WEB_WORKERS="2")
+    result = subprocess.run(
+        [sys.executable, "-m", "controlcenter.cli", "serve", "--port", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "CC_WEB_WORKERS above 1 needs services mode" in result.stderr
+    assert build_parser().parse_args(["serve", "--workers", "3"]).workers == 3

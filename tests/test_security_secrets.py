@@ -183,6 +183,10 @@ def test_no_secret_appears_in_logs_events_stored_errors_or_error_messages(tmp_pa
     assert "127.0.0.1" in found["import-mcp closed"] and "***" in found["startup with a bad DATABASE_URL"]
     assert "HTTP/1.1 429" in found["worker-0.log"] and "database connection was lost" in found["worker-0.log"]
 
+    # The redaction keeps every formatter working (uvicorn's access log unpacks its arguments).
+    assert '"POST /mcp HTTP/1.1" 200' in found["web-0.log"]
+    assert not [where for where, text in found.items() if "--- Logging error ---" in text]
+
     leaks = {
         label: [where for where, text in found.items() if value in text]
         for label, value in {
