@@ -21,6 +21,7 @@ from agents.events import RunEventPublisher
 from agents.models import Approval, ModelRequest, Run
 from agents.runtime.actions import ApprovalNeeded
 from agents.runtime.loop import PausedTurn, StepRecord
+from controlcenter.db import usable_connection
 from controlcenter.errors import Conflict, NotFound
 from toolcatalog.builtins import BUILTINS
 
@@ -54,6 +55,8 @@ class GatedToolBox:
         return self.execute_step(0, name, arguments)
 
     def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        # The connection may have been dropped while the model or an earlier tool ran (CH-5).
+        usable_connection()
         try:
             numbered = getattr(self.inner, "execute_step", None)
             return numbered(step, name, arguments) if step and numbered else self.inner.execute(name, arguments)

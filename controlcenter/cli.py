@@ -23,16 +23,24 @@ def _apply_common(args: argparse.Namespace) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    # A bounded database pool for the web process (see CC_DB_POOL_MAX in settings).
-    os.environ.setdefault("CC_DB_POOL_MAX", "20")
+    from controlcenter.env import ImproperEnvironment, env_int
+
+    workers = args.workers or env_int("CC_WEB_WORKERS", 1, minimum=1)
+    if workers > 1 and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        # Embedded mode keeps its worker thread and in-memory channel layer inside the one process.
+        raise ImproperEnvironment("CC_WEB_WORKERS above 1 needs services mode (DATABASE_URL and REDIS_URL).")
+    # A bounded database pool per web process (see CC_DB_POOL_MAX in settings): 20 for one or two
+    # processes, then 40 shared out, so several processes stay well inside PostgreSQL's 100 clients.
+    os.environ.setdefault("CC_DB_POOL_MAX", str(min(20, max(5, 40 // workers))))
 
     uvicorn.run(
         "controlcenter.asgi:application",
         host=args.host,
         port=args.port,
         log_level="info",
-        # One process: the embedded worker thread and in-memory channel layer live in it.
-        workers=1,
+        # Web processes are stateless in services mode (runs live in PostgreSQL, events go through
+        # Redis), so several can share the port; one CPU-bound process tops out near 30 requests/s.
+        workers=workers,
         lifespan="on",
     )
     return 0
@@ -64,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="start the web server (HTTP and websockets)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=None, help="web processes (default CC_WEB_WORKERS or 1)")
     worker = commands.add_parser("worker", help="start a Celery worker that runs agent turns")
     worker.add_argument("--concurrency", type=int, default=2)
     worker.add_argument("--hostname", default="")

@@ -29,3 +29,18 @@ def reconnecting(action: Callable[[], T]) -> T:
         logger.warning("the database connection was lost; reconnecting")
         connection.close()
         return action()
+
+
+def usable_connection() -> None:
+    """Before a step that touches the database: let go of a connection PostgreSQL has closed.
+
+    The step then opens a new one instead of failing on the dead one. Unlike `reconnecting`
+    nothing is replayed, since the step has not started, so this is safe before any step,
+    writes included: a tool call (memory, todo, approvals, scratchpad). The check is one
+    `SELECT 1` round trip, the one CONN_HEALTH_CHECKS makes at the start of every request and
+    (through Celery's Django fixup) every task, which is what keeps the run's claim safe.
+    """
+    if connection.connection is None or connection.in_atomic_block or connection.is_usable():
+        return
+    logger.warning("the database connection was lost; reconnecting")
+    connection.close()

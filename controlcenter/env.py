@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 
 class ImproperEnvironment(ValueError):
@@ -27,6 +27,25 @@ def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
     if value is None or value.strip() == "":
         return None
     return value.strip()
+
+
+def redact_url(value: str) -> str:
+    """`value` fit for an error message or a log: the password and query values hidden.
+
+    A URL setting (DATABASE_URL, REDIS_URL, a provider's base URL) may carry credentials in
+    its user info or its query (`?password=`, `?token=`); a startup error must not print them.
+    """
+    try:
+        parts = urlsplit(value)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{host}" if ":" in userinfo else f"{user}@{host}"
+        query = "&".join(f"{pair.split('=', 1)[0]}=***" for pair in parts.query.split("&") if pair)
+        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    except ValueError:
+        return "<a value that is not a URL>"
 
 
 def env_str(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str | None:
@@ -156,20 +175,23 @@ def parse_database_url(name: str, value: str) -> DatabaseUrl:
     engine = _DB_ENGINES.get(parts.scheme)
     if engine is None:
         raise ImproperEnvironment(
-            f"{name}={value!r} has scheme {parts.scheme!r}; use postgres:// (or sqlite:///path for development)."
+            f"{name}={redact_url(value)!r} has scheme {parts.scheme!r}; "
+            "use postgres:// (or sqlite:///path for development)."
         )
     if engine.endswith("sqlite3"):
         path = unquote(parts.path)
         if not path:
-            raise ImproperEnvironment(f"{name}={value!r} names no database file.")
+            raise ImproperEnvironment(f"{name}={redact_url(value)!r} names no database file.")
         return DatabaseUrl(engine, path, "", "", "", "", {})
     db_name = unquote(parts.path.lstrip("/"))
     if not db_name:
-        raise ImproperEnvironment(f"{name}={value!r} names no database; add it as the path, e.g. /controlcenter.")
+        raise ImproperEnvironment(
+            f"{name}={redact_url(value)!r} names no database; add it as the path, e.g. /controlcenter."
+        )
     try:
         port = parts.port
     except ValueError:
-        raise ImproperEnvironment(f"{name}={value!r} has a port that is not a number.") from None
+        raise ImproperEnvironment(f"{name}={redact_url(value)!r} has a port that is not a number.") from None
     options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     return DatabaseUrl(
         engine,
@@ -193,9 +215,11 @@ def env_redis_url(name: str, *, environ: Mapping[str, str] | None = None) -> str
         return None
     parts = urlsplit(value)
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ImproperEnvironment(f"{name}={value!r} has scheme {parts.scheme!r}; use redis://host:port/db.")
+        raise ImproperEnvironment(
+            f"{name}={redact_url(value)!r} has scheme {parts.scheme!r}; use redis://host:port/db."
+        )
     if parts.scheme != "unix" and not parts.hostname:
-        raise ImproperEnvironment(f"{name}={value!r} names no host.")
+        raise ImproperEnvironment(f"{name}={redact_url(value)!r} names no host.")
     return value
 
 
@@ -205,5 +229,5 @@ def env_http_url(name: str, *, environ: Mapping[str, str] | None = None) -> str 
         return None
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ImproperEnvironment(f"{name}={value!r} is not an http(s) URL with a host.")
+        raise ImproperEnvironment(f"{name}={redact_url(value)!r} is not an http(s) URL with a host.")
     return value

@@ -47,6 +47,21 @@ if SECRET_KEY is None:
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# --- HTTPS (production: `manage.py check --deploy` is clean with CC_HTTPS=on) ------------
+# Off by default so a laptop serves plain HTTP on 127.0.0.1. On: cookies are HTTPS-only,
+# plain HTTP is redirected and browsers are told (HSTS) to use HTTPS from then on.
+CC_HTTPS = env_bool("CC_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = CC_HTTPS
+# The health check is asked over plain HTTP from inside the container; it must not be redirected.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("CC_HSTS_SECONDS", 31_536_000 if CC_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("CC_HSTS_INCLUDE_SUBDOMAINS", CC_HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("CC_HSTS_PRELOAD", CC_HTTPS)
+# Behind a proxy that ends TLS, the request reaching us is plain HTTP: trust the proxy's
+# X-Forwarded-Proto (only when it sets it and strips a client's), or the redirect would loop.
+if env_bool("CC_TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 _database = env_database_url("DATABASE_URL")
 REDIS_URL = env_redis_url("REDIS_URL")
 if (_database is None) != (REDIS_URL is None):
@@ -235,7 +250,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000},
+            # max_connections: redis-py's asyncio pool holds 100 and then fails at once
+            # ("Too many connections"): 200 websockets opening together made 30 of them fail
+            # with 500 in the load bench. A burst now opens more connections for a moment.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000}], "capacity": 1000},
         }
     }
     CELERY_BROKER_URL = REDIS_URL

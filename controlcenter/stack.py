@@ -9,6 +9,7 @@ find exactly that process's database backends in `pg_stat_activity`.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -27,32 +28,52 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user + system) used so far by the live processes of one process group.
+
+    The server's own cost, whatever else the shared host is doing: on a busy machine a
+    throughput figure measures the neighbours, CPU seconds per request measure the code.
+    """
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 class RedisServer:
     """A throwaway redis-server with no persistence: a restart loses everything, as a crash would."""
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(self, log_dir: Path, port: int | None = None, password: str | None = None) -> None:
         self.port = port or free_port()
         self.log_dir = log_dir
+        self.password = password
         self.process: subprocess.Popen[bytes] | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         self.process = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.log_dir)],
+             "--dir", str(self.log_dir), *(["--requirepass", self.password] if self.password else [])],
             stdout=(self.log_dir / f"redis-{self.port}.log").open("ab"),
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
-                conn.sendall(b"PING\r\n")
-                if conn.recv(16).startswith(b"+PONG"):
+                auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                conn.sendall(auth + b"PING\r\n")
+                if b"+PONG" in conn.recv(64):
                     return
             time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not start")
@@ -71,26 +92,32 @@ class RedisServer:
 class WebProcess(ProcessGroup):
     """`controlcenter serve` (uvicorn, HTTP + websockets) on a fixed port, restartable on the same port."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, port: int | None = None, workers: int = 1) -> None:
         self.env = env
         self.log_path = log_path
         self.port = port or free_port()
+        self.workers = workers
         self.start()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def cpu_seconds(self) -> float:
+        """CPU used so far by the server and its worker processes (one process group)."""
+        return group_cpu_seconds(self.process.pid)
+
     def start(self, timeout: float = 30) -> None:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port),
+             "--workers", str(self.workers)],
             cwd=ROOT,
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )
+        )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -105,9 +132,16 @@ class WebProcess(ProcessGroup):
 class Stack:
     """Private Redis + web servers + workers on one database; `stop()` ends every process it started."""
 
-    def __init__(self, database_name: str, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        database_name: str,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        *,
+        redis_password: str | None = None,
+    ) -> None:
         self.workdir = workdir
-        self.redis = RedisServer(workdir)
+        self.redis = RedisServer(workdir, password=redis_password)
         self.env = services_env(database_name)
         self.env.update(
             REDIS_URL=self.redis.url,
@@ -125,9 +159,9 @@ class Stack:
     def app_name(self, role: str, index: int) -> str:
         return f"ccstack-{self.redis.port}-{role}-{index}"
 
-    def start_web(self) -> WebProcess:
+    def start_web(self, workers: int = 1) -> WebProcess:
         env = {**self.env, "PGAPPNAME": self.app_name("web", len(self.webs))}
-        web = WebProcess(env, self.workdir / f"web-{len(self.webs)}.log")
+        web = WebProcess(env, self.workdir / f"web-{len(self.webs)}.log", workers=workers)
         self.webs.append(web)
         return web
 

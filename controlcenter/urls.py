@@ -48,7 +48,8 @@ api_patterns = [
     path("api/runs/<int:run_id>/retry/", agents_api.RunRetryApi.as_view(), name="api-run-retry"),
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
     # The Context view without the trailing slash, as the catalog first published it (TD-15).
-    path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view()),
+    # Kept out of the OpenAPI schema: it is the same operation as context/ (one operationId).
+    path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view(schema=None)),
     path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
     path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
     path("api/models/", conversations_api.ModelListApi.as_view(), name="api-models"),

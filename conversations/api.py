@@ -17,6 +17,7 @@ from conversations.serializers import (
     CompactionSerializer,
     CompactSerializer,
     ConversationCreateSerializer,
+    ConversationListQuerySerializer,
     ConversationSerializer,
     ConversationUpdateSerializer,
     ForkSerializer,
@@ -36,10 +37,15 @@ COMMAND_RESULT = inline_serializer(
 
 
 class ConversationListApi(APIView):
-    @extend_schema(responses=ConversationSerializer(many=True))
+    @extend_schema(parameters=[ConversationListQuerySerializer], responses=ConversationSerializer(many=True))
     def get(self, request: Request) -> Response:
-        conversations = selectors.conversations_for_user(user=request.user, search=request.query_params.get("q", ""))
-        return Response(ConversationSerializer(conversations[:200], many=True).data)
+        query = ConversationListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        page = query.validated_data
+        conversations = selectors.conversations_for_user(user=request.user, search=page["q"])
+        return Response(
+            ConversationSerializer(conversations[page["offset"] : page["offset"] + page["limit"]], many=True).data
+        )
 
     @extend_schema(request=ConversationCreateSerializer, responses={201: ConversationSerializer})
     def post(self, request: Request) -> Response:

@@ -11,6 +11,9 @@ import re
 from dataclasses import dataclass
 
 LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# ASCII digits only (str.isdigit() takes '²', which int() refuses) and at most 18 of them, so the
+# id fits PostgreSQL's bigint and a lookup never fails as a database error.
+MESSAGE_ID_PATTERN = re.compile(r"^#?([0-9]{1,18})$", re.ASCII)
 
 USAGE: dict[str, str] = {
     "compact": "/compact  run the context ladder now (elision, image dropping, snapshots)",
@@ -49,22 +52,30 @@ def parse(text: str) -> Command:
         raise CommandError("A command starts with '/' followed by its name. " + usage())
     name, args = words[0][1:].lower(), words[1:]
     if name not in USAGE:
-        raise CommandError(f"Unknown command /{name}. " + usage())
+        raise CommandError(f"Unknown command /{name[:40]}. " + usage())
     if name in ("compact", "shake", "context", "tree", "fork"):
         if args:
             raise CommandError(f"/{name} takes no arguments. Usage: {USAGE[name]}")
         return Command(name)
     if name == "branch":
-        if len(args) != 1 or not args[0].lstrip("#").isdigit():
+        match = MESSAGE_ID_PATTERN.match(args[0]) if len(args) == 1 else None
+        if match is None:
             raise CommandError(f"/branch needs one message id (a number). Usage: {USAGE[name]}")
-        return Command(name, message_id=int(args[0].lstrip("#")))
+        return Command(name, message_id=int(match.group(1)))
     if name == "checkpoint":
         if len(args) != 1:
             raise CommandError(f"/checkpoint needs one label. Usage: {USAGE[name]}")
-        return Command(name, label=validate_label(args[0]))
+        return Command(name, label=_label_argument(name, args[0]))
     if len(args) > 1:
         raise CommandError(f"/rewind takes at most one label. Usage: {USAGE[name]}")
-    return Command(name, label=validate_label(args[0]) if args else None)
+    return Command(name, label=_label_argument(name, args[0]) if args else None)
+
+
+def _label_argument(name: str, label: str) -> str:
+    try:
+        return validate_label(label)
+    except CommandError as exc:
+        raise CommandError(f"{exc} Usage: {USAGE[name]}") from None
 
 
 def validate_label(label: str) -> str:

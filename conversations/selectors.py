@@ -25,7 +25,8 @@ PREVIEW_CHARS = 160
 
 
 def conversations_for_user(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
-    queryset = Conversation.objects.filter(owner=user)
+    # Newest first, ties broken by id so that pages never overlap or skip.
+    queryset = Conversation.objects.filter(owner=user).order_by("-updated_at", "-id")
     if search:
         queryset = queryset.filter(title__icontains=search)
     return queryset

@@ -41,6 +41,14 @@ class ModelChoiceSerializer(serializers.Serializer):
     default = serializers.BooleanField()
 
 
+class ConversationListQuerySerializer(serializers.Serializer):
+    """One page of the conversation list, newest first: a page of 50 costs a quarter of the old 200 rows."""
+
+    q = serializers.CharField(required=False, allow_blank=True, default="")
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
+    offset = serializers.IntegerField(required=False, default=0, min_value=0)
+
+
 class ConversationCreateSerializer(serializers.Serializer):
     title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 

@@ -89,3 +89,16 @@ def test_models_offered_name_their_providers_and_each_provider_needs_its_key(tmp
     assert offered.stdout.strip().splitlines()[-1] == (
         "{'offline-1': 'offline', 'offline-2': 'offline', 'claude-sonnet-4-5': 'anthropic'}"
     )
+
+
+@pytest.mark.req("RN-1")
+def test_several_web_processes_are_refused_in_embedded_mode(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_WEB_WORKERS="2")
+    result = subprocess.run(
+        [sys.executable, "-m", "controlcenter.cli", "serve", "--port", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "CC_WEB_WORKERS above 1 needs services mode" in result.stderr
+    assert build_parser().parse_args(["serve", "--workers", "3"]).workers == 3

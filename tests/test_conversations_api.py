@@ -24,6 +24,21 @@ def test_create_and_list_only_own_conversations(alice_api, bob_api):
 
 
 @pytest.mark.req("RN-3")
+def test_the_list_comes_in_pages_newest_first_and_refuses_a_bad_page(alice, alice_api):
+    Conversation.objects.bulk_create(Conversation(owner=alice, title=f"c{i}") for i in range(60))
+    first = alice_api.get("/api/conversations/").json()
+    rest = alice_api.get("/api/conversations/?offset=50").json()
+    assert len(first) == 50 and len(rest) == 10
+    listed = [c["id"] for c in first + rest]
+    assert listed == [c.pk for c in Conversation.objects.order_by("-updated_at", "-id")]
+    assert [c["id"] for c in alice_api.get("/api/conversations/?limit=200").json()] == listed
+    assert alice_api.get("/api/conversations/?limit=5&offset=3&q=c1").json()[0]["title"].startswith("c1")
+    for query, field in [("limit=0", "limit"), ("limit=201", "limit"), ("limit=x", "limit"), ("offset=-1", "offset")]:
+        refused = alice_api.get(f"/api/conversations/?{query}")
+        assert refused.status_code == 400 and field in refused.json()["error"]["message"], refused.json()
+
+
+@pytest.mark.req("RN-3")
 def test_posting_a_message_appends_it_under_the_tip_and_queues_a_run(alice_api, django_capture_on_commit_callbacks):
     conversation = alice_api.post("/api/conversations/", {}, format="json").json()
     with django_capture_on_commit_callbacks() as callbacks:

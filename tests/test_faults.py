@@ -325,3 +325,67 @@ def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings
     ]
     conversation.refresh_from_db()
     assert conversation.tip_id == trigger.pk
+
+
+def _two_tools_in_one_step() -> list:
+    sleep = {"type": "tool_use", "id": "toolu_sleep", "name": "bash", "input": {"command": "sleep 3; echo slept"}}
+    remember = {
+        "type": "tool_use",
+        "id": "toolu_memory",
+        "name": "save_memory",
+        "input": {"content": "The database went away and came back."},
+    }
+    return [[{"type": "text", "text": "Sleeping, then remembering."}, sleep, remember], "Remembered."]
+
+
+@pytest.mark.req("CH-5")
+def test_postgres_dropped_before_a_tool_that_writes_the_tool_runs_on_a_new_connection_and_the_run_resumes(
+    tmp_path, api, alice
+):
+    """The drop is noticed first by a tool (no event is written between the two calls of one step),
+    then by the next run's claim: both go on with a new connection; nothing is replayed."""
+    from toolcatalog.models import Memory
+
+    with EmulatorServer(Emulator(policy=ScriptedPolicy(_two_tools_in_one_step()))) as server:
+        stack = Stack(
+            connection.settings_dict["NAME"],
+            tmp_path,
+            {
+                "CC_PROVIDER": "anthropic",
+                "ANTHROPIC_API_KEY": "sk-test-not-a-real-key",
+                "ANTHROPIC_BASE_URL": server.base_url,
+                "CC_MAX_PARALLEL_TOOLS": "1",  # both calls on the run's own thread and connection
+            },
+        )
+        try:
+            web = stack.start_web()
+            stack.start_worker()
+            client = api(web)
+            conversation = client.post("/api/conversations/", json={"title": "pg-tool"}).json()
+            messages_url = f"/api/conversations/{conversation['id']}/messages/"
+            run_id = client.post(messages_url, json={"text": "sleep, then remember"}).json()["run"]["id"]
+            wait_for(
+                lambda: RunEvent.objects.filter(run_id=run_id, type="tool_call", payload__name="save_memory").exists(),
+                60,
+                "both tool calls",
+            )
+            assert _terminate_backends(stack.app_name("worker", 0)) >= 1  # while `sleep 3` runs
+            run = finished(run_id, timeout=60)
+            assert run.status == Run.Status.SUCCEEDED, run.error
+            results = {
+                e.payload["name"]: e.payload["output"] for e in RunEvent.objects.filter(run=run, type="tool_result")
+            }
+            assert results["save_memory"]["ok"] is True, results["save_memory"]
+            assert list(Memory.objects.values_list("content", flat=True)) == ["The database went away and came back."]
+            assert "database connection was lost" in stack.workers[0].log_path.read_text()
+
+            # The worker is idle now; drop its connections again. The next run's claim is its first query.
+            time.sleep(0.5)
+            assert _terminate_backends(stack.app_name("worker", 0)) >= 1
+            nxt = client.post(messages_url, json={"text": "and now?"}).json()["run"]["id"]
+            assert finished(nxt, timeout=60).status == Run.Status.SUCCEEDED
+        finally:
+            stack.stop()
+    messages = assert_one_clean_turn_per_run(conversation["id"])
+    assert [m.role for m in messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert Run.objects.filter(conversation_id=conversation["id"]).count() == 2  # no retry was needed

@@ -1,5 +1,5 @@
 """Hypothesis over every parser of untrusted input: each input is answered or refused clearly, never a crash,
-and a refusal changes nothing stored (SP-6, SP-9, TD-1, TD-5, TD-9).
+and a refusal changes nothing stored (SP-6, SP-9, TD-1, TD-5, TD-9, CH-10).
 
 The numbers of examples are recorded in docs/reliability.md; each test counts what it tried.
 """
@@ -16,10 +16,14 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from rest_framework.authtoken.models import Token
 
+from agents.models import Run
+from conversations import commands
+from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 from scratchpad import services as scratchpad_services
 from scratchpad.models import Chunk, Entry
 from scratchpad.references import UnresolvableReference, has_references, resolve
 from scratchpad.store import DjangoObservationStore
+from tests.history.conftest import add_turn
 from tests.mcp_servers import fixtures as live
 from toolcatalog.builtins import BUILTINS
 from toolcatalog.catalogfile import parse_catalog
@@ -325,3 +329,94 @@ def test_malformed_json_rpc_to_the_mcp_endpoint_never_gets_a_server_error(server
         check()
     assert sum(statuses.values()) >= 300
     assert any(code >= 400 for code in statuses) and any(code < 300 for code in statuses), statuses
+
+
+# --- slash commands (CH-10) -----------------------------------------------------------
+
+COMMAND_NAMES = [*commands.USAGE, "compat", "", "branchx", "REWIND", "Fork"]
+command_words = (
+    st.sampled_from(["1", "#7", "MSG", "#MSG", "0", "-3", "²", "١٢", "9" * 19, "9" * 40, "##", "#", "1.5"])
+    | st.sampled_from(["before-refactor", "a", "../etc", "-x", "x" * 65, "a b", "ok.v2", "\x00", "é"])
+    | st.text(max_size=12)
+)
+command_texts = st.builds(
+    lambda lead, name, words, sep, tail: f"{lead}/{name}{sep}{sep.join(words)}{tail}",
+    st.sampled_from(["", " ", "\n", "\t "]),
+    st.sampled_from(COMMAND_NAMES) | st.text(max_size=10),
+    st.lists(command_words, max_size=3),
+    st.sampled_from([" ", "  ", "\t", "\u00a0", "\u2003"]),
+    st.sampled_from(["", " ", "\n"]),
+) | st.text(max_size=60).map(lambda text: "/" + text)
+
+
+def _lists_valid_forms(message: str) -> bool:
+    """A refusal names every command, or the usage line of the one that was misused."""
+    return all(f"/{name}" in message for name in commands.USAGE) or any(
+        f"Usage: {line}" in message for line in commands.USAGE.values()
+    )
+
+
+@pytest.mark.req("CH-10")
+@FUZZ
+@given(text=command_texts)
+def test_slash_command_parser_returns_a_command_or_an_error_listing_the_valid_forms(text):
+    try:
+        command = commands.parse(text)
+    except commands.CommandError as error:
+        assert _lists_valid_forms(str(error)), (text, str(error))
+        return
+    assert command.name in commands.USAGE
+    if command.name == "branch":
+        assert isinstance(command.message_id, int) and 0 <= command.message_id < 2**63
+    if command.label is not None:
+        assert commands.LABEL_PATTERN.match(command.label)
+
+
+HISTORY_TABLES = [Conversation, Message, Run, Checkpoint, RewindDigest, Compaction]
+
+
+def _history_rows() -> dict[str, list[dict[str, Any]]]:
+    return {model.__name__: list(model.objects.order_by("pk").values()) for model in HISTORY_TABLES}
+
+
+@pytest.mark.req("CH-10")
+@pytest.mark.django_db
+def test_any_slash_message_to_the_api_is_done_or_refused_clearly_and_a_refusal_stores_nothing(alice, alice_api):
+    conversation = Conversation.objects.create(owner=alice, title="Fuzzed")
+    for index in range(3):
+        add_turn(conversation, f"question {index}", f"answer {index}")
+    url = f"/api/conversations/{conversation.pk}/messages/"
+    message_ids = list(conversation.messages.values_list("pk", flat=True))
+    runs = Run.objects.count()
+    tried = {"done": 0, "refused": 0}
+
+    @FUZZ
+    @given(text=command_texts, pick=st.sampled_from(message_ids))
+    def check(text, pick):
+        text = text.replace("MSG", str(pick))
+        before = _history_rows()
+        response = alice_api.post(url, {"text": text}, format="json")
+        assert response.status_code in (200, 400), (text, response.status_code, response.content[:300])
+        try:
+            commands.parse(text)
+            parse_error = None
+        except commands.CommandError as error:
+            parse_error = str(error)
+        if response.status_code == 400:
+            tried["refused"] += 1
+            message = response.json()["error"]["message"]
+            # A parse error reaches the client as it is; a well-formed command the service cannot do
+            # (no checkpoint to rewind to, a message of another conversation) says why.
+            if "\x00" in text:  # refused by the message serializer before any parsing
+                assert message == "text: Null characters are not allowed.", (text, message)
+            else:
+                assert message == parse_error if parse_error else message, (text, message)
+            assert _history_rows() == before, text
+        else:
+            tried["done"] += 1
+            assert parse_error is None and "\x00" not in text, text
+            assert response.json()["command"]["command"] in commands.USAGE
+        assert Run.objects.count() == runs  # a slash message never starts a model run
+
+    check()
+    assert tried["done"] > 10 and tried["refused"] > 100, tried

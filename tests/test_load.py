@@ -1,7 +1,8 @@
 """The load benchmark at a reduced size, run by the normal test command (bench/load.py for the full size).
 
-10 concurrent runs on 2 workers, 20 API clients for 8 s, 20 websocket clients watching one run: all runs
-complete with one intact reply each, no API request fails, every watcher receives every event (RN-1).
+10 concurrent runs on 2 workers, 20 API clients for 8 s, 20 websocket clients watching one run, served by
+two web processes (CC_WEB_WORKERS=2): all runs complete with one intact reply each, no API request fails,
+every watcher receives every event (RN-1).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def test_reduced_load_completes_every_run_fails_no_request_and_reaches_every_wat
         watchers=20,
         first_token_ms=100,
         delta_ms=5,
+        web_workers=2,
     )
     runs, api, watch = figures["runs"], figures["api"], figures["watch"]
     assert runs["succeeded"] == runs["intact_conversations"] == 10 and runs["lost"] == 0, runs

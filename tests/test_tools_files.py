@@ -238,6 +238,21 @@ def test_every_builtin_uses_the_reference_catalog_definition():
 
 
 @pytest.mark.req("RN-5")
+def test_walking_the_workspace_never_descends_a_symlinked_directory_that_points_out(box, workspace, outside):
+    (workspace / "src").mkdir()
+    (workspace / "src" / "own.txt").write_text("secret of our own\n")
+    (workspace / "src" / "deep").symlink_to(outside, target_is_directory=True)
+    listing = box.execute("list_dir", {"depth": 5})
+    src = next(entry for entry in listing["entries"] if entry["name"] == "src")
+    assert [(entry["name"], entry["type"]) for entry in src["entries"]] == [("deep", "symlink"), ("own.txt", "file")]
+    assert "entries" not in src["entries"][0]
+    found = box.execute("search_files", {"pattern": "secret"})
+    assert found["total_matches"] == 1 and "top secret" not in str(found)
+    assert box.execute("glob", {"pattern": "**/*.txt"})["paths"] == ["src/own.txt"]
+    assert box.execute("read_file", {"path": "src/deep/secret.txt"})["ok"] is False
+
+
+@pytest.mark.req("RN-5")
 def test_writing_through_a_dangling_symlink_cannot_create_a_file_outside(box, workspace, outside):
     (workspace / "dangling").symlink_to(outside / "created-by-model.txt")
     refused = box.execute("write_file", {"path": "dangling", "content": "x"})

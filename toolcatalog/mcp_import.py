@@ -14,6 +14,8 @@ import httpx2
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from controlcenter.redact import redact_text
+
 DEFAULT_TIMEOUT_SECONDS = 30.0
 _MAX_PAGES = 100
 
@@ -104,4 +106,5 @@ def _describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, FileNotFoundError | PermissionError):
         return f"cannot start the server command: {exc}"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    # httpx puts the whole URL in its errors, and an MCP server's URL may carry a token.
+    return f"{type(exc).__name__}: {redact_text(str(exc))}" if str(exc) else type(exc).__name__
