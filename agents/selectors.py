@@ -127,7 +127,8 @@ def run_timeline(*, run: Run) -> list[dict[str, Any]]:
 
 
 def approvals_of(*, run: Run) -> QuerySet[Approval]:
-    return Approval.objects.filter(run=run).select_related("decided_by").order_by("id")
+    """The run's approvals, its subagents' included (they belong to the run: TD-14)."""
+    return Approval.objects.filter(run=run).select_related("decided_by", "subagent").order_by("id")
 
 
 CACHE_GROUPS = {

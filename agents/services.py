@@ -22,7 +22,7 @@ from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, 
 from agents.runtime.pruning import PruneResult, prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
-from agents.subagents import SpawningToolBox
+from agents.subagents import SpawningToolBox, subagents_cancel
 from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
@@ -84,6 +84,8 @@ def run_cancel(*, run: Run) -> Run:
         RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
     else:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+    # Its subagents stop with it (TD-14), whether they run, wait for approval or are still queued.
+    subagents_cancel(parent_id=run.pk)
     run.refresh_from_db()
     return run
 
@@ -109,6 +111,7 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
             status=Run.Status.FAILED, error=error, finished_at=timezone.now()
         ):
             RunEventPublisher(run).publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+            subagents_cancel(parent_id=run.pk)
             reaped.append(run.pk)
     if reaped:
         logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)

@@ -25,7 +25,7 @@ def policy(payload: dict[str, Any]) -> list[dict[str, Any]]:
     system = payload["system"][-1]["text"]
     last = payload["messages"][-1]["content"]
     if "subagent" in system:
-        return [{"type": "text", "text": f"answer to: {last[0]['text']}"}]
+        return [{"type": "text", "text": f"answer to: {last[-1]['text']}"}]
     if last and last[0].get("type") == "tool_result":
         return [{"type": "text", "text": "All parts are summarised."}]
     return [{"type": "tool_use", "name": "spawn_agents", "input": {"tasks": TASKS}}]
