@@ -123,8 +123,9 @@ def approval_pause(
         for block in pause.pending:
             approval, _ = Approval.objects.update_or_create(
                 run=run,
+                subagent=subagent,
                 tool_use_id=block["id"],
-                defaults={"tool_name": block["name"], "input": block.get("input") or {}, "subagent": subagent},
+                defaults={"tool_name": block["name"], "input": block.get("input") or {}},
             )
             approvals.append(approval)
         holder.filter(status=Run.Status.RUNNING).update(status=Run.Status.WAITING, pending_turn=asdict(paused))

@@ -118,7 +118,20 @@ class Approval(models.Model):
 
     class Meta:
         ordering = ["run", "id"]
-        constraints = [models.UniqueConstraint(fields=["run", "tool_use_id"], name="approval_run_tool_use_unique")]
+        # Tool-use ids are unique per caller: the run itself, or one of its subagents (whose
+        # model may well produce the same ids as a sibling given the same task).
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "tool_use_id"],
+                condition=models.Q(subagent__isnull=True),
+                name="approval_run_tool_use_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["subagent", "tool_use_id"],
+                condition=models.Q(subagent__isnull=False),
+                name="approval_subagent_tool_use_unique",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"approval {self.pk} of {self.tool_name} in run {self.run_id} ({self.status})"

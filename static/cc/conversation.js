@@ -89,7 +89,10 @@
     prompt.setAttribute("role", "group");
     const title = el("p", null);
     title.id = `approval-${p.approval_id}-title`;
-    title.append("The agent asks to run ", el("code", null, p.name), ".");
+    // A subagent's call (TD-14) is decided here too, on its parent run's page.
+    const who = p.subagent ? `Subagent ${p.subagent.index} (${p.subagent.profile})` : "The agent";
+    if (p.subagent) prompt.dataset.subagent = p.subagent.id;
+    title.append(`${who} asks to run `, el("code", null, p.name), ".");
     prompt.setAttribute("aria-labelledby", title.id);
     const args = el("details", "tool");
     args.open = true;
