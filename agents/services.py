@@ -22,7 +22,7 @@ from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, 
 from agents.runtime.pruning import PruneResult, prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
-from agents.subagents import SpawningToolBox, subagents_cancel
+from agents.subagents import SpawningToolBox, subagents_cancel, subagents_reap_orphans
 from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
@@ -115,6 +115,7 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
             reaped.append(run.pk)
     if reaped:
         logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)
+    subagents_reap_orphans(live=live, settled=settled)
     return reaped
 
 

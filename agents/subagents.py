@@ -27,7 +27,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -46,6 +48,7 @@ _SHAPE_PATTERN = "^[a-z][a-z0-9_-]{0,31}$"
 ANSWER_HEAD_CHARS = 200
 ANSWER_TAIL_CHARS = 100
 _POLL_SECONDS = 0.1
+STOPPED_WAITING = "cancelled: its parent run stopped waiting for it."
 _CANCEL_POLL_SECONDS = 0.5
 
 SPAWN_AGENTS_SCHEMA = {
@@ -288,8 +291,10 @@ def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_o
         item: dict[str, Any] = {"index": child.index, "profile": child.profile, "ok": child.status == "succeeded"}
         if item["ok"]:
             item["text"] = child.answer
-        else:
+        elif child.is_finished:
             item["error"] = child.error or f"the subagent ended {child.status}."
+        else:  # still running: asked to stop at its next check
+            item["error"] = STOPPED_WAITING
         results.append(item)
     threshold = settings.SCRATCHPAD_THRESHOLD_BYTES
     # Each answer above the threshold, then the largest of the rest while the whole is still too large.
@@ -351,10 +356,29 @@ def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
             status=Run.Status.CANCELLED,
             cancel_requested=True,
             finished_at=timezone.now(),
-            error="cancelled: its parent run stopped waiting for it.",
+            error=STOPPED_WAITING,
         )
         children.filter(status=Run.Status.RUNNING).update(cancel_requested=True)
     return stopped
+
+
+def subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
+    """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
+    from agents.models import Run, Subagent
+
+    with _db_turn():
+        lost = (
+            Subagent.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled)
+            .exclude(worker__in=live)
+            .update(
+                status=Run.Status.FAILED,
+                finished_at=timezone.now(),
+                error="the worker running this subagent stopped before it finished.",
+            )
+        )
+    if lost:
+        logger.warning("failed %d subagent(s) whose worker stopped mid-turn", lost)
+    return lost
 
 
 class SpawningToolBox:

@@ -14,6 +14,7 @@ from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from agents.providers.emulator import Emulator
 from agents.providers.emulator_server import EmulatorServer
 from agents.services import run_execute
+from agents.subagents import fanout_observation
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 
@@ -401,17 +402,54 @@ def test_cancelling_the_parent_cancels_children_waiting_for_approval(fanout, ali
 def test_the_parent_waits_for_children_awaiting_approval_only_as_long_as_its_own_limit(fanout, alice, settings):
     if fanout(bash_children) is None:
         pytest.fail("this test needs services mode: a real Celery worker runs the children")
-    settings.CC_SUBAGENT_TIMEOUT_SECONDS = 4
+    # Long enough for both children to reach their approval even on a loaded machine.
+    settings.CC_SUBAGENT_TIMEOUT_SECONDS = 10
     run = make_run(alice)
     began = time.monotonic()
     run_execute(run_id=run.pk, worker="test")
     elapsed = time.monotonic() - began
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
-    assert 4 <= elapsed < 15
+    assert 10 <= elapsed < 25
     observation = observation_of(run)
     assert observation["ok"] is False
-    assert observation["error"] == "subagents [0, 1] did not answer within 4s and were cancelled."
+    assert observation["error"] == "subagents [0, 1] did not answer within 10s and were cancelled."
     assert [r["error"] for r in observation["results"]] == ["cancelled: its parent run stopped waiting for it."] * 2
     assert list(Subagent.objects.filter(parent=run).values_list("status", flat=True)) == ["cancelled"] * 2
     assert Approval.objects.filter(run=run, status="pending").count() == 2  # undecided, and now moot
+
+
+@pytest.mark.django_db
+@pytest.mark.req("TD-14")
+def test_a_child_whose_worker_is_gone_is_failed_by_the_reaper_so_its_parent_hears_at_once(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from agents.services import runs_reap_orphans
+
+    run = make_run(alice)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, worker="alive@host", started_at=timezone.now())
+    long_ago = timezone.now() - timedelta(minutes=5)
+    lost, kept = (
+        Subagent.objects.create(parent=run, fanout_id="f" * 32, index=index, count=2, shape="worker",
+                                profile="worker", task="t", status=Run.Status.RUNNING, worker=worker,
+                                started_at=long_ago)
+        for index, worker in enumerate(["gone@host", "alive@host"])
+    )  # fmt: skip
+    assert runs_reap_orphans(live={"alive@host"}, grace_seconds=0) == []
+    lost.refresh_from_db()
+    kept.refresh_from_db()
+    assert (lost.status, lost.error) == ("failed", "the worker running this subagent stopped before it finished.")
+    assert kept.status == "running"
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING
+    observation = fanout_observation(parent=run, shape="worker", children=[lost], waited_out=False)
+    assert observation["results"] == [
+        {
+            "index": 0,
+            "profile": "worker",
+            "ok": False,
+            "error": "the worker running this subagent stopped before it finished.",
+        }
+    ]
