@@ -131,6 +131,14 @@ def approvals_of(*, run: Run) -> QuerySet[Approval]:
     return Approval.objects.filter(run=run).select_related("decided_by", "subagent").order_by("id")
 
 
+def approvals_of_conversation(*, conversation: Conversation, status: str | None = None) -> QuerySet[Approval]:
+    """Every approval asked for in a conversation: its runs' calls and their subagents' (TD-14)."""
+    approvals = Approval.objects.filter(run__conversation=conversation)
+    if status is not None:
+        approvals = approvals.filter(status=status)
+    return approvals.select_related("decided_by", "subagent").order_by("id")
+
+
 CACHE_GROUPS = {
     "run": "run_id",
     "conversation": "run__conversation_id",

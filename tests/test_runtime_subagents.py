@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from typing import Any
@@ -66,6 +67,34 @@ def wait_until(predicate, timeout: float = 60, what: str = "the condition"):
 
 
 @pytest.fixture
+def parent_worker(settings):
+    """A worker name for parent runs executed in this process, kept alive in the heartbeat registry.
+
+    A parent waits for its children; a real worker's reaper would otherwise take a run of
+    an unknown worker for dead once it has run longer than the heartbeat TTL (15 s).
+    """
+    import redis
+
+    from agents import heartbeat
+
+    name = f"test-parent-{uuid.uuid4().hex[:6]}@host"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            heartbeat.beat(client, name)
+            stop.wait(heartbeat.interval_seconds())
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    yield name
+    stop.set()
+    thread.join()
+    client.delete(heartbeat.KEY_PREFIX + name)
+
+
+@pytest.fixture
 def fanout(settings, tmp_path):
     """Start the emulator with a policy, and (services mode) a real worker for the children.
 
@@ -107,11 +136,11 @@ def fanout(settings, tmp_path):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("TD-14")
-def test_a_fan_out_of_five_children_shares_one_prefix_and_returns_their_answers_in_order(fanout, alice):
+def test_a_fan_out_of_five_children_shares_one_prefix_and_returns_their_answers_in_order(fanout, alice, parent_worker):
     child_worker = fanout()
     run = make_run(alice)
 
-    run_execute(run_id=run.pk, worker="test")
+    run_execute(run_id=run.pk, worker=parent_worker)
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
     observation = observation_of(run)
@@ -164,7 +193,9 @@ PROFILED = [
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("TD-14")
-def test_children_with_different_profiles_get_byte_identical_prefixes_and_the_same_resident_set(fanout, alice):
+def test_children_with_different_profiles_get_byte_identical_prefixes_and_the_same_resident_set(
+    fanout, alice, parent_worker
+):
     seen: list[dict[str, Any]] = []
 
     def recording(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -176,7 +207,7 @@ def test_children_with_different_profiles_get_byte_identical_prefixes_and_the_sa
 
     fanout(recording)
     run = make_run(alice)
-    run_execute(run_id=run.pk, worker="test")
+    run_execute(run_id=run.pk, worker=parent_worker)
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
     observation = observation_of(run)
@@ -220,7 +251,9 @@ LONG_ANSWER = "".join(f"finding {n}: the report's section {n} is consistent with
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("TD-14", "SP-1")
-def test_a_large_child_answer_goes_to_the_scratchpad_and_the_parent_reads_it_whole(fanout, alice, settings):
+def test_a_large_child_answer_goes_to_the_scratchpad_and_the_parent_reads_it_whole(
+    fanout, alice, settings, parent_worker
+):
     def long_and_short(payload: dict[str, Any]) -> list[dict[str, Any]]:
         if is_child(payload):
             task = payload["messages"][0]["content"][-1]["text"]
@@ -235,7 +268,7 @@ def test_a_large_child_answer_goes_to_the_scratchpad_and_the_parent_reads_it_who
 
     fanout(long_and_short)
     run = make_run(alice)
-    run_execute(run_id=run.pk, worker="test")
+    run_execute(run_id=run.pk, worker=parent_worker)
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
 
@@ -346,6 +379,15 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
     requested = [e.payload for e in RunEvent.objects.filter(run=run, type="approval_requested").order_by("seq")]
     assert sorted((p["approval_id"], p["subagent"]["index"]) for p in requested) == [(zero["id"], 0), (one["id"], 1)]
 
+    # The conversation's list has them too: where a person (or a program) finds what waits.
+    listed = alice_api.get(f"/api/conversations/{run.conversation_id}/approvals/?status=pending").json()
+    assert [(a["id"], a["run"], a["subagent"]["index"]) for a in listed] == [
+        (zero["id"], run.pk, 0),
+        (one["id"], run.pk, 1),
+    ]
+    assert alice_api.get(f"/api/conversations/{run.conversation_id}/approvals/?status=maybe").status_code == 400
+    assert bob_api.get(f"/api/conversations/{run.conversation_id}/approvals/").status_code == 404
+
     assert bob_api.post(f"/api/approvals/{zero['id']}/approve/").status_code == 404
     assert Approval.objects.get(pk=zero["id"]).status == "pending"  # bob changed nothing
 
@@ -372,6 +414,7 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
         for e in RunEvent.objects.filter(run=run, type="approval_decided")
     }
     assert decided == {zero["id"]: "approved", one["id"]: "denied"}
+    assert alice_api.get(f"/api/conversations/{run.conversation_id}/approvals/?status=pending").json() == []
     # The transcript holds the parent's turn only; each child's two requests are recorded under the parent.
     assert ModelRequest.objects.filter(run=run).exclude(subagent="").count() == 4
 
@@ -399,14 +442,16 @@ def test_cancelling_the_parent_cancels_children_waiting_for_approval(fanout, ali
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("RN-4", "TD-14")
-def test_the_parent_waits_for_children_awaiting_approval_only_as_long_as_its_own_limit(fanout, alice, settings):
+def test_the_parent_waits_for_children_awaiting_approval_only_as_long_as_its_own_limit(
+    fanout, alice, settings, parent_worker
+):
     if fanout(bash_children) is None:
         pytest.fail("this test needs services mode: a real Celery worker runs the children")
     # Long enough for both children to reach their approval even on a loaded machine.
     settings.CC_SUBAGENT_TIMEOUT_SECONDS = 10
     run = make_run(alice)
     began = time.monotonic()
-    run_execute(run_id=run.pk, worker="test")
+    run_execute(run_id=run.pk, worker=parent_worker)
     elapsed = time.monotonic() - began
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
