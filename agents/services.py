@@ -182,6 +182,12 @@ def run_execute(*, run_id: int, worker: str) -> None:
         if _finish(run, Run.Status.FAILED, error):
             publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
         return
+    if reconnecting(lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists()):
+        # Asked to stop while the last step ran (the loop checks at most every 0.5 s), or it
+        # ended a fan-out's wait (TD-14): the cancel wins over the reply, which is not stored.
+        if _finish(run, Run.Status.CANCELLED, ""):
+            publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+        return
     reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
     if reply is None:
         # Failed meanwhile (its worker was taken for dead) or cancelled: the turn is dropped,

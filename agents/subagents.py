@@ -296,24 +296,30 @@ def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_o
         else:  # still running: asked to stop at its next check
             item["error"] = STOPPED_WAITING
         results.append(item)
+    observation: dict[str, Any] = {"ok": all(item["ok"] for item in results), "shape": shape, "results": results}
+    stopped = [item["index"] for item in results if item.get("error") == STOPPED_WAITING]
+    failed = [item["index"] for item in results if not item["ok"] and item["index"] not in stopped]
+    errors = []
+    if stopped:
+        errors.append(
+            f"subagents {stopped} did not answer within {settings.CC_SUBAGENT_TIMEOUT_SECONDS}s and were cancelled."
+            if waited_out
+            else f"subagents {stopped} were cancelled with this run."
+        )
+    if failed:
+        errors.append(f"subagents {failed} did not finish; see their errors.")
+    if errors:
+        observation["error"] = " ".join(errors)
     threshold = settings.SCRATCHPAD_THRESHOLD_BYTES
     # Each answer above the threshold, then the largest of the rest while the whole is still too large.
     for item in results:
         if "text" in item and observation_size(item) > threshold:
             _offload_answer(parent, item)
-    observation: dict[str, Any] = {"ok": all(item["ok"] for item in results), "shape": shape, "results": results}
     inline = sorted((item for item in results if "text" in item), key=lambda item: -len(item["text"]))
     for item in inline:
         if observation_size(observation) <= threshold:
             break
         _offload_answer(parent, item)
-    failed = [item["index"] for item in results if not item["ok"]]
-    if waited_out:
-        observation["error"] = (
-            f"subagents {failed} did not answer within {settings.CC_SUBAGENT_TIMEOUT_SECONDS}s and were cancelled."
-        )
-    elif failed:
-        observation["error"] = f"subagents {failed} did not finish; see their errors."
     return observation
 
 

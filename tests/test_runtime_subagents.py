@@ -460,7 +460,10 @@ def test_the_parent_waits_for_children_awaiting_approval_only_as_long_as_its_own
     assert observation["ok"] is False
     assert observation["error"] == "subagents [0, 1] did not answer within 10s and were cancelled."
     assert [r["error"] for r in observation["results"]] == ["cancelled: its parent run stopped waiting for it."] * 2
-    assert list(Subagent.objects.filter(parent=run).values_list("status", flat=True)) == ["cancelled"] * 2
+    wait_until(  # a child that was still running when the parent gave up stops at its next check
+        lambda: list(Subagent.objects.filter(parent=run).values_list("status", flat=True)) == ["cancelled"] * 2,
+        what="both children to be cancelled",
+    )
     assert Approval.objects.filter(run=run, status="pending").count() == 2  # undecided, and now moot
 
 
@@ -498,3 +501,36 @@ def test_a_child_whose_worker_is_gone_is_failed_by_the_reaper_so_its_parent_hear
             "error": "the worker running this subagent stopped before it finished.",
         }
     ]
+
+
+@pytest.mark.django_db
+@pytest.mark.req("TD-14", "SP-1")
+def test_answers_that_fit_alone_but_not_together_go_to_the_scratchpad_largest_first(alice, settings):
+    from scratchpad.models import Entry
+    from scratchpad.services import full_content
+
+    settings.SCRATCHPAD_THRESHOLD_BYTES = 4096
+    run = make_run(alice)
+    sizes = [1500, 3000, 2500, 200]
+    children = [
+        Subagent(parent=run, fanout_id="a" * 32, index=index, count=5, shape="worker", profile="worker", task="t",
+                 status=Run.Status.SUCCEEDED, answer=str(index) * size)
+        for index, size in enumerate(sizes)
+    ]  # fmt: skip
+    children.append(
+        Subagent(parent=run, fanout_id="a" * 32, index=4, count=5, shape="worker", profile="coder", task="t",
+                 status=Run.Status.FAILED, error="RuntimeError: boom")
+    )  # fmt: skip
+    observation = fanout_observation(parent=run, shape="worker", children=children, waited_out=False)
+
+    assert len(json.dumps(observation)) <= 4096  # the whole fits inline now
+    offloaded = [item["index"] for item in observation["results"] if "scratchpad_id" in item]
+    assert offloaded == [1, 2]  # the two largest, and no more than needed
+    assert [observation["results"][i]["text"] for i in (0, 3)] == ["0" * 1500, "3" * 200]
+    for index in offloaded:
+        entry = Entry.objects.get(pk=observation["results"][index]["scratchpad_id"])
+        assert (entry.turn_id, entry.run_id) == (str(run.pk), run.pk)  # readable in the parent's turn
+        assert full_content(entry) == str(index) * sizes[index]
+    assert observation["results"][4] == {"index": 4, "profile": "coder", "ok": False, "error": "RuntimeError: boom"}
+    assert observation["ok"] is False
+    assert observation["error"] == "subagents [4] did not finish; see their errors."
