@@ -8,13 +8,14 @@ and of its conversation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from typing import Any
 
 from channels.layers import get_channel_layer
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 
 from agents.models import Run, RunEvent
@@ -108,11 +109,14 @@ class RunEventPublisher:
 
     def _store(self, event_type: str, payload: dict[str, Any]) -> None:
         for _attempt in range(20):
-            self.seq += 1
+            # Counted only once stored: a retry after a dropped connection reuses the number.
+            seq = self.seq + 1
             try:
-                # A savepoint: the publisher may be called inside a caller's transaction.
-                with transaction.atomic():
-                    RunEvent.objects.create(run=self.run, seq=self.seq, type=event_type, payload=payload)
+                # Inside a caller's transaction a clash must roll back to a savepoint; outside one an
+                # autocommit insert keeps a dropped connection something `reconnecting` can retry.
+                with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+                    RunEvent.objects.create(run=self.run, seq=seq, type=event_type, payload=payload)
+                self.seq = seq
                 return
             except IntegrityError:
                 # Another process wrote to this log meanwhile (a subagent's approval while its
