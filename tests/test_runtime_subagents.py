@@ -56,7 +56,8 @@ def observation_of(run: Run, position: int = 2) -> dict[str, Any]:
     return json.loads(messages[position].content[0]["content"])
 
 
-def wait_until(predicate, timeout: float = 60, what: str = "the condition"):
+def wait_until(predicate, timeout: float = 120, what: str = "the condition"):
+    # Generous: two CPUs are shared with other test sessions, and a load of 13 has been seen.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -401,10 +402,10 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, (run.error, worker.log_path.read_text()[-3000:])
     observation = observation_of(run)
-    assert [(r["index"], r["ok"], r["text"]) for r in observation["results"]] == [
+    assert [(r["index"], r["ok"], r.get("text")) for r in observation["results"]] == [
         (0, True, "bash ran: True"),
         (1, True, "bash denied"),
-    ]
+    ], (observation, worker.log_path.read_text()[-3000:])
     root = workspace_root(run.conversation_id)
     assert (root / "zero.txt").read_text() == "zero\n"
     assert not (root / "one.txt").exists()
