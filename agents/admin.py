@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from agents.models import ModelRequest, Run
+from agents.models import ModelRequest, Run, Subagent
 
 
 class ModelRequestInline(admin.TabularInline):
@@ -20,9 +20,20 @@ class ModelRequestInline(admin.TabularInline):
     ]
 
 
+class SubagentInline(admin.TabularInline):
+    """A run's fan-out children (TD-14), read-only: they are written by their tasks."""
+
+    model = Subagent
+    fk_name = "parent"
+    extra = 0
+    can_delete = False
+    fields = ["fanout_id", "index", "profile", "shape", "status", "task", "error", "started_at", "finished_at"]
+    readonly_fields = fields
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     list_display = ["id", "conversation", "status", "provider", "model", "created_at", "finished_at"]
     list_filter = ["status", "provider", "model"]
     raw_id_fields = ["conversation", "trigger"]
-    inlines = [ModelRequestInline]
+    inlines = [SubagentInline, ModelRequestInline]

@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from agents import approvals, selectors, services
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
+from conversations.selectors import conversation_for_user
 
 
 class RunDetailApi(APIView):
@@ -59,6 +60,22 @@ class RunApprovalsApi(APIView):
     def get(self, request: Request, run_id: int) -> Response:
         run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
         return Response(ApprovalSerializer(selectors.approvals_of(run=run), many=True).data)
+
+
+class ConversationApprovalsApi(APIView):
+    """Where a person finds every call waiting in a conversation, a subagent's included."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("status", str, enum=list(Approval.Status.values), description="Default: all.")],
+        responses=ApprovalSerializer(many=True),
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        wanted = request.query_params.get("status")
+        if wanted is not None and wanted not in Approval.Status.values:
+            raise ValidationError({"status": f"{wanted!r} is not one of {', '.join(Approval.Status.values)}."})
+        approvals = selectors.approvals_of_conversation(conversation=conversation, status=wanted)
+        return Response(ApprovalSerializer(approvals, many=True).data)
 
 
 class ApprovalDecideApi(APIView):

@@ -18,7 +18,7 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from agents.events import RunEventPublisher
-from agents.models import Approval, ModelRequest, Run
+from agents.models import Approval, ModelRequest, Run, Subagent
 from agents.runtime.actions import ApprovalNeeded
 from agents.runtime.loop import PausedTurn, StepRecord
 from controlcenter.db import usable_connection
@@ -69,20 +69,26 @@ class GatedToolBox:
         return getattr(self.inner, attribute)
 
 
-def paused_turn_of(run: Run) -> PausedTurn | None:
-    return PausedTurn(**run.pending_turn) if run.pending_turn else None
+def paused_turn_of(holder: Run | Subagent) -> PausedTurn | None:
+    return PausedTurn(**holder.pending_turn) if holder.pending_turn else None
 
 
-def decisions_for(run: Run) -> dict[str, str]:
-    return dict(
-        Approval.objects.filter(run=run).exclude(status=Approval.Status.PENDING).values_list("tool_use_id", "status")
-    )
+def decisions_for(run: Run, *, subagent: Subagent | None = None) -> dict[str, str]:
+    """The decided calls of the run itself, or of one of its subagents."""
+    decided = Approval.objects.filter(run=run, subagent=subagent).exclude(status=Approval.Status.PENDING)
+    return dict(decided.values_list("tool_use_id", "status"))
 
 
-def model_request_rows(run: Run, steps: list[StepRecord]) -> list[ModelRequest]:
+def _subagent_payload(subagent: Subagent) -> dict[str, Any]:
+    return {"id": subagent.pk, "index": subagent.index, "profile": subagent.profile, "task": subagent.task[:200]}
+
+
+def model_request_rows(run: Run, steps: list[StepRecord], *, subagent: Subagent | None = None) -> list[ModelRequest]:
+    """A subagent's requests are recorded under its parent run, labelled with the child (TD-14)."""
     return [
         ModelRequest(
             run=run,
+            subagent=subagent.label if subagent is not None else "",
             step=step.step,
             model=run.model,
             input_tokens=step.usage.input_tokens,
@@ -102,38 +108,49 @@ def model_request_rows(run: Run, steps: list[StepRecord]) -> list[ModelRequest]:
     ]
 
 
-def approval_pause(*, run: Run, pause: ApprovalNeeded, publisher: RunEventPublisher) -> list[Approval]:
-    """Store the partial turn and one pending approval per waiting call; the run waits."""
+def approval_pause(
+    *,
+    run: Run,
+    pause: ApprovalNeeded,
+    publisher: RunEventPublisher | None = None,
+    subagent: Subagent | None = None,
+) -> list[Approval]:
+    """Store the partial turn and one pending approval per waiting call; the run (or its subagent) waits.
+
+    A subagent's approvals belong to its parent run and are announced in the parent's event
+    log, with the child named: the parent's conversation is where its owner sees and decides them.
+    """
     paused = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
+    holder = Subagent.objects.filter(pk=subagent.pk) if subagent is not None else Run.objects.filter(pk=run.pk)
     with transaction.atomic():
-        ModelRequest.objects.bulk_create(model_request_rows(run, pause.steps))
+        ModelRequest.objects.bulk_create(model_request_rows(run, pause.steps, subagent=subagent))
         approvals = []
         for block in pause.pending:
             approval, _ = Approval.objects.update_or_create(
                 run=run,
+                subagent=subagent,
                 tool_use_id=block["id"],
                 defaults={"tool_name": block["name"], "input": block.get("input") or {}},
             )
             approvals.append(approval)
-        Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
-            status=Run.Status.WAITING, pending_turn=asdict(paused)
-        )
+        holder.filter(status=Run.Status.RUNNING).update(status=Run.Status.WAITING, pending_turn=asdict(paused))
+    publisher = publisher or RunEventPublisher(run)
     for approval in approvals:
-        publisher.publish(
-            "approval_requested",
-            {
-                "approval_id": approval.pk,
-                "tool_use_id": approval.tool_use_id,
-                "name": approval.tool_name,
-                "input": approval.input,
-            },
-        )
+        payload = {
+            "approval_id": approval.pk,
+            "tool_use_id": approval.tool_use_id,
+            "name": approval.tool_name,
+            "input": approval.input,
+        }
+        if subagent is not None:
+            payload["subagent"] = _subagent_payload(subagent)
+        publisher.publish("approval_requested", payload)
     return approvals
 
 
 def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) -> Approval:
-    """Record a person's decision; once no call of the run waits any more, queue the run again."""
-    from agents.dispatch import enqueue_run
+    """Record a person's decision; once no call of the run (or subagent) waits any more, queue it again."""
+    from agents.dispatch import enqueue_run, enqueue_subagent
 
     if decision not in (Approval.Status.APPROVED, Approval.Status.DENIED):
         raise ValueError(f"decision must be approved or denied, not {decision!r}")
@@ -146,12 +163,22 @@ def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) 
         approval = Approval.objects.select_for_update().get(pk=approval.pk)
         if approval.status != Approval.Status.PENDING:
             raise Conflict(f"Approval {approval.pk} was already decided ({approval.status}).")
-        if run.status != Run.Status.WAITING:
+        # The one that waits: the run, or the subagent whose call it is (its parent keeps running).
+        subagent = Subagent.objects.get(pk=approval.subagent_id) if approval.subagent_id else None
+        if subagent is not None and subagent.status != Run.Status.WAITING:
+            raise Conflict(
+                f"Subagent {subagent.index} of run {run.pk} is not waiting for approval ({subagent.status})."
+            )
+        if subagent is None and run.status != Run.Status.WAITING:
             raise Conflict(f"Run {run.pk} is not waiting for approval ({run.status}).")
         approval.status, approval.decided_by, approval.decided_at = decision, user, timezone.now()
         approval.save(update_fields=["status", "decided_by", "decided_at"])
         RunEventPublisher(run).publish("approval_decided", {"approval_id": approval.pk, "decision": decision})
-        if not Approval.objects.filter(run=run, status=Approval.Status.PENDING).exists():
-            Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
-            transaction.on_commit(lambda: enqueue_run(run.pk))
+        if not Approval.objects.filter(run=run, subagent=subagent, status=Approval.Status.PENDING).exists():
+            if subagent is not None:
+                Subagent.objects.filter(pk=subagent.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
+                transaction.on_commit(lambda: enqueue_subagent(subagent.pk))
+            else:
+                Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
+                transaction.on_commit(lambda: enqueue_run(run.pk))
     return approval

@@ -53,24 +53,26 @@ def embedded_recover() -> None:
         enqueue_run(run_id)
 
 
-def _subagent_in_thread(job: dict) -> None:
+def _subagent_in_thread(subagent_id: int) -> None:
     from agents.subagents import subagent_execute
 
     close_old_connections()
     try:
-        subagent_execute(job)
+        subagent_execute(subagent_id, worker=f"embedded@{socket.gethostname()}")
+    except Exception:
+        logger.exception("embedded worker failed on subagent %s", subagent_id)
     finally:
         close_old_connections()
 
 
-def enqueue_subagent(job: dict) -> None:
-    """One child of a fan-out (TD-14), where runs run."""
+def enqueue_subagent(subagent_id: int) -> None:
+    """One child of a fan-out (TD-14), where runs run: at its start, or again once its approvals are decided."""
     if settings.CC_MODE == "services":
         from agents.tasks import run_subagent
 
-        run_subagent.apply_async((job,), queue=settings.CC_RUN_QUEUE)
+        run_subagent.apply_async((subagent_id,), queue=settings.CC_RUN_QUEUE)
     else:
-        _subagent_pool().submit(_subagent_in_thread, job)
+        _subagent_pool().submit(_subagent_in_thread, subagent_id)
 
 
 @cache

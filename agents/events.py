@@ -8,12 +8,14 @@ and of its conversation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 
 from agents.models import Run, RunEvent
@@ -105,10 +107,26 @@ class RunEventPublisher:
             self._last_delta_sent = now
             self.flush()
 
+    def _store(self, event_type: str, payload: dict[str, Any]) -> None:
+        for _attempt in range(20):
+            # Counted only once stored: a retry after a dropped connection reuses the number.
+            seq = self.seq + 1
+            try:
+                # Inside a caller's transaction a clash must roll back to a savepoint; outside one an
+                # autocommit insert keeps a dropped connection something `reconnecting` can retry.
+                with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+                    RunEvent.objects.create(run=self.run, seq=seq, type=event_type, payload=payload)
+                self.seq = seq
+                return
+            except IntegrityError:
+                # Another process wrote to this log meanwhile (a subagent's approval while its
+                # parent runs, TD-14): continue after the last event stored.
+                self.seq = RunEvent.objects.filter(run=self.run).aggregate(last=Max("seq"))["last"] or 0
+        raise RuntimeError(f"could not number an event of run {self.run.pk}: its log keeps moving")
+
     def _send(self, event_type: str, payload: dict[str, Any]) -> None:
-        self.seq += 1
         # Every event is written, so this is where a dropped database connection shows first.
-        reconnecting(lambda: RunEvent.objects.create(run=self.run, seq=self.seq, type=event_type, payload=payload))
+        reconnecting(lambda: self._store(event_type, payload))
         event = {"run_id": self.run.pk, "seq": self.seq, "type": event_type, "payload": payload}
         try:
             broadcast(

@@ -115,6 +115,8 @@ class Approval(models.Model):
     tool_name = models.CharField(max_length=128)
     input = models.JSONField(default=dict)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
+    # Set when the call is a subagent's (TD-14): `run` is then its parent run, whose owner decides.
+    subagent = models.ForeignKey("Subagent", null=True, blank=True, on_delete=models.CASCADE, related_name="approvals")
     decided_by = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="tool_approvals"
     )
@@ -123,7 +125,63 @@ class Approval(models.Model):
 
     class Meta:
         ordering = ["run", "id"]
-        constraints = [models.UniqueConstraint(fields=["run", "tool_use_id"], name="approval_run_tool_use_unique")]
+        # Tool-use ids are unique per caller: the run itself, or one of its subagents (whose
+        # model may well produce the same ids as a sibling given the same task).
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "tool_use_id"],
+                condition=models.Q(subagent__isnull=True),
+                name="approval_run_tool_use_unique",
+            ),
+            models.UniqueConstraint(
+                fields=["subagent", "tool_use_id"],
+                condition=models.Q(subagent__isnull=False),
+                name="approval_subagent_tool_use_unique",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"approval {self.pk} of {self.tool_name} in run {self.run_id} ({self.status})"
+
+
+class Subagent(models.Model):
+    """One child of a `spawn_agents` fan-out (TD-14), run by its own task under its parent run.
+
+    Not a Run: it answers the parent's tool call, not a message, and writes nothing to the
+    transcript. It has a run's lifecycle all the same, so it can pause for approval (RN-4)
+    and be resumed by any worker: `pending_turn` holds its partial turn while it waits.
+    """
+
+    parent = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="subagents")
+    fanout_id = models.CharField(max_length=32, db_index=True)
+    index = models.PositiveSmallIntegerField()
+    count = models.PositiveSmallIntegerField()
+    shape = models.CharField(max_length=32)
+    profile = models.CharField(max_length=32)
+    task = models.TextField()
+    status = models.CharField(max_length=16, choices=Run.Status.choices, default=Run.Status.QUEUED, db_index=True)
+    worker = models.CharField(max_length=255, blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    pending_turn = models.JSONField(null=True, blank=True)
+    # The child's final text, whole; the parent decides what of it goes inline (SP-1).
+    answer = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["parent", "fanout_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["fanout_id", "index"], name="subagent_fanout_index_unique")]
+
+    def __str__(self) -> str:
+        return f"subagent {self.fanout_id}/{self.index} of run {self.parent_id} ({self.status})"
+
+    @property
+    def label(self) -> str:
+        # How its model requests are recorded under the parent run (ModelRequest.subagent).
+        return f"{self.fanout_id}/{self.index}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED)

@@ -132,7 +132,16 @@ def run_timeline(*, run: Run) -> list[dict[str, Any]]:
 
 
 def approvals_of(*, run: Run) -> QuerySet[Approval]:
-    return Approval.objects.filter(run=run).select_related("decided_by").order_by("id")
+    """The run's approvals, its subagents' included (they belong to the run: TD-14)."""
+    return Approval.objects.filter(run=run).select_related("decided_by", "subagent").order_by("id")
+
+
+def approvals_of_conversation(*, conversation: Conversation, status: str | None = None) -> QuerySet[Approval]:
+    """Every approval asked for in a conversation: its runs' calls and their subagents' (TD-14)."""
+    approvals = Approval.objects.filter(run__conversation=conversation)
+    if status is not None:
+        approvals = approvals.filter(status=status)
+    return approvals.select_related("decided_by", "subagent").order_by("id")
 
 
 CACHE_GROUPS = {

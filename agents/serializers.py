@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from agents.models import Approval, ModelRequest, Run, RunEvent
+from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from conversations.serializers import CompactionSerializer
 
 
@@ -60,12 +60,31 @@ class RunEventSerializer(serializers.ModelSerializer):
         fields = ["seq", "type", "payload", "created_at"]
 
 
+class SubagentBriefSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Subagent
+        fields = ["id", "index", "profile", "status", "task"]
+
+
 class ApprovalSerializer(serializers.ModelSerializer):
     decided_by = serializers.CharField(source="decided_by.username", default=None, read_only=True)
+    # The child whose call this is (TD-14), or null for the run's own call.
+    subagent = SubagentBriefSerializer(read_only=True, allow_null=True)
 
     class Meta:
         model = Approval
-        fields = ["id", "run", "tool_use_id", "tool_name", "input", "status", "decided_by", "decided_at", "created_at"]
+        fields = [
+            "id",
+            "run",
+            "subagent",
+            "tool_use_id",
+            "tool_name",
+            "input",
+            "status",
+            "decided_by",
+            "decided_at",
+            "created_at",
+        ]
 
 
 class CacheMetricSerializer(serializers.Serializer):

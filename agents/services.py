@@ -22,7 +22,7 @@ from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, 
 from agents.runtime.pruning import PruneResult, prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
-from agents.subagents import SpawningToolBox
+from agents.subagents import SpawningToolBox, subagents_cancel, subagents_reap_orphans
 from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict, DomainError
 from conversations.models import Conversation, Message
@@ -95,6 +95,8 @@ def run_cancel(*, run: Run) -> Run:
         RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
     else:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+    # Its subagents stop with it (TD-14), whether they run, wait for approval or are still queued.
+    subagents_cancel(parent_id=run.pk)
     run.refresh_from_db()
     return run
 
@@ -120,9 +122,11 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
             status=Run.Status.FAILED, error=error, finished_at=timezone.now()
         ):
             RunEventPublisher(run).publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+            subagents_cancel(parent_id=run.pk)
             reaped.append(run.pk)
     if reaped:
         logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)
+    subagents_reap_orphans(live=live, settled=settled)
     return reaped
 
 
@@ -191,6 +195,12 @@ def run_execute(*, run_id: int, worker: str) -> None:
         error = f"internal error: {type(exc).__name__}: {exc}"
         if _finish(run, Run.Status.FAILED, error):
             publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+        return
+    if reconnecting(lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists()):
+        # Asked to stop while the last step ran (the loop checks at most every 0.5 s), or it
+        # ended a fan-out's wait (TD-14): the cancel wins over the reply, which is not stored.
+        if _finish(run, Run.Status.CANCELLED, ""):
+            publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
         return
     reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
     if reply is None:

@@ -2,41 +2,63 @@
 
 Children of one shape get byte-identical prefixes: the same system prompt (named by
 the shape, nothing per child), the same resident tools in the same order whatever the
-task or profile (every built-in; children cannot spawn), and their task only in the
-first user message. A prompt cache entry becomes readable only once the request that
-writes it starts streaming, so a fan-out started all at once pays N writes of one
-prefix. The first child starts at once; its siblings wait at a gate it opens on its
-first streamed event, and the wait is bounded (`CC_SUBAGENT_RELEASE_WAIT_SECONDS`): a
-slow first child costs a cache hit, never the fan-out.
+task or profile (every built-in; children cannot spawn). A child's profile (its role
+and limits, `CC_SUBAGENT_PROFILES`) and its task come after that prefix, in its first
+user message. A prompt cache entry becomes readable only once the request that writes
+it starts streaming, so a fan-out started all at once pays N writes of one prefix. The
+first child starts at once; its siblings wait at a gate it opens on its first streamed
+event, and the wait is bounded (`CC_SUBAGENT_RELEASE_WAIT_SECONDS`): a slow first
+child costs a cache hit, never the fan-out.
 
-Children run where runs run: Celery tasks in services mode (gate and results through
-Redis), the embedded worker pool otherwise (in-process events and queues). The parent
-blocks on its results, so a worker needs a free slot besides the parent's.
+Each child is a `Subagent` row run by its own task, where runs run (Celery in services
+mode, the embedded pool otherwise). A child pauses for approval like a run (RN-4): its
+approvals belong to the parent run, so the parent's conversation shows them and its
+owner decides, and any worker resumes the child. The parent polls its children's rows
+until all have finished, the fan-out times out or the parent is cancelled, and returns
+their answers in task order; an answer too large for the context (SP-1) goes to the
+scratchpad of the parent's turn and the parent sees its id and a short summary.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import queue
+import re
 import threading
 import time
 import uuid
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
 
-from agents.runtime.loop import run_turn
 from agents.runtime.request import text_block
 
 logger = logging.getLogger(__name__)
 
 SPAWN_AGENTS = "spawn_agents"
+DEFAULT_SHAPE = "worker"
+DEFAULT_PROFILE = "worker"
+_SHAPE_PATTERN = "^[a-z][a-z0-9_-]{0,31}$"
+# What of an offloaded answer the parent sees inline: its head and tail (SP-4's summary, shorter).
+ANSWER_HEAD_CHARS = 200
+ANSWER_TAIL_CHARS = 100
+_POLL_SECONDS = 0.1
+STOPPED_WAITING = "cancelled: its parent run stopped waiting for it."
+_CANCEL_POLL_SECONDS = 0.5
+
 SPAWN_AGENTS_SCHEMA = {
     "name": SPAWN_AGENTS,
     "description": (
         "Run several subagents in parallel, one per task, and get their final answers back in task order. "
-        "Subagents of one shape share a cached prompt prefix; they use the same tools as you except this one."
+        "Subagents of one shape share a cached prompt prefix; they use the same tools as you except this one. "
+        "A large answer comes back as a scratchpad id with a summary: read it with scratchpad_read. "
+        f"Profiles (a subagent's role and limits): {', '.join(sorted(settings.CC_SUBAGENT_PROFILES))}; "
+        f"a task given as a plain string uses {DEFAULT_PROFILE!r}."
     ),
     "input_schema": {
         "type": "object",
@@ -44,13 +66,26 @@ SPAWN_AGENTS_SCHEMA = {
             "tasks": {
                 "type": "array",
                 "minItems": 1,
-                "maxItems": 16,
-                "items": {"type": "string", "minLength": 1},
-                "description": "One self-contained instruction per subagent.",
+                "maxItems": settings.CC_SUBAGENT_MAX_CHILDREN,
+                "items": {
+                    "anyOf": [
+                        {"type": "string", "minLength": 1},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "task": {"type": "string", "minLength": 1},
+                                "profile": {"type": "string", "enum": sorted(settings.CC_SUBAGENT_PROFILES)},
+                            },
+                            "required": ["task"],
+                            "additionalProperties": False,
+                        },
+                    ]
+                },
+                "description": "One self-contained instruction per subagent, or {task, profile}.",
             },
             "shape": {
                 "type": "string",
-                "pattern": "^[a-z][a-z0-9_-]{0,31}$",
+                "pattern": _SHAPE_PATTERN,
                 "description": "The kind of subagent (default 'worker'); one shape, one shared prefix.",
             },
         },
@@ -70,30 +105,105 @@ def subagent_system(shape: str) -> list[dict[str, Any]]:
     ]
 
 
-# --- the gate and the results: Redis in services mode, in-process otherwise ---------------
+# --- profiles and the spawn arguments (pure) --------------------------------------------
 
 
-class _LocalFanout:
-    def __init__(self) -> None:
-        self.released = threading.Event()
-        self.results: queue.Queue[dict[str, Any]] = queue.Queue()
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    instructions: str
+    max_steps: int
+    max_actions: int
 
 
-_local: dict[str, _LocalFanout] = {}
+@dataclass(frozen=True)
+class ChildSpec:
+    task: str
+    profile: str
+
+
+class SpawnError(ValueError):
+    """spawn_agents was called with arguments it cannot run; nothing was spawned."""
+
+
+def subagent_profiles() -> dict[str, Profile]:
+    """`CC_SUBAGENT_PROFILES` as profiles; a malformed entry is a configuration error that names it."""
+    profiles = {}
+    for name, raw in settings.CC_SUBAGENT_PROFILES.items():
+        try:
+            profile = Profile(
+                name=name,
+                instructions=str(raw["instructions"]),
+                max_steps=int(raw.get("max_steps", 10)),
+                max_actions=int(raw.get("max_actions", settings.CC_RUN_MAX_ACTIONS)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"CC_SUBAGENT_PROFILES[{name!r}] is malformed ({exc!r}); see settings.py") from None
+        if not profile.instructions.strip() or profile.max_steps < 1 or profile.max_actions < 1:
+            raise ValueError(f"CC_SUBAGENT_PROFILES[{name!r}] needs instructions, max_steps ≥ 1, max_actions ≥ 1.")
+        profiles[name] = profile
+    return profiles
+
+
+def parse_spawn(arguments: Any, *, profiles: dict[str, Profile], max_children: int) -> tuple[str, list[ChildSpec]]:
+    """The shape and one spec per child, or `SpawnError` saying exactly what is wrong."""
+    if not isinstance(arguments, dict):
+        raise SpawnError(f"the arguments must be an object with 'tasks'; got {type(arguments).__name__}.")
+    unknown = sorted(set(arguments) - {"tasks", "shape"})
+    if unknown:
+        raise SpawnError(f"unknown argument(s) {', '.join(map(repr, unknown))}; it takes 'tasks' and 'shape'.")
+    shape = arguments.get("shape", DEFAULT_SHAPE)
+    if not isinstance(shape, str) or not re.fullmatch(_SHAPE_PATTERN, shape):
+        raise SpawnError(f"shape must match {_SHAPE_PATTERN} (e.g. 'worker'); got {shape!r}.")
+    tasks = arguments.get("tasks")
+    if not isinstance(tasks, list):
+        raise SpawnError(f"tasks must be a list of 1 to {max_children} tasks; got {type(tasks).__name__}.")
+    if not 1 <= len(tasks) <= max_children:
+        raise SpawnError(f"tasks has {len(tasks)} items; one call runs 1 to {max_children} subagents.")
+    known = ", ".join(sorted(profiles))
+    children = []
+    for position, item in enumerate(tasks):
+        if isinstance(item, str):
+            item = {"task": item}
+        if not isinstance(item, dict):
+            raise SpawnError(f"tasks[{position}] must be a string or an object {{task, profile}}; got {item!r}.")
+        extra = sorted(set(item) - {"task", "profile"})
+        if extra:
+            raise SpawnError(f"tasks[{position}] has unknown key(s) {', '.join(map(repr, extra))}.")
+        task, profile = item.get("task"), item.get("profile", DEFAULT_PROFILE)
+        if not isinstance(task, str) or not task.strip():
+            raise SpawnError(f"tasks[{position}] has no task: give a non-empty string.")
+        if profile not in profiles:
+            raise SpawnError(f"tasks[{position}].profile {profile!r} is not a profile; the profiles are: {known}.")
+        children.append(ChildSpec(task=task, profile=profile))
+    return shape, children
+
+
+def subagent_history(*, profile: Profile, task: str) -> list[dict[str, Any]]:
+    """The child's first (and only) user message: its role and limits, then its task, after the shared prefix."""
+    role = (
+        f"Your profile: {profile.name}. {profile.instructions} "
+        f"You have at most {profile.max_steps} model steps and {profile.max_actions} tool calls."
+    )
+    return [{"role": "user", "content": [text_block(role), text_block(task)]}]
+
+
+# --- the gate: Redis in services mode, in-process otherwise -----------------------------
+
+
+_local_gates: dict[str, threading.Event] = {}
 _local_lock = threading.Lock()
 # SQLite has one writer; embedded children take turns at the database instead of failing with "locked".
-_embedded_db_lock = threading.Lock()
+_embedded_db_lock = threading.RLock()
 
 
 def _db_turn():
-    import contextlib
-
     return contextlib.nullcontext() if settings.CC_MODE == "services" else _embedded_db_lock
 
 
-def _local_fanout(fanout_id: str) -> _LocalFanout:
+def _local_gate(fanout_id: str) -> threading.Event:
     with _local_lock:
-        return _local.setdefault(fanout_id, _LocalFanout())
+        return _local_gates.setdefault(fanout_id, threading.Event())
 
 
 def _redis():
@@ -110,7 +220,7 @@ def release_siblings(fanout_id: str, siblings: int) -> None:
             client.rpush(key, *["go"] * siblings)
         client.expire(key, 3600)
     else:
-        _local_fanout(fanout_id).released.set()
+        _local_gate(fanout_id).set()
 
 
 def wait_for_release(fanout_id: str, timeout: float) -> bool:
@@ -124,38 +234,7 @@ def wait_for_release(fanout_id: str, timeout: float) -> bool:
                 return False
             if client.blpop([f"cc:fanout:{fanout_id}:gate"], timeout=min(1.0, max(left, 0.01))) is not None:
                 return True
-    return _local_fanout(fanout_id).released.wait(timeout)
-
-
-def _put_result(fanout_id: str, result: dict[str, Any]) -> None:
-    if settings.CC_MODE == "services":
-        client = _redis()
-        client.rpush(f"cc:fanout:{fanout_id}:results", json.dumps(result))
-        client.expire(f"cc:fanout:{fanout_id}:results", 3600)
-    else:
-        _local_fanout(fanout_id).results.put(result)
-
-
-def _collect(fanout_id: str, count: int, timeout: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    results: list[dict[str, Any]] = []
-    while len(results) < count:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        if settings.CC_MODE == "services":
-            item = _redis().blpop([f"cc:fanout:{fanout_id}:results"], timeout=min(1.0, max(left, 0.01)))
-            if item is not None:
-                results.append(json.loads(item[1]))
-        else:
-            try:
-                results.append(_local_fanout(fanout_id).results.get(timeout=left))
-            except queue.Empty:
-                break
-    if settings.CC_MODE != "services":
-        with _local_lock:
-            _local.pop(fanout_id, None)
-    return results
+    return _local_gate(fanout_id).wait(timeout)
 
 
 # --- the parent side ----------------------------------------------------------------
@@ -164,29 +243,148 @@ def _collect(fanout_id: str, count: int, timeout: float) -> list[dict[str, Any]]
 def spawn_agents(*, run_id: int, arguments: dict[str, Any]) -> dict[str, Any]:
     """Fan out one child per task and return their answers in task order (the tool's observation)."""
     from agents.dispatch import enqueue_subagent
+    from agents.models import Run, Subagent
 
-    tasks = arguments.get("tasks")
-    shape = arguments.get("shape") or "worker"
-    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) and t.strip() for t in tasks):
-        return {"ok": False, "error": "tasks must be a non-empty list of non-empty strings."}
-    if len(tasks) > 16:
-        return {"ok": False, "error": f"at most 16 tasks per fan-out, not {len(tasks)}."}
+    try:
+        shape, specs = parse_spawn(
+            arguments, profiles=subagent_profiles(), max_children=settings.CC_SUBAGENT_MAX_CHILDREN
+        )
+    except SpawnError as exc:
+        return {"ok": False, "error": f"spawn_agents did not start any subagent: {exc}"}
+    parent = Run.objects.get(pk=run_id)
     fanout_id = uuid.uuid4().hex
-    for index, task in enumerate(tasks):
-        enqueue_subagent(
-            {"fanout_id": fanout_id, "index": index, "count": len(tasks), "parent_run_id": run_id,
-             "shape": shape, "task": task}
+    with _db_turn(), transaction.atomic():
+        children = Subagent.objects.bulk_create(
+            Subagent(parent=parent, fanout_id=fanout_id, index=index, count=len(specs), shape=shape,
+                     profile=spec.profile, task=spec.task)
+            for index, spec in enumerate(specs)
         )  # fmt: skip
-    results = sorted(_collect(fanout_id, len(tasks), settings.CC_SUBAGENT_TIMEOUT_SECONDS), key=lambda r: r["index"])
-    missing = sorted(set(range(len(tasks))) - {r["index"] for r in results})
-    observation: dict[str, Any] = {
-        "ok": not missing and all(r["ok"] for r in results),
-        "shape": shape,
-        "results": [{k: r[k] for k in ("index", "ok", "text", "error") if k in r} for r in results],
-    }
-    if missing:
-        observation["error"] = f"subagents {missing} did not answer within {settings.CC_SUBAGENT_TIMEOUT_SECONDS}s."
+    for child in children:
+        enqueue_subagent(child.pk)
+    children, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id)
+    return fanout_observation(parent=parent, shape=shape, children=children, waited_out=waited_out)
+
+
+def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]:
+    """Poll the children's rows until all have finished, the parent is cancelled, or the wait runs out."""
+    from agents.models import Run, Subagent
+
+    deadline = time.monotonic() + settings.CC_SUBAGENT_TIMEOUT_SECONDS
+    while True:
+        children = list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index"))
+        if all(child.is_finished for child in children):
+            return children, False
+        parent_gone = Run.objects.filter(pk=parent_id).exclude(status=Run.Status.RUNNING, cancel_requested=False)
+        timed_out = time.monotonic() >= deadline
+        if timed_out or parent_gone.exists():
+            subagents_cancel(parent_id=parent_id, fanout_id=fanout_id)
+            return list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index")), timed_out
+        time.sleep(_POLL_SECONDS)
+
+
+def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_out: bool) -> dict[str, Any]:
+    """The answers in task order; any that would make the observation too large go to the scratchpad (SP-1)."""
+    from scratchpad.offload import observation_size
+
+    results = []
+    for child in children:
+        item: dict[str, Any] = {"index": child.index, "profile": child.profile, "ok": child.status == "succeeded"}
+        if item["ok"]:
+            item["text"] = child.answer
+        elif child.is_finished:
+            item["error"] = child.error or f"the subagent ended {child.status}."
+        else:  # still running: asked to stop at its next check
+            item["error"] = STOPPED_WAITING
+        results.append(item)
+    observation: dict[str, Any] = {"ok": all(item["ok"] for item in results), "shape": shape, "results": results}
+    stopped = [item["index"] for item in results if item.get("error") == STOPPED_WAITING]
+    failed = [item["index"] for item in results if not item["ok"] and item["index"] not in stopped]
+    errors = []
+    if stopped:
+        errors.append(
+            f"subagents {stopped} did not answer within {settings.CC_SUBAGENT_TIMEOUT_SECONDS}s and were cancelled."
+            if waited_out
+            else f"subagents {stopped} were cancelled with this run."
+        )
+    if failed:
+        errors.append(f"subagents {failed} did not finish; see their errors.")
+    if errors:
+        observation["error"] = " ".join(errors)
+    threshold = settings.SCRATCHPAD_THRESHOLD_BYTES
+    # Each answer above the threshold, then the largest of the rest while the whole is still too large.
+    for item in results:
+        if "text" in item and observation_size(item) > threshold:
+            _offload_answer(parent, item)
+    inline = sorted((item for item in results if "text" in item), key=lambda item: -len(item["text"]))
+    for item in inline:
+        if observation_size(observation) <= threshold:
+            break
+        _offload_answer(parent, item)
     return observation
+
+
+def _offload_answer(parent: Any, item: dict[str, Any]) -> None:
+    """Store one child's answer in the scratchpad of the parent's turn; the item keeps its id and a summary."""
+    from scratchpad import services as scratchpad_services
+    from scratchpad.summary import text_summary
+
+    text = item.pop("text")
+    with _db_turn():
+        entry = scratchpad_services.put(
+            turn_id=str(parent.pk),
+            content=text,
+            kind="text",
+            executor_name=SPAWN_AGENTS,
+            run_id=parent.pk,
+            conversation_id=parent.conversation_id,
+            metadata={"subagent": item["index"], "profile": item["profile"]},
+            payload_field="text",
+            payload_encoding="text",
+            envelope={k: v for k, v in item.items()},
+        )
+    item.update(
+        scratchpad_id=entry.pk,
+        size_bytes=entry.size_bytes,
+        summary=text_summary(text, head=ANSWER_HEAD_CHARS, tail=ANSWER_TAIL_CHARS),
+        _note=f"The answer is in the scratchpad as {entry.pk}; read it with scratchpad_read.",
+    )
+
+
+def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
+    """Cancel a run's unfinished children: queued or waiting at once, running ones at their next check."""
+    from agents.models import Run, Subagent
+
+    children = Subagent.objects.filter(parent_id=parent_id)
+    if fanout_id is not None:
+        children = children.filter(fanout_id=fanout_id)
+    with _db_turn():
+        stopped = children.filter(status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
+            status=Run.Status.CANCELLED,
+            cancel_requested=True,
+            finished_at=timezone.now(),
+            error=STOPPED_WAITING,
+        )
+        children.filter(status=Run.Status.RUNNING).update(cancel_requested=True)
+    return stopped
+
+
+def subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
+    """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
+    from agents.models import Run, Subagent
+
+    with _db_turn():
+        lost = (
+            Subagent.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled)
+            .exclude(worker__in=live)
+            .update(
+                status=Run.Status.FAILED,
+                finished_at=timezone.now(),
+                error="the worker running this subagent stopped before it finished.",
+            )
+        )
+    if lost:
+        logger.warning("failed %d subagent(s) whose worker stopped mid-turn", lost)
+    return lost
 
 
 class SpawningToolBox:
@@ -211,60 +409,113 @@ class SpawningToolBox:
 # --- the child side -----------------------------------------------------------------
 
 
-def subagent_execute(job: dict[str, Any]) -> dict[str, Any]:
-    """Run one child turn; the first child opens the gate on its first streamed event."""
-    from agents.approvals import model_request_rows
-    from agents.models import ModelRequest, Run
-    from agents.providers.registry import get_provider
+def subagent_toolbox(conversation_id: int) -> Any:
+    """Every child's tools, whatever its task or profile: every built-in, resident, in name order."""
+    from agents.approvals import GatedToolBox
     from toolcatalog.builtins import WorkspaceToolBox
     from toolcatalog.workspace import workspace_root
 
-    fanout_id, index, count = job["fanout_id"], job["index"], job["count"]
-    first = index == 0
-    waited = 0.0
-    if not first:
-        began = time.monotonic()
-        wait_for_release(fanout_id, settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS)
-        waited = time.monotonic() - began
-    opened = False
+    # The loop asks a person before a call that requires approval, so the inner toolbox runs what it gets.
+    inner = WorkspaceToolBox(
+        workspace_root(conversation_id), conversation_id=conversation_id, approve=lambda tool, arguments: True
+    )
+    return GatedToolBox(inner)
+
+
+def subagent_execute(subagent_id: int, *, worker: str) -> None:
+    """Run (or resume) one child; the first child opens the gate on its first streamed event."""
+    from agents import approvals
+    from agents.models import ModelRequest, Run, Subagent
+    from agents.providers.registry import get_provider
+    from agents.runtime.actions import ActionLimits, ApprovalNeeded
+    from agents.runtime.loop import TurnCancelled, run_turn
+
+    with _db_turn():
+        claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
+            status=Run.Status.RUNNING, worker=worker, started_at=timezone.now()
+        )
+    if not claimed:
+        logger.info("subagent %s is not queued any more; %s leaves it alone", subagent_id, worker)
+        return
+    child = Subagent.objects.select_related("parent").get(pk=subagent_id)
+    parent = child.parent
+    resume = approvals.paused_turn_of(child)
+    first = child.index == 0
+    if not first and resume is None:
+        wait_for_release(child.fanout_id, settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS)
+    opened = resume is not None  # a resumed child started streaming long ago
 
     def open_gate() -> None:
         nonlocal opened
         if first and not opened:
             opened = True
-            release_siblings(fanout_id, count - 1)
+            release_siblings(child.fanout_id, child.count - 1)
 
     def emit(kind: str, payload: dict[str, Any]) -> None:
         if kind in ("text_delta", "tool_call", "usage"):
             open_gate()
 
-    started_at = time.time()
-    result: dict[str, Any] = {"index": index, "ok": False, "started_at": started_at, "waited_s": round(waited, 3)}
     try:
-        with _db_turn():
-            run = Run.objects.get(pk=job["parent_run_id"])
-        # Every child gets the same resident set, whatever its task: one shape, one prefix.
-        toolbox = WorkspaceToolBox(workspace_root(run.conversation_id), conversation_id=run.conversation_id)
+        profile = subagent_profiles().get(child.profile)
+        if profile is None:
+            raise ValueError(f"profile {child.profile!r} is no longer configured")
         outcome = run_turn(
-            provider=get_provider(run.provider),
-            model=run.model,
-            system=subagent_system(job["shape"]),
-            history=[{"role": "user", "content": [text_block(job["task"])]}],
-            toolbox=toolbox,
+            provider=get_provider(parent.provider),
+            model=parent.model,
+            system=subagent_system(child.shape),
+            history=subagent_history(profile=profile, task=child.task),
+            toolbox=subagent_toolbox(parent.conversation_id),
             emit=emit,
-            max_steps=10,
+            max_steps=profile.max_steps,
+            is_cancelled=_child_cancel_checker(child.pk),
+            limits=ActionLimits(per_run=profile.max_actions, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+            max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+            resume=resume,
+            decisions=approvals.decisions_for(parent, subagent=child),
         )
-        rows = model_request_rows(run, outcome.steps)
-        for row in rows:
-            row.subagent = f"{fanout_id}/{index}"
+    except ApprovalNeeded as pause:
         with _db_turn():
-            ModelRequest.objects.bulk_create(rows)
-        final = outcome.messages[-1]["content"] if outcome.messages else []
-        result.update(ok=True, text="".join(b.get("text", "") for b in final if b.get("type") == "text"))
+            approvals.approval_pause(run=parent, pause=pause, subagent=child)
+        return
+    except TurnCancelled:
+        _child_finish(child, Run.Status.CANCELLED, error="cancelled before it finished.")
+        return
     except Exception as exc:
-        logger.exception("subagent %s/%s failed", fanout_id, index)
-        result.update(error=f"{type(exc).__name__}: {exc}", text="")
+        logger.exception("subagent %s failed", child)
+        _child_finish(child, Run.Status.FAILED, error=f"{type(exc).__name__}: {exc}")
+        return
     finally:
-        open_gate()  # a failed first child must not hold its siblings for the whole wait
-        _put_result(fanout_id, result)
-    return result
+        open_gate()  # a failed or paused first child must not hold its siblings for the whole wait
+    final = outcome.messages[-1]["content"] if outcome.messages else []
+    answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
+    with _db_turn(), transaction.atomic():
+        ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
+        _child_finish(child, Run.Status.SUCCEEDED, answer=answer)
+
+
+def _child_finish(child: Any, status: str, *, answer: str = "", error: str = "") -> None:
+    from agents.models import Run, Subagent
+
+    with _db_turn():
+        # Conditional: a child cancelled meanwhile keeps that verdict.
+        Subagent.objects.filter(pk=child.pk, status=Run.Status.RUNNING).update(
+            status=status, answer=answer, error=error, pending_turn=None, finished_at=timezone.now()
+        )
+
+
+def _child_cancel_checker(subagent_id: int):
+    """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
+    from agents.models import Run, Subagent
+
+    last_check = 0.0
+
+    def is_cancelled() -> bool:
+        nonlocal last_check
+        now = time.monotonic()
+        if now - last_check < _CANCEL_POLL_SECONDS:
+            return False
+        last_check = now
+        child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
+        return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
+
+    return is_cancelled

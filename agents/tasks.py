@@ -11,7 +11,7 @@ def run_turn(run_id: int) -> None:
 
 
 @shared_task(name="agents.run_subagent")
-def run_subagent(job: dict) -> None:
+def run_subagent(subagent_id: int) -> None:
     from agents.subagents import subagent_execute
 
-    subagent_execute(job)
+    subagent_execute(subagent_id, worker=run_subagent.request.hostname or "celery")

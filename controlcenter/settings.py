@@ -323,5 +323,41 @@ CC_MAX_PARALLEL_TOOLS = env_int("CC_MAX_PARALLEL_TOOLS", 8, minimum=1)
 CC_SUBAGENT_RELEASE_WAIT_SECONDS = env_int("CC_SUBAGENT_RELEASE_WAIT_SECONDS", 10, minimum=0)
 # The Celery queue runs and subagents go to (a worker consumes it with -Q); lets pools be separated.
 CC_RUN_QUEUE = env_str("CC_RUN_QUEUE", "celery")
-# How long the parent waits for a fan-out's answers.
+# How long the parent waits for a fan-out's answers (a child waiting for approval included).
 CC_SUBAGENT_TIMEOUT_SECONDS = env_int("CC_SUBAGENT_TIMEOUT_SECONDS", 600, minimum=1)
+# Children one spawn_agents call may start.
+CC_SUBAGENT_MAX_CHILDREN = env_int("CC_SUBAGENT_MAX_CHILDREN", 16, minimum=1)
+# Subagent profiles (TD-14): a child's role and its limits. A profile never changes the
+# tools or the system prompt (those come from the shape, so siblings share one cached
+# prefix); its instructions go into the child's first user message, before the task.
+CC_SUBAGENT_PROFILES: dict[str, dict[str, object]] = {
+    "worker": {
+        "instructions": "Do the task with the tools you have and report what you did and found.",
+        "max_steps": 10,
+        "max_actions": 40,
+    },
+    "researcher": {
+        "instructions": (
+            "You are a researcher. Read, list, search and fetch; do not change files or run commands that "
+            "change anything. Report findings with the paths or URLs they come from."
+        ),
+        "max_steps": 15,
+        "max_actions": 60,
+    },
+    "coder": {
+        "instructions": (
+            "You are a coder. Make the change in the workspace, run it to check it works, and report the "
+            "files you changed and how you checked them."
+        ),
+        "max_steps": 20,
+        "max_actions": 80,
+    },
+    "reviewer": {
+        "instructions": (
+            "You are a reviewer. Read the work named in the task, do not change it, and report concrete "
+            "problems with where they are, most serious first."
+        ),
+        "max_steps": 10,
+        "max_actions": 40,
+    },
+}

@@ -58,6 +58,11 @@ api_patterns = [
     path("api/scratchpad/", include("scratchpad.urls")),
     # runtime: approvals and cache metrics (RN-4, RN-2)
     path("api/runs/<int:run_id>/approvals/", agents_api.RunApprovalsApi.as_view(), name="api-run-approvals"),
+    path(
+        "api/conversations/<int:conversation_id>/approvals/",
+        agents_api.ConversationApprovalsApi.as_view(),
+        name="api-conversation-approvals",
+    ),
     path("api/approvals/<int:approval_id>/approve/", agents_api.ApprovalApproveApi.as_view(), name="api-approve"),
     path("api/approvals/<int:approval_id>/deny/", agents_api.ApprovalDenyApi.as_view(), name="api-deny"),
     path("api/metrics/cache/", agents_api.CacheMetricsApi.as_view(), name="api-metrics-cache"),

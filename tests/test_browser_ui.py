@@ -155,6 +155,41 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     expect(reply).not_to_contain_text("exited with 0: never-runs")
 
 
+@pytest.mark.req("RN-4", "TD-14")
+def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_decides_them(
+    embedded_server,
+    page,  # noqa: F811
+):
+    base, _ = embedded_server
+    _sign_in(page, base)
+    _new_conversation(page, "subagent approvals")
+
+    # The offline model fans out one subagent per task; each asks for the shell (RN-4).
+    page.fill("#composer-input", "in parallel: run `echo child-zero-ran`; run `echo child-one-ran`")
+    page.keyboard.press("Enter")
+    prompts = page.locator(".approval[data-subagent]")
+    expect(prompts).to_have_count(2, timeout=30_000)
+    zero = page.locator(".approval[data-subagent]", has_text="echo child-zero-ran")
+    one = page.locator(".approval[data-subagent]", has_text="echo child-one-ran")
+    expect(zero).to_contain_text("Subagent 0 (worker) asks to run bash")
+    expect(one).to_contain_text("Subagent 1 (worker) asks to run bash")
+    _screenshot(page, "conversation-subagent-approvals")
+    zero.focus()
+    page.keyboard.press("Enter")
+    expect(zero).to_have_attribute("data-decision", "approved")
+    one.focus()
+    page.keyboard.press("Escape")
+    expect(one).to_have_attribute("data-decision", "denied")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=30_000)
+    reply = page.locator("article.assistant[data-run-id]").last
+    expect(reply).to_contain_text(
+        "subagent 0 said: I am the offline model. I ran the tool and the command exited with 0: child-zero-ran"
+    )
+    expect(reply).to_contain_text(
+        "subagent 1 said: I am the offline model. I ran the tool and the tool failed: A person denied"
+    )
+
+
 @pytest.mark.req("RN-2")
 def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(embedded_server, page):  # noqa: F811
     base, _ = embedded_server

@@ -29,7 +29,16 @@ _WORKSPACE_WORDS = re.compile(r"\b(files?|workspace|directory|folder|ls)\b", re.
 _SHELL_REQUEST = re.compile(r"\brun\s+`([^`]+)`", re.IGNORECASE)
 
 
+# "in parallel: run `a`; run `b`" fans out one subagent per task (TD-14).
+_SPAWN_REQUEST = re.compile(r"\bin parallel:\s*(.+)", re.IGNORECASE | re.DOTALL)
+
+
 def _choose_tool(prompt: str, offered: set[str]) -> tuple[str, dict[str, Any]] | None:
+    spawn = _SPAWN_REQUEST.search(prompt)
+    if spawn and "spawn_agents" in offered:
+        tasks = [task.strip() for task in spawn.group(1).split(";") if task.strip()]
+        if tasks:
+            return "spawn_agents", {"tasks": tasks}
     command = _SHELL_REQUEST.search(prompt)
     if command and "bash" in offered:
         return "bash", {"command": command.group(1)}
@@ -75,7 +84,9 @@ class OfflineProvider:
             text = self._answer(prompt)
             call = _choose_tool(prompt, {tool["name"] for tool in request.tools})
             if call is not None:
-                text += " Let me look at the workspace." if call[0] == "list_dir" else " Let me run that."
+                text += {"list_dir": " Let me look at the workspace.", "spawn_agents": " Let me hand those out."}.get(
+                    call[0], " Let me run that."
+                )
         for chunk in _chunks(text):
             yield TextDelta(chunk)
         content: list[dict[str, Any]] = [{"type": "text", "text": text}]
@@ -121,6 +132,10 @@ class OfflineProvider:
                 parts.append(
                     f"the command exited with {observation['exit_code']}" + (f": {output[:200]}" if output else "")
                 )
+            elif "results" in observation:
+                for child in observation["results"]:
+                    said = child.get("text") or child.get("summary") or child.get("error", "")
+                    parts.append(f"subagent {child.get('index')} said: {said[:200]}")
             elif "entries" in observation:
                 names = [entry["name"] for entry in observation["entries"]]
                 listing = ", ".join(names) if names else "nothing yet"

@@ -14,7 +14,7 @@
   const runLink = document.getElementById("run-link");
   const menu = document.getElementById("slash-menu");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-  const runs = new Map(); // run id -> {lastSeq, article, text, tools: Map(tool_use_id -> details)}
+  const runs = new Map(); // run id -> {lastSeq, seen, article, text, tools: Map(tool_use_id -> details)}
   const approvals = new Map(); // approval id -> prompt element
   let activeRun = root.dataset.activeRun ? Number(root.dataset.activeRun) : null;
 
@@ -44,7 +44,7 @@
       header.appendChild(link);
       article.appendChild(header);
       messages.appendChild(article);
-      runs.set(runId, { lastSeq: 0, article, text: null, tools: new Map() });
+      runs.set(runId, { lastSeq: 0, seen: new Set(), article, text: null, tools: new Map() });
     }
     return runs.get(runId);
   }
@@ -89,7 +89,10 @@
     prompt.setAttribute("role", "group");
     const title = el("p", null);
     title.id = `approval-${p.approval_id}-title`;
-    title.append("The agent asks to run ", el("code", null, p.name), ".");
+    // A subagent's call (TD-14) is decided here too, on its parent run's page.
+    const who = p.subagent ? `Subagent ${p.subagent.index} (${p.subagent.profile})` : "The agent";
+    if (p.subagent) prompt.dataset.subagent = p.subagent.id;
+    title.append(`${who} asks to run `, el("code", null, p.name), ".");
     prompt.setAttribute("aria-labelledby", title.id);
     const args = el("details", "tool");
     args.open = true;
@@ -147,8 +150,12 @@
 
   function apply(event) {
     const state = runState(event.run_id);
-    if (event.seq <= state.lastSeq) return; // already shown (live and catch-up overlap)
-    state.lastSeq = event.seq;
+    // Already shown (live and catch-up overlap). A set, not the highest seq: a run's log has
+    // more than one writer while its subagents ask for approval (TD-14), so two events may
+    // arrive out of order.
+    if (state.seen.has(event.seq)) return;
+    state.seen.add(event.seq);
+    state.lastSeq = Math.max(state.lastSeq, event.seq);
     const p = event.payload;
     switch (event.type) {
       case "run_started":
