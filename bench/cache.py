@@ -184,7 +184,8 @@ def _session(options: dict[str, Any], clock: TestClock, policy: Policy) -> dict[
     user, _ = get_user_model().objects.get_or_create(username=f"bench-cache-{uuid.uuid4().hex[:6]}")
     with tempfile.TemporaryDirectory() as folder, EmulatorServer(Emulator(clock=clock, policy=policy)) as server:
         settings.CC_WORKSPACE_ROOT = Path(folder)
-        settings.CC_PROVIDER, settings.CC_MODEL = "anthropic", MODEL  # what the runs are created with
+        # What the runs are created with (run_start takes the model and its provider from CC_MODELS).
+        settings.CC_PROVIDER, settings.CC_MODEL, settings.CC_MODELS = "anthropic", MODEL, {MODEL: "anthropic"}
         settings.CC_RUN_QUEUE = f"bench-cache-{uuid.uuid4().hex[:8]}"
         env = services_env(connection.settings_dict["NAME"])
         env.update(
