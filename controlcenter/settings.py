@@ -236,6 +236,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Conversations, runs, tools and metrics of a Control Center installation.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Runs, subagents and approvals each have a `status`; name their enums instead of hashing them.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "agents.models.Run.Status",
+        "ApprovalStatusEnum": "agents.models.Approval.Status",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "controlcenter.api.document_error_responses",
