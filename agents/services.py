@@ -70,11 +70,10 @@ def run_retry(*, run: Run) -> Run:
     """Run the same turn again: a new run answering the same user message."""
     if not run.retryable:
         raise Conflict(f"Run {run.pk} is {run.status}; only a failed or cancelled run can be retried.")
+    from conversations.services import conversation_locked
+
     with transaction.atomic():
-        conversation = Conversation.objects.select_for_update().get(pk=run.conversation_id)
-        if Run.objects.filter(conversation=conversation, status__in=ACTIVE_STATUSES).exists():
-            raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
-        return run_start(conversation=conversation, trigger=run.trigger)
+        return run_start(conversation=conversation_locked(run.conversation), trigger=run.trigger)
 
 
 def run_claim(*, run_id: int, worker: str) -> bool:

@@ -107,7 +107,12 @@ def _check_text(text: str) -> None:
         raise DomainError(f"The message has {len(text)} characters; the limit is {settings.CC_MAX_MESSAGE_CHARS}.")
 
 
-def _lock(conversation: Conversation, *, idle: bool = True) -> Conversation:
+def conversation_locked(conversation: Conversation, *, idle: bool = True) -> Conversation:
+    """The conversation's row, locked for this transaction; with `idle`, refused while a run holds it.
+
+    Every service that moves the tip or starts a run goes through here, so "one run at a
+    time per conversation" is checked in one place.
+    """
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     if idle and Run.objects.filter(conversation=locked, status__in=ACTIVE_STATUSES).exists():
         raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
@@ -124,7 +129,7 @@ def message_send(*, conversation: Conversation, text: str) -> MessageSent:
     if commands.is_command(text):
         return MessageSent(None, None, command_run(conversation=conversation, text=text))
     with transaction.atomic():
-        locked = _lock(conversation)
+        locked = conversation_locked(conversation)
         message = Message.objects.create(
             conversation=locked,
             parent_id=locked.tip_id,
@@ -149,7 +154,7 @@ def message_edit(*, conversation: Conversation, message_id: int, text: str) -> M
     if original.role != Message.Role.USER or transcript.tool_result_ids(selectors.as_plain(original)):
         raise DomainError(f"Message {message_id} is not a prompt you wrote; only your own prompts can be edited.")
     with transaction.atomic():
-        locked = _lock(conversation)
+        locked = conversation_locked(conversation)
         message = Message.objects.create(
             conversation=locked,
             parent_id=original.parent_id,
@@ -239,7 +244,7 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
     except commands.CommandError as exc:
         raise DomainError(str(exc)) from None
     with transaction.atomic():
-        locked = _lock(conversation)
+        locked = conversation_locked(conversation)
         if locked.tip_id is None:
             raise DomainError("The conversation has no messages yet; there is no turn boundary to mark.")
         tip = selectors.as_plain(locked.tip)
@@ -256,7 +261,7 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
 def conversation_rewind(*, conversation: Conversation, label: str | None = None) -> RewindDigest:
     """Move the tip back to a checkpoint and keep a digest of what was explored since (CH-9)."""
     with transaction.atomic():
-        locked = _lock(conversation)
+        locked = conversation_locked(conversation)
         path = selectors.current_path(locked)
         position = {message.id: index for index, message in enumerate(path)}
         checkpoints = list(Checkpoint.objects.filter(conversation=locked))
@@ -409,7 +414,7 @@ def conversation_retry(*, conversation: Conversation) -> Run:
     to retry" (the last turn finished).
     """
     with transaction.atomic():
-        locked = _lock(conversation)
+        locked = conversation_locked(conversation)
         if locked.tip_id is None:
             raise NothingLoaded(
                 f"Conversation {locked.pk} has no persisted transcript; there is nothing loaded to retry."
