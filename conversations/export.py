@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from agents.runtime.actions import result_text
+from agents.runtime.actions import result_as_text, result_text
 from agents.runtime.request import ModelRequestSpec
 from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
 from conversations.transcript import Msg, block_tokens, text_of, tool_result_ids
@@ -40,8 +40,7 @@ def export_markdown(conversation: dict[str, Any], messages: Sequence[Msg]) -> st
                     "",
                 ]
             elif kind == "tool_result":
-                content = block.get("content")
-                body = content if isinstance(content, str) else json.dumps(content, indent=2, ensure_ascii=False)
+                body = result_as_text(block)
                 label = "Tool error" if block.get("is_error") else "Tool result"
                 out += [f"**{label}** for `{block.get('tool_use_id')}`", "", "```", body, "```", ""]
             elif kind == "image":

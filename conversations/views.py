@@ -9,6 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from agents.models import Run
+from agents.runtime.actions import result_as_text
 from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
@@ -87,7 +88,7 @@ def _present(path: list[selectors.PathMessage], run_by_trigger: dict[int, int]) 
                         "type": "tool",
                         "name": block.get("name", ""),
                         "input": _compact(block.get("input")),
-                        "result": _compact(result.get("content")) if result else None,
+                        "result": result_as_text(result) if result else None,
                         "is_error": bool(result and result.get("is_error")),
                     }
                 )

@@ -265,3 +265,38 @@ def test_conversation_list_searches_titles_and_own_message_text_only(alice, bob)
     assert "groceries" in client.get("/?q=ZEBRA").content.decode()
     assert "zebra notes" not in client.get("/?q=zebra").content.decode()
     assert "No conversation matches" in client.get("/?q=giraffe").content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.req("TD-11")
+def test_a_result_that_loaded_tools_reads_as_its_text_on_the_page_and_in_the_markdown_export(alice):
+    # Such a result is stored as [text, tool_reference...] (deferred loading); people read its text.
+    observation = '{"ok": true, "matches": [{"name": "git_log"}]}'
+    conversation = Conversation.objects.create(owner=alice, title="loads")
+    _path(
+        conversation,
+        [
+            ("user", [{"type": "text", "text": "find git tools"}]),
+            ("assistant", [{"type": "tool_use", "id": "t1", "name": "search_tools", "input": {"query": "git"}}]),
+            (
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t1",
+                        "content": [
+                            {"type": "text", "text": observation},
+                            {"type": "tool_reference", "tool_name": "git_log"},
+                        ],
+                    }
+                ],
+            ),
+            ("assistant", [{"type": "text", "text": "Found it."}]),
+        ],
+    )
+    client = _client(alice)
+    html = client.get(f"/conversations/{conversation.pk}/").content.decode()
+    assert "{&quot;ok&quot;: true, &quot;matches&quot;: [{&quot;name&quot;: &quot;git_log&quot;}]}" in html
+    assert "tool_reference" not in html
+    markdown = client.get(f"/api/conversations/{conversation.pk}/export/markdown/").content.decode()
+    assert f"```\n{observation}\n```" in markdown and "tool_reference" not in markdown

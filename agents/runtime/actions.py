@@ -200,6 +200,15 @@ def result_text(block: dict[str, Any]) -> str:
     return "".join(item.get("text", "") for item in content if item.get("type") == "text")
 
 
+def result_as_text(block: dict[str, Any]) -> str:
+    """A tool_result as one string: its observation text, or compact JSON when it holds more than text
+    (images); the tool_reference blocks a result carries are not part of what it says."""
+    content = block.get("content", "")
+    if isinstance(content, list) and all(item.get("type") in ("text", "tool_reference") for item in content):
+        return result_text(block)
+    return content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
+
+
 def without_loads(observation: dict[str, Any]) -> dict[str, Any]:
     if LOADS_TOOLS not in observation:
         return observation

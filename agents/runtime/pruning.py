@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agents.runtime.actions import result_text
+from agents.runtime.actions import result_as_text
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_text_tokens
 
@@ -43,20 +43,13 @@ def _turn_starts(messages: list[Message]) -> list[int]:
     return starts
 
 
-def _result_text(block: dict[str, Any]) -> str:
-    content = block.get("content", "")
-    if isinstance(content, list) and all(item.get("type") in ("text", "tool_reference") for item in content):
-        return result_text(block)
-    return content if isinstance(content, str) else json.dumps(content, sort_keys=True, ensure_ascii=False)
-
-
 def _freeable(messages: list[Message], start: int, end: int) -> int:
     """Tokens that stubbing every tool result in messages[start:end] would free."""
     total = 0
     for message in messages[start:end]:
         for block in message["content"]:
             if block.get("type") == "tool_result" and not _is_stub(block):
-                total += max(0, estimate_text_tokens(_result_text(block)) - STUB_TOKENS)
+                total += max(0, estimate_text_tokens(result_as_text(block)) - STUB_TOKENS)
     return total
 
 
@@ -64,11 +57,11 @@ STUB_TOKENS = 40
 
 
 def _is_stub(block: dict[str, Any]) -> bool:
-    return '"_pruned": true' in _result_text(block)
+    return '"_pruned": true' in result_as_text(block)
 
 
 def _stub(block: dict[str, Any], tool_name: str) -> dict[str, Any]:
-    original = _result_text(block)
+    original = result_as_text(block)
     note: dict[str, Any] = {
         "_pruned": True,
         "ok": not block.get("is_error", False),
@@ -134,7 +127,7 @@ def prune_stale_tool_output(messages: list[Message], *, keep_turns: int, min_tok
         for block in message["content"]:
             if block.get("type") == "tool_result" and not _is_stub(block):
                 stub = _stub(block, names.get(block["tool_use_id"], "a tool"))
-                freed += estimate_text_tokens(_result_text(block)) - estimate_text_tokens(_result_text(stub))
+                freed += estimate_text_tokens(result_as_text(block)) - estimate_text_tokens(result_as_text(stub))
                 count += 1
                 blocks.append(stub)
             else:
