@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from agents import approvals, selectors, services
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
+from controlcenter.api import query_int
 from conversations.selectors import conversation_for_user
 
 
@@ -48,10 +49,7 @@ class RunEventsApi(APIView):
     )
     def get(self, request: Request, run_id: int) -> Response:
         run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
-        raw_after = request.query_params.get("after", "0")
-        if not raw_after.isdigit():
-            raise ValidationError({"after": f"{raw_after!r} is not a non-negative integer."})
-        events = selectors.run_events_after(run=run, after=int(raw_after))
+        events = selectors.run_events_after(run=run, after=query_int(request.query_params, "after", 0))
         return Response(RunEventSerializer(events, many=True).data)
 
 
@@ -109,8 +107,6 @@ class CacheMetricsApi(APIView):
         group = request.query_params.get("group", "day")
         if group not in selectors.CACHE_GROUPS:
             raise ValidationError({"group": f"{group!r} is not one of {', '.join(selectors.CACHE_GROUPS)}."})
-        raw_run = request.query_params.get("run")
-        if raw_run is not None and not raw_run.isdigit():
-            raise ValidationError({"run": f"{raw_run!r} is not a run id."})
-        rows = selectors.cache_metrics(user=request.user, group=group, run_id=int(raw_run) if raw_run else None)
+        run_id = query_int(request.query_params, "run")
+        rows = selectors.cache_metrics(user=request.user, group=group, run_id=run_id)
         return Response(CacheMetricSerializer(rows, many=True).data)

@@ -7,6 +7,7 @@ there are any.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
@@ -18,6 +19,19 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlcenter.errors import DomainError, NotFound
+
+# ASCII digits only: str.isdigit() takes '²', which int() refuses; 18 digits always fit a bigint.
+_ID_PATTERN = re.compile(r"[0-9]{1,18}")
+
+
+def query_int(params: Any, name: str, default: int | None = None) -> int | None:
+    """A non-negative integer query parameter, or a 400 that names it and what was sent."""
+    raw = params.get(name)
+    if raw is None:
+        return default
+    if not _ID_PATTERN.fullmatch(raw):
+        raise ValidationError({name: f"{raw!r} is not a non-negative integer (at most 18 digits)."})
+    return int(raw)
 
 
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:

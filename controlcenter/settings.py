@@ -9,6 +9,7 @@ Two modes:
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 
@@ -319,7 +320,7 @@ CC_RUN_MAX_ACTIONS = env_int("CC_RUN_MAX_ACTIONS", 200, minimum=1)
 CC_TOOL_ACTION_LIMITS: dict[str, int] = {}
 for _item in env_list("CC_TOOL_ACTION_LIMITS", []):
     _name, _, _limit = _item.partition("=")
-    if not _name.strip() or not _limit.strip().isdigit() or int(_limit) < 1:
+    if not _name.strip() or not re.fullmatch(r"[0-9]{1,9}", _limit.strip()) or int(_limit) < 1:
         raise ImproperEnvironment(f"CC_TOOL_ACTION_LIMITS has {_item!r}; write NAME=N with N at least 1.")
     CC_TOOL_ACTION_LIMITS[_name.strip()] = int(_limit)
 # Tool calls of one step run concurrently on at most this many threads.

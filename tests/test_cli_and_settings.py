@@ -50,6 +50,8 @@ def test_manage_passthrough_runs_a_django_command():
         ("CC_MODELS", "=offline", "CC_MODELS has '=offline'"),
         ("CC_MODELS", "offline-1=openai", "CC_MODELS names 'offline-1' with two providers"),
         ("CC_MODELS", "a,,b", "has an empty item"),
+        ("CC_TOOL_ACTION_LIMITS", "bash=\u00b2", "CC_TOOL_ACTION_LIMITS has 'bash=\u00b2'; write NAME=N"),
+        ("CC_TOOL_ACTION_LIMITS", "bash=0", "write NAME=N with N at least 1"),
     ],
 )
 def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, value, message, tmp_path):

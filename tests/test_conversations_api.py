@@ -126,8 +126,13 @@ def test_events_after_must_be_a_number(alice_api):
     run = alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "x"}, format="json").json()[
         "run"
     ]
-    response = alice_api.get(f"/api/runs/{run['id']}/events/?after=abc")
-    assert response.status_code == 400
+    for after in ("abc", "-1", "\u00b2", "9" * 19):  # '²' is a digit to str.isdigit(), not to int()
+        response = alice_api.get(f"/api/runs/{run['id']}/events/", {"after": after})
+        assert response.status_code == 400, after
+        assert response.json()["error"]["details"]["after"], after
+    for bad_run in ("x", "\u00b2"):
+        response = alice_api.get("/api/metrics/cache/", {"group": "run", "run": bad_run})
+        assert response.status_code == 400 and "run" in response.json()["error"]["details"], bad_run
 
 
 def test_cancel_a_queued_run_then_cancel_again_is_409(alice_api):

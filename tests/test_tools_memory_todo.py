@@ -130,6 +130,7 @@ def test_bad_task_list_input_is_refused_and_nothing_changes(alice_box):
         ("todo_update", {"id": item_id, "status": "done"}),
         ("todo_update", {"id": "abc", "status": "completed"}),
         ("todo_update", {"id": "9" * 40, "status": "completed"}),
+        ("todo_update", {"id": "\u00b2", "status": "completed"}),  # a digit to str.isdigit(), not to int()
         ("todo_update", {"id": item_id, "content": " "}),
     ]:
         observation = alice_box.execute(name, arguments)

@@ -5,6 +5,7 @@ Outside a conversation (the MCP endpoint) the list belongs to the user's MCP wor
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import transaction
@@ -57,7 +58,8 @@ def todo_update(arguments: dict[str, Any], context: ToolContext) -> Observation:
     if "status" not in arguments and "content" not in arguments:
         raise ToolFailure("Give a new status or new content; todo_update with only an id changes nothing.")
     raw_id = arguments["id"]
-    valid = raw_id.strip().isdigit() and len(raw_id.strip()) <= 18
+    # ASCII digits only ('²'.isdigit() is true, int('²') fails); 18 digits always fit a bigint.
+    valid = re.fullmatch(r"[0-9]{1,18}", raw_id.strip()) is not None
     item = task_list(context).filter(pk=int(raw_id)).first() if valid else None
     if item is None:
         raise ToolFailure(f"There is no task-list item {raw_id!r} in this list; todo_list shows the ids.")
