@@ -22,7 +22,7 @@ from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, 
 from agents.runtime.pruning import PruneResult, prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
-from agents.subagents import SpawningToolBox, subagents_cancel, subagents_reap_orphans
+from agents.subagents import SPAWN_AGENTS, SpawningToolBox, subagents_cancel, subagents_reap_orphans
 from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict, DomainError
 from conversations.models import Conversation, Message
@@ -269,7 +269,8 @@ def turn_toolboxes(
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
     )
-    spawning = SpawningToolBox(catalog, run_id=run_id)
+    # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
+    spawning = SpawningToolBox(catalog, run_id=run_id) if catalog.surface.mode.admits(SPAWN_AGENTS) else catalog
     scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
     return catalog, approvals.GatedToolBox(scratchpad)
 

@@ -55,7 +55,8 @@ SPAWN_AGENTS_SCHEMA = {
     "name": SPAWN_AGENTS,
     "description": (
         "Run several subagents in parallel, one per task, and get their final answers back in task order. "
-        "Subagents of one shape share a cached prompt prefix; they use the same tools as you except this one. "
+        "Subagents of one shape share a cached prompt prefix; they get the same tools as you except this one "
+        "(the resident set and the index of tools to load). "
         "A large answer comes back as a scratchpad id with a summary: read it with scratchpad_read. "
         f"Profiles (a subagent's role and limits): {', '.join(sorted(settings.CC_SUBAGENT_PROFILES))}; "
         f"a task given as a plain string uses {DEFAULT_PROFILE!r}."
@@ -409,17 +410,22 @@ class SpawningToolBox:
 # --- the child side -----------------------------------------------------------------
 
 
-def subagent_toolbox(conversation_id: int) -> Any:
-    """Every child's tools, whatever its task or profile: every built-in, resident, in name order."""
+def subagent_toolbox(*, conversation_id: int, mode: Any) -> tuple[Any, Any]:
+    """A child's catalog toolbox and the approval gate over it: the parent run's surface (its mode,
+    resident set and deferred index; TD-8), without `spawn_agents`, whatever the child's task or
+    profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4)."""
     from agents.approvals import GatedToolBox
-    from toolcatalog.builtins import WorkspaceToolBox
+    from toolcatalog.toolbox import run_toolbox
     from toolcatalog.workspace import workspace_root
 
-    # The loop asks a person before a call that requires approval, so the inner toolbox runs what it gets.
-    inner = WorkspaceToolBox(
-        workspace_root(conversation_id), conversation_id=conversation_id, approve=lambda tool, arguments: True
+    catalog = run_toolbox(
+        workspace=workspace_root(conversation_id),
+        conversation_id=conversation_id,
+        mode=mode,
+        # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
+        approve=lambda tool, arguments: None,
     )
-    return GatedToolBox(inner)
+    return catalog, GatedToolBox(catalog)
 
 
 def subagent_execute(subagent_id: int, *, worker: str) -> None:
@@ -437,7 +443,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     if not claimed:
         logger.info("subagent %s is not queued any more; %s leaves it alone", subagent_id, worker)
         return
-    child = Subagent.objects.select_related("parent").get(pk=subagent_id)
+    child = Subagent.objects.select_related("parent", "parent__mode").get(pk=subagent_id)
     parent = child.parent
     resume = approvals.paused_turn_of(child)
     first = child.index == 0
@@ -459,12 +465,13 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         profile = subagent_profiles().get(child.profile)
         if profile is None:
             raise ValueError(f"profile {child.profile!r} is no longer configured")
+        catalog, toolbox = subagent_toolbox(conversation_id=parent.conversation_id, mode=parent.mode)
         outcome = run_turn(
             provider=get_provider(parent.provider),
             model=parent.model,
-            system=subagent_system(child.shape),
+            system=[*subagent_system(child.shape), *catalog.surface.system_blocks()],
             history=subagent_history(profile=profile, task=child.task),
-            toolbox=subagent_toolbox(parent.conversation_id),
+            toolbox=toolbox,
             emit=emit,
             max_steps=profile.max_steps,
             is_cancelled=_child_cancel_checker(child.pk),

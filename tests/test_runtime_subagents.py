@@ -6,6 +6,7 @@ import json
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,16 +16,19 @@ from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from agents.providers.emulator import Emulator
 from agents.providers.emulator_server import EmulatorServer
 from agents.services import run_execute
-from agents.subagents import fanout_observation
+from agents.subagents import SPAWN_AGENTS, fanout_observation
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
+from toolcatalog.models import Mode
+from toolcatalog.toolbox import run_toolbox
+from toolcatalog.workspace import workspace_root
 
 MODEL = "claude-sonnet-4-5"
 TASKS = [f"Summarise part {n} of the report." for n in range(5)]
 
 
 def is_child(payload: dict[str, Any]) -> bool:
-    return "subagent" in payload["system"][-1]["text"]
+    return "subagent" in payload["system"][0]["text"]
 
 
 def last_tool_result(payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -221,8 +225,10 @@ def test_children_with_different_profiles_get_byte_identical_prefixes_and_the_sa
     # The cached prefix is tools, then system: the same bytes for every child, whatever its profile.
     prefixes = {json.dumps([by_task[t]["tools"], by_task[t]["system"]], sort_keys=True) for t in tasks}
     assert len(prefixes) == 1
+    # The parent run's surface (its mode's resident set; no spawn_agents), whatever the profile.
     names = [tool["name"] for tool in by_task[tasks[0]]["tools"]]
-    assert "spawn_agents" not in names and names == sorted(names)
+    parent_surface = [schema["name"] for schema in run_toolbox(workspace=Path("unused"), mode=None).schemas()]
+    assert "spawn_agents" not in names and names == parent_surface
     # The profile is the first block of the first user message, after that prefix, then the task.
     for item, task in zip(PROFILED, tasks, strict=True):
         profile = item["profile"] if isinstance(item, dict) else "worker"
@@ -356,7 +362,6 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
     fanout, alice, alice_api, bob_api
 ):
     from agents.dispatch import enqueue_run
-    from toolcatalog.workspace import workspace_root
 
     worker = fanout(bash_children)
     if worker is None:
@@ -424,7 +429,6 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
 @pytest.mark.req("RN-4", "TD-14")
 def test_cancelling_the_parent_cancels_children_waiting_for_approval(fanout, alice, alice_api):
     from agents.dispatch import enqueue_run
-    from toolcatalog.workspace import workspace_root
 
     if fanout(bash_children) is None:
         pytest.fail("this test needs services mode: a real Celery worker runs the parent and its children")
@@ -535,3 +539,50 @@ def test_answers_that_fit_alone_but_not_together_go_to_the_scratchpad_largest_fi
     assert observation["results"][4] == {"index": 4, "profile": "coder", "ok": False, "error": "RuntimeError: boom"}
     assert observation["ok"] is False
     assert observation["error"] == "subagents [4] did not finish; see their errors."
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("TD-8")
+@pytest.mark.req("TD-14")
+def test_children_get_the_parent_runs_mode_so_a_tool_it_denies_is_not_theirs_either(fanout, alice, parent_worker):
+    child_tools: list[list[str]] = []
+
+    def shell_child(payload: dict[str, Any]) -> list[dict[str, Any]]:
+        if is_child(payload):
+            child_tools.append([tool["name"] for tool in payload.get("tools", [])])
+            result = last_tool_result(payload)
+            if result is None:
+                return [{"type": "tool_use", "name": "bash", "input": {"command": "touch escaped.txt"}}]
+            return [{"type": "text", "text": f"bash said: {result.get('error', '')}"}]
+        if last_tool_result(payload) is not None:
+            return [{"type": "text", "text": "done"}]
+        return [{"type": "tool_use", "name": SPAWN_AGENTS, "input": {"tasks": ["make a file with the shell"]}}]
+
+    fanout(shell_child)
+    run = make_run(alice)
+    run.mode = Mode.objects.create(name="no-shell", allow=["*"], deny=["bash"])
+    run.save()
+    run_execute(run_id=run.pk, worker=parent_worker)
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    answer = observation_of(run)["results"][0]["text"]
+    assert answer.startswith("bash said: ") and "bash" in answer[len("bash said: ") :], answer
+    assert child_tools and all("bash" not in names for names in child_tools)
+    assert not Approval.objects.filter(run=run).exists()
+    assert not (workspace_root(run.conversation_id) / "escaped.txt").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.req("TD-8")
+def test_a_mode_that_denies_spawn_agents_never_offers_it(alice):
+    from agents.services import turn_toolboxes
+
+    conversation = Conversation.objects.create(owner=alice, title="no fan-out")
+    solo = Mode.objects.create(name="solo", allow=["*"], deny=[SPAWN_AGENTS])
+    _, denied = turn_toolboxes(run_id=0, conversation_id=conversation.pk, mode=solo)
+    _, offered = turn_toolboxes(run_id=0, conversation_id=conversation.pk, mode=None)
+    assert SPAWN_AGENTS in [schema["name"] for schema in offered.schemas()]
+    assert SPAWN_AGENTS not in [schema["name"] for schema in denied.schemas()]
+    refused = denied.execute(SPAWN_AGENTS, {"tasks": ["anything"]})
+    assert refused["ok"] is False and SPAWN_AGENTS in refused["error"]
+    assert not Subagent.objects.exists()
