@@ -114,8 +114,11 @@ def approval_pause(
     pause: ApprovalNeeded,
     publisher: RunEventPublisher | None = None,
     subagent: Subagent | None = None,
-) -> list[Approval]:
+) -> list[Approval] | None:
     """Store the partial turn and one pending approval per waiting call; the run (or its subagent) waits.
+
+    None when it must not wait: it was cancelled (or a cancel was asked for) meanwhile, and the
+    caller ends it as cancelled instead of asking anyone.
 
     A subagent's approvals belong to its parent run and are announced in the parent's event
     log, with the child named: the parent's conversation is where its owner sees and decides them.
@@ -124,6 +127,11 @@ def approval_pause(
     holder = Subagent.objects.filter(pk=subagent.pk) if subagent is not None else Run.objects.filter(pk=run.pk)
     with transaction.atomic():
         ModelRequest.objects.bulk_create(model_request_rows(run, pause.steps, subagent=subagent))
+        waits = holder.filter(status=Run.Status.RUNNING, cancel_requested=False).update(
+            status=Run.Status.WAITING, pending_turn=asdict(paused)
+        )
+        if not waits:
+            return None
         approvals = []
         for block in pause.pending:
             approval, _ = Approval.objects.update_or_create(
@@ -133,7 +141,6 @@ def approval_pause(
                 defaults={"tool_name": block["name"], "input": block.get("input") or {}},
             )
             approvals.append(approval)
-        holder.filter(status=Run.Status.RUNNING).update(status=Run.Status.WAITING, pending_turn=asdict(paused))
     publisher = publisher or RunEventPublisher(run)
     for approval in approvals:
         payload = {
@@ -182,3 +189,11 @@ def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) 
                 Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
                 transaction.on_commit(lambda: enqueue_run(run.pk))
     return approval
+
+
+def approvals_expire(*, run_id: int, subagents_only: bool = False) -> int:
+    """Close the pending approvals of a run (or only its subagents') that stopped waiting for them."""
+    pending = Approval.objects.filter(run_id=run_id, status=Approval.Status.PENDING)
+    if subagents_only:
+        pending = pending.filter(subagent__isnull=False).exclude(subagent__status=Run.Status.WAITING)
+    return pending.update(status=Approval.Status.EXPIRED, decided_at=timezone.now())

@@ -109,6 +109,8 @@ class Approval(models.Model):
         PENDING = "pending"
         APPROVED = "approved"
         DENIED = "denied"
+        # The run or subagent stopped waiting (cancelled, timed out) before anyone decided.
+        EXPIRED = "expired"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     tool_use_id = models.CharField(max_length=128)

@@ -91,6 +91,7 @@ def run_cancel(*, run: Run) -> Run:
     if Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
         status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
     ):
+        approvals.approvals_expire(run_id=run.pk)
         RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
     else:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
@@ -168,12 +169,15 @@ def run_execute(*, run_id: int, worker: str) -> None:
         )
     except ApprovalNeeded as pause:
         try:
-            approvals.approval_pause(run=run, pause=pause, publisher=publisher)
+            waiting = approvals.approval_pause(run=run, pause=pause, publisher=publisher)
         except Exception as exc:
             logger.exception("run %s could not pause for approval", run.pk)
             error = f"internal error while pausing for approval: {type(exc).__name__}: {exc}"
             if _finish(run, Run.Status.FAILED, error):
                 publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
+            return
+        if waiting is None and _finish(run, Run.Status.CANCELLED, ""):
+            publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
         return
     except TurnCancelled:
         if _finish(run, Run.Status.CANCELLED, ""):

@@ -366,6 +366,10 @@ def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
             error=STOPPED_WAITING,
         )
         children.filter(status=Run.Status.RUNNING).update(cancel_requested=True)
+        if stopped:
+            from agents.approvals import approvals_expire
+
+            approvals_expire(run_id=parent_id, subagents_only=True)
     return stopped
 
 
@@ -482,7 +486,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         )
     except ApprovalNeeded as pause:
         with _db_turn():
-            approvals.approval_pause(run=parent, pause=pause, subagent=child)
+            waiting = approvals.approval_pause(run=parent, pause=pause, subagent=child)
+        if waiting is None:
+            _child_finish(child, Run.Status.CANCELLED, error="cancelled before it finished.")
         return
     except TurnCancelled:
         _child_finish(child, Run.Status.CANCELLED, error="cancelled before it finished.")

@@ -121,9 +121,13 @@ def test_deciding_an_unknown_approval_is_a_404_and_a_cancelled_run_cannot_be_app
     run_execute(run_id=run.pk, worker="test")
     approval = Approval.objects.get(run=run)
     assert alice_api.post(f"/api/runs/{run.pk}/cancel/").json()["status"] == "cancelled"
-    assert alice_api.post(f"/api/approvals/{approval.pk}/approve/").status_code == 409
+    late = alice_api.post(f"/api/approvals/{approval.pk}/approve/")
+    assert late.status_code == 409 and "expired" in late.json()["error"]["message"]
+    # Nobody waits for it any more: it is closed, not left pending forever.
     approval.refresh_from_db()
-    assert approval.status == "pending"
+    assert approval.status == "expired" and approval.decided_by is None
+    pending = alice_api.get(f"/api/conversations/{run.conversation_id}/approvals/", {"status": "pending"}).json()
+    assert pending == [] or pending.get("results") == []
 
 
 def worker_env(model_server, tmp_path) -> dict[str, str]:

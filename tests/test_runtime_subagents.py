@@ -440,7 +440,11 @@ def test_cancelling_the_parent_cancels_children_waiting_for_approval(fanout, ali
     assert list(Subagent.objects.filter(parent=run).values_list("status", flat=True)) == ["cancelled"] * 2
     wait_until(lambda: Run.objects.get(pk=run.pk).status == Run.Status.CANCELLED, what="the parent to stop")
     late = alice_api.post(f"/api/approvals/{zero['id']}/approve/")
-    assert late.status_code == 409 and "not waiting" in late.json()["error"]["message"], late.content
+    assert late.status_code == 409 and "expired" in late.json()["error"]["message"], late.content
+    # Their calls no longer wait for anyone: closed as expired, not listed as pending.
+    assert set(Approval.objects.filter(run=run).values_list("status", flat=True)) == {"expired"}
+    pending = alice_api.get(f"/api/conversations/{run.conversation_id}/approvals/", {"status": "pending"}).json()
+    assert pending == [] or pending.get("results") == []
     assert not any(workspace_root(run.conversation_id).iterdir())
     assert Message.objects.filter(conversation=run.conversation).count() == 1  # nothing of the turn was stored
 
@@ -469,7 +473,8 @@ def test_the_parent_waits_for_children_awaiting_approval_only_as_long_as_its_own
         lambda: list(Subagent.objects.filter(parent=run).values_list("status", flat=True)) == ["cancelled"] * 2,
         what="both children to be cancelled",
     )
-    assert Approval.objects.filter(run=run, status="pending").count() == 2  # undecided, and now moot
+    # Undecided and now moot: closed as expired, never left pending.
+    assert not Approval.objects.filter(run=run, status="pending").exists()
 
 
 @pytest.mark.django_db
