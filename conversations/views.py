@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -115,6 +116,9 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
             "active_run": active_run,
             "slash_commands": SLASH_COMMANDS,
             "models": selectors.models_offered(),
+            # A model taken off CC_MODELS since it was picked: shown as the selection, not silently
+            # replaced by the default (the next message would be refused for it).
+            "model_withdrawn": conversation.model not in settings.CC_MODELS if conversation.model else False,
             "modes": modes_list(),
         },
     )

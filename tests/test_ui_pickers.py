@@ -97,6 +97,12 @@ def test_a_model_no_longer_offered_refuses_the_message_and_stores_nothing(alice,
     assert not Message.objects.filter(conversation=conversation).exists() and not Run.objects.exists()
     conversation.refresh_from_db()
     assert conversation.tip_id is None
+    # The page shows the stale pick as the selection, not the default it no longer is.
+    client = Client()
+    client.force_login(alice)
+    html = client.get(f"/conversations/{conversation.pk}/").content.decode()
+    assert '<option value="gone-1" selected disabled>gone-1 (no longer offered)</option>' in html
+    assert "(default)</option>" in html and " selected>offline-1 (default)" not in html
 
 
 @pytest.mark.req("RN-3")
