@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
@@ -18,7 +17,14 @@ from agents.models import ModelRequest, Run
 from agents.providers.base import PromptTooLong, ProviderError
 from agents.providers.registry import get_provider
 from agents.runtime.actions import ActionLimits, ApprovalNeeded
-from agents.runtime.loop import ReactiveCompaction, TurnCancelled, TurnOutcome, run_turn
+from agents.runtime.loop import (
+    CANCEL_POLL_SECONDS,
+    ReactiveCompaction,
+    TurnCancelled,
+    TurnOutcome,
+    polled_at_most_every,
+    run_turn,
+)
 from agents.runtime.pruning import PruneResult, prune_stale_tool_output
 from agents.runtime.request import text_block
 from agents.runtime.tokens import estimate_json_tokens
@@ -40,7 +46,6 @@ SYSTEM_PROMPT = (
     "You are an agent running in Control Center. Work in the conversation's workspace with the tools "
     "you are given; say plainly what you did and what you found."
 )
-_CANCEL_POLL_SECONDS = 0.5
 # A run in one of these holds the conversation: no new message or retry until it ends.
 ACTIVE_STATUSES = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING)
 
@@ -353,15 +358,8 @@ def _finish(run: Run, status: str, error: str) -> bool:
     )
 
 
-def _cancel_checker(run_id: int):
-    last_check = 0.0
-
-    def is_cancelled() -> bool:
-        nonlocal last_check
-        now = time.monotonic()
-        if now - last_check < _CANCEL_POLL_SECONDS:
-            return False
-        last_check = now
-        return reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists())
-
-    return is_cancelled
+def _cancel_checker(run_id: int) -> Callable[[], bool]:
+    return polled_at_most_every(
+        CANCEL_POLL_SECONDS,
+        lambda: reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists()),
+    )

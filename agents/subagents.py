@@ -49,7 +49,6 @@ ANSWER_HEAD_CHARS = 200
 ANSWER_TAIL_CHARS = 100
 _POLL_SECONDS = 0.1
 STOPPED_WAITING = "cancelled: its parent run stopped waiting for it."
-_CANCEL_POLL_SECONDS = 0.5
 
 SPAWN_AGENTS_SCHEMA = {
     "name": SPAWN_AGENTS,
@@ -519,16 +518,10 @@ def _child_finish(child: Any, status: str, *, answer: str = "", error: str = "")
 def _child_cancel_checker(subagent_id: int):
     """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
     from agents.models import Run, Subagent
-
-    last_check = 0.0
+    from agents.runtime.loop import CANCEL_POLL_SECONDS, polled_at_most_every
 
     def is_cancelled() -> bool:
-        nonlocal last_check
-        now = time.monotonic()
-        if now - last_check < _CANCEL_POLL_SECONDS:
-            return False
-        last_check = now
         child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
         return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
 
-    return is_cancelled
+    return polled_at_most_every(CANCEL_POLL_SECONDS, is_cancelled)

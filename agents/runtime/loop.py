@@ -36,6 +36,28 @@ class ToolBox(Protocol):
 TOOL_ACTIVATION_MISS = "tool_activation"
 
 
+CANCEL_POLL_SECONDS = 0.5
+
+
+def polled_at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[[], bool]:
+    """`check` (a database read) asked at most once per `seconds`; in between the answer is "no".
+
+    The loop asks `is_cancelled` between every step and stream chunk; a cancel a moment late
+    costs nothing, a query per chunk does.
+    """
+    last_check = 0.0
+
+    def throttled() -> bool:
+        nonlocal last_check
+        now = time.monotonic()
+        if now - last_check < seconds:
+            return False
+        last_check = now
+        return check()
+
+    return throttled
+
+
 class TurnCancelled(Exception):
     """Someone asked the run to stop; nothing of the turn is kept."""
 

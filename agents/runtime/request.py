@@ -118,6 +118,7 @@ def tool_reference(name: str) -> dict[str, Any]:
 
 def without_tool_references(messages: list[dict[str, Any]], names: set[str]) -> list[dict[str, Any]]:
     """`messages` with the `tool_reference` blocks that name one of `names` taken out of their tool results."""
+
     def keep(item: Any) -> bool:
         return not (isinstance(item, dict) and item.get("type") == "tool_reference" and item.get("tool_name") in names)
 
