@@ -4,6 +4,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 CC_VAR_DIR=/var/lib/controlcent
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY controlcenter ./controlcenter
+COPY engine ./engine
 COPY agents ./agents
 COPY conversations ./conversations
 COPY scratchpad ./scratchpad

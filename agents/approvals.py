@@ -19,10 +19,10 @@ from django.utils import timezone
 
 from agents.events import RunEventPublisher
 from agents.models import Approval, ModelRequest, Run, Subagent
-from agents.runtime.actions import ApprovalNeeded
-from agents.runtime.loop import PausedTurn, StepRecord
 from controlcenter.db import usable_connection
 from controlcenter.errors import Conflict, NotFound
+from engine.actions import ApprovalNeeded
+from engine.loop import PausedTurn, StepRecord
 from toolcatalog.builtins import BUILTINS
 
 

@@ -8,9 +8,9 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from agents.models import Approval, ModelRequest, Run, RunEvent
-from agents.runtime.loop import TOOL_ACTIVATION_MISS
 from controlcenter.errors import NotFound
 from conversations.models import Conversation
+from engine.loop import TOOL_ACTIVATION_MISS
 
 
 def run_visible_to(*, run_id: int, user: AbstractBaseUser) -> bool:

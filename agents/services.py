@@ -14,10 +14,14 @@ from django.utils import timezone
 from agents import approvals
 from agents.events import RunEventPublisher
 from agents.models import ModelRequest, Run
-from agents.providers.base import PromptTooLong, ProviderError
-from agents.providers.registry import get_provider
-from agents.runtime.actions import ActionLimits, ApprovalNeeded
-from agents.runtime.loop import (
+from agents.providers import get_provider
+from agents.subagents import SPAWN_AGENTS, SpawningToolBox, subagents_cancel, subagents_reap_orphans
+from controlcenter.db import reconnecting
+from controlcenter.errors import Conflict, DomainError
+from conversations.models import Conversation, Message
+from engine.actions import ActionLimits, ApprovalNeeded
+from engine.catalog.toolbox import CatalogToolBox
+from engine.loop import (
     CANCEL_POLL_SECONDS,
     ReactiveCompaction,
     TurnCancelled,
@@ -25,17 +29,13 @@ from agents.runtime.loop import (
     polled_at_most_every,
     run_turn,
 )
-from agents.runtime.pruning import PruneResult, prune_stale_tool_output
-from agents.runtime.request import text_block
-from agents.runtime.tokens import estimate_json_tokens
-from agents.subagents import SPAWN_AGENTS, SpawningToolBox, subagents_cancel, subagents_reap_orphans
-from controlcenter.db import reconnecting
-from controlcenter.errors import Conflict, DomainError
-from conversations.models import Conversation, Message
+from engine.providers.protocol import PromptTooLong, ProviderError
+from engine.pruning import PruneResult, prune_stale_tool_output
+from engine.request import text_block
+from engine.tokens import estimate_json_tokens
 from scratchpad import services as scratchpad_services
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
-from toolcatalog.runtime import CatalogToolBox
 from toolcatalog.services import activations_record
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root

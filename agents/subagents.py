@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents.runtime.request import text_block
+from engine.request import text_block
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]
 
 def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_out: bool) -> dict[str, Any]:
     """The answers in task order; any that would make the observation too large go to the scratchpad (SP-1)."""
-    from scratchpad.offload import observation_size
+    from engine.scratchpad.offload import observation_size
 
     results = []
     for child in children:
@@ -325,8 +325,8 @@ def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_o
 
 def _offload_answer(parent: Any, item: dict[str, Any]) -> None:
     """Store one child's answer in the scratchpad of the parent's turn; the item keeps its id and a summary."""
+    from engine.scratchpad.summary import text_summary
     from scratchpad import services as scratchpad_services
-    from scratchpad.summary import text_summary
 
     text = item.pop("text")
     with _db_turn():
@@ -435,9 +435,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     """Run (or resume) one child; the first child opens the gate on its first streamed event."""
     from agents import approvals
     from agents.models import ModelRequest, Run, Subagent
-    from agents.providers.registry import get_provider
-    from agents.runtime.actions import ActionLimits, ApprovalNeeded
-    from agents.runtime.loop import TurnCancelled, run_turn
+    from agents.providers import get_provider
+    from engine.actions import ActionLimits, ApprovalNeeded
+    from engine.loop import TurnCancelled, run_turn
 
     with _db_turn():
         claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
@@ -518,7 +518,7 @@ def _child_finish(child: Any, status: str, *, answer: str = "", error: str = "")
 def _child_cancel_checker(subagent_id: int):
     """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
     from agents.models import Run, Subagent
-    from agents.runtime.loop import CANCEL_POLL_SECONDS, polled_at_most_every
+    from engine.loop import CANCEL_POLL_SECONDS, polled_at_most_every
 
     def is_cancelled() -> bool:
         child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()

@@ -43,12 +43,12 @@ from typing import Any
 
 from django.conf import settings
 
-from agents.providers.emulator import Emulator, TestClock
-from agents.providers.emulator_server import EmulatorServer
-from agents.providers.openai_compat import to_chat_payload
-from agents.runtime.actions import result_text
-from agents.runtime.cache import prefix_bytes
-from agents.runtime.request import ModelRequestSpec
+from engine.actions import result_text
+from engine.breakpoints import prefix_bytes
+from engine.providers.emulator import Emulator, TestClock
+from engine.providers.emulator_server import EmulatorServer
+from engine.providers.openai_compat import to_chat_payload
+from engine.request import ModelRequestSpec
 
 MODEL = "claude-sonnet-4-5"
 PRICES = {"input": 1.0, "write_5m": 1.25, "write_1h": 2.0, "read": 0.1, "output": 5.0}

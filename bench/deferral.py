@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.catalog.surface import ModeSpec, build_surface
 from toolcatalog.catalogfile import records_from_catalog
 from toolcatalog.selectors import surface_context
-from toolcatalog.surface import ModeSpec, build_surface
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

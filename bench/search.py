@@ -17,9 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from engine.catalog.ranking import ToolIndex
+from engine.catalog.surface import ToolRecord
 from toolcatalog.catalogfile import records_from_catalog
-from toolcatalog.search import ToolIndex
-from toolcatalog.surface import ToolRecord
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +155,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     index = ToolIndex(tools)
     if options.get("ranker") == "hybrid":
-        from toolcatalog.semantic import HybridIndex, default_encoder, tool_embeddings
+        from engine.catalog.semantic import HybridIndex, default_encoder, tool_embeddings
 
         encode = default_encoder()
         started = time.perf_counter()  # loading the model is not building the index

@@ -2,7 +2,7 @@
 
     python manage.py bench snapshots --json [--pages 3 --upscale 3]
 
-For each shape in `conversations.snapshots.PAGE_SHAPES`: characters per page, image
+For each shape in `engine.context.snapshots.PAGE_SHAPES`: characters per page, image
 tokens per page and the saving ratio (text tokens of the same characters / image
 tokens) under both billing rules (area: about w*h/750; fixed: 1,120 per page up to
 2048 px), render time per page, and `ocr_char_accuracy`: the first page read back by
@@ -26,9 +26,9 @@ from typing import Any
 
 from PIL import Image
 
-from agents.runtime.tokens import estimate_text_tokens
-from conversations import snapshots
-from conversations.transcript import image_tokens
+from engine.context import snapshots
+from engine.context.transcript import image_tokens
+from engine.tokens import estimate_text_tokens
 
 _SAMPLE = [
     ("user", "Port the CSV parser to the new reader API. Keep the public functions and their signatures unchanged."),

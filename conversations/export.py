@@ -7,10 +7,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from agents.runtime.actions import result_as_text, result_text
-from agents.runtime.request import ModelRequestSpec
-from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
-from conversations.transcript import Msg, block_tokens, text_of, tool_result_ids
+from engine.actions import result_as_text, result_text
+from engine.context.transcript import Msg, block_tokens, text_of, tool_result_ids
+from engine.request import ModelRequestSpec
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 PREVIEW_CHARS = 200
 

@@ -15,11 +15,12 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
 
 from agents.models import Run
-from agents.runtime.request import text_block
-from agents.runtime.tokens import estimate_text_tokens
 from controlcenter.errors import DomainError, NotFound
-from conversations import export, treeview
+from conversations import export
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from engine.context import treeview
+from engine.request import text_block
+from engine.tokens import estimate_text_tokens
 
 PREVIEW_CHARS = 160
 
@@ -286,8 +287,8 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     scratchpad entries are the ones `scratchpad_read` would be offered for.
     """
     # Imported here: agents.services and toolcatalog.selectors import this module.
-    from agents.runtime.request import ModelRequestSpec
     from agents.services import turn_pruned, turn_system, turn_toolboxes
+    from engine.request import ModelRequestSpec
     from scratchpad.selectors import entries_visible_to_turn
     from toolcatalog.selectors import surface_context
 
@@ -365,7 +366,7 @@ def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> 
 
 def tree_window(*, conversation: Conversation) -> dict[str, Any]:
     """The tree navigator's page (CH-7): the path around the tip, small branches beside it, folds for
-    the rest (`conversations.treeview`), so the page stays small however long the conversation is."""
+    the rest (`engine.context.treeview`), so the page stays small however long the conversation is."""
     tree = _tree_layout(conversation)
     items = treeview.window(tree)
     return {"items": _tree_items(conversation, tree, items), "total": len(tree.order), "on_path": tree.on_path}

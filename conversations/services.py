@@ -19,8 +19,9 @@ from django.utils import timezone
 from agents.models import Run
 from agents.services import ACTIVE_STATUSES, run_start
 from controlcenter.errors import Conflict, DomainError
-from conversations import commands, export, ladder, selectors, transcript
+from conversations import commands, export, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from engine.context import ladder, transcript
 from toolcatalog.models import Mode
 
 TITLE_MAX = 200

@@ -10,11 +10,11 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from agents.models import Run
-from agents.runtime.actions import result_as_text
 from agents.services import ACTIVE_STATUSES
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors, services
 from conversations.models import Conversation
+from engine.actions import result_as_text
 from toolcatalog.selectors import modes_list
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.

@@ -3,9 +3,9 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from engine.scratchpad.reader import read_slice
 from scratchpad import selectors
 from scratchpad.models import Entry
-from scratchpad.reader import read_slice
 
 PREVIEW_CHARS = 300
 

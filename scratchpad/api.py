@@ -12,10 +12,10 @@ from rest_framework.views import APIView
 
 from agents.selectors import runs_for_user
 from controlcenter.errors import DomainError, NotFound
+from engine.scratchpad.read_tool import run_read
 from scratchpad import selectors, services
 from scratchpad.models import Entry
 from scratchpad.serializers import EntrySerializer, PinSerializer
-from scratchpad.tool import run_read
 
 _INT_PARAMS = ("n", "start", "end", "context", "max_matches")
 

@@ -9,10 +9,10 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from scratchpad.chunks import decode
+from engine.scratchpad.chunks import decode
+from engine.scratchpad.reader import Chunk as ReadChunk
+from engine.scratchpad.reader import ReadError, Shape
 from scratchpad.models import Chunk, Entry
-from scratchpad.reader import Chunk as ReadChunk
-from scratchpad.reader import ReadError, Shape
 
 _MAX_BATCH = 8
 

@@ -17,13 +17,13 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from controlcenter.errors import DomainError, NotFound
+from engine.scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
+from engine.scratchpad.offload import Payload, rebuild_observation, split_observation, synthetic_observation
+from engine.scratchpad.read_tool import DEFAULT_GREP_TIMEOUT_SECONDS, DEFAULT_READ_MAX_CHARS, run_read
+from engine.scratchpad.reader import shape_of
+from engine.scratchpad.summary import binary_summary, text_summary
 from scratchpad import selectors
-from scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
 from scratchpad.models import Chunk, Entry
-from scratchpad.offload import Payload, rebuild_observation, split_observation, synthetic_observation
-from scratchpad.reader import shape_of
-from scratchpad.summary import binary_summary, text_summary
-from scratchpad.tool import DEFAULT_GREP_TIMEOUT_SECONDS, DEFAULT_READ_MAX_CHARS, run_read
 
 T = TypeVar("T")
 DEFAULT_TTL_SECONDS = 3600

@@ -9,10 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from agents.runtime.loop import ToolBox
-from agents.runtime.observations import ScratchpadToolBox
+from engine.loop import ToolBox
+from engine.observations import ScratchpadToolBox
+from engine.scratchpad.read_tool import run_read
 from scratchpad import selectors, services
-from scratchpad.tool import run_read
 
 
 class DjangoObservationStore:

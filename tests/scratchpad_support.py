@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from agents.models import Run
-from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
-from agents.runtime.actions import result_text
-from agents.runtime.request import ModelRequestSpec
 from conversations.models import Conversation, Message
+from engine.actions import result_text
+from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
+from engine.request import ModelRequestSpec
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.workspace import resolve_inside
 

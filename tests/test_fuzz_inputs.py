@@ -19,9 +19,9 @@ from rest_framework.authtoken.models import Token
 from agents.models import Run
 from conversations import commands
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from engine.scratchpad.references import UnresolvableReference, has_references, resolve
 from scratchpad import services as scratchpad_services
 from scratchpad.models import Chunk, Entry
-from scratchpad.references import UnresolvableReference, has_references, resolve
 from scratchpad.store import DjangoObservationStore
 from tests.history.conftest import add_turn
 from tests.mcp_servers import fixtures as live

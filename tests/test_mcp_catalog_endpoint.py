@@ -13,12 +13,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from rest_framework.authtoken.models import Token
 
+from engine.catalog.ranking import index_for
+from engine.catalog.toolbox import DISCOVERY_TOOLS
 from tests.mcp_servers import fixtures as live
 from tests.toolcatalog_helpers import CATALOG_PATH
 from toolcatalog.mcp_server import SEARCH_TOOL, _catalog_index, mcp_tool_list
 from toolcatalog.models import McpCallCount, McpServer, Tool, ToolGroup
-from toolcatalog.runtime import DISCOVERY_TOOLS
-from toolcatalog.search import index_for
 from toolcatalog.selectors import catalog_records
 from toolcatalog.services import catalog_import, catalog_load_builtins
 from toolcatalog.toolbox import run_toolbox

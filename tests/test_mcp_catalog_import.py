@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from engine.catalog.ranking import index_for
 from toolcatalog.models import McpServer, Tool, ToolGroup
-from toolcatalog.search import index_for
 from toolcatalog.selectors import catalog_records
 from toolcatalog.services import McpServerImportFailed, mcp_server_import
 

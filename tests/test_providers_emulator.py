@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agents.providers.emulator import (
+from engine.providers.emulator import (
     ApiError,
     Emulator,
     Fault,

@@ -16,8 +16,12 @@ import anthropic
 import openai
 import pytest
 
-from agents.providers.anthropic import AnthropicProvider
-from agents.providers.base import (
+from agents.providers import UnknownProvider, get_provider
+from engine.providers.anthropic import AnthropicProvider
+from engine.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
+from engine.providers.emulator_server import EmulatorServer
+from engine.providers.openai_compat import OpenAICompatProvider, to_chat_payload
+from engine.providers.protocol import (
     InvalidRequest,
     MessageDone,
     Overloaded,
@@ -27,13 +31,9 @@ from agents.providers.base import (
     TextDelta,
     ToolUseBlock,
 )
-from agents.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
-from agents.providers.emulator_server import EmulatorServer
-from agents.providers.openai_compat import OpenAICompatProvider, to_chat_payload
-from agents.providers.registry import UnknownProvider, get_provider
-from agents.providers.retry import RetryingProvider
-from agents.runtime.request import CachePoint, ModelRequestSpec
-from agents.runtime.tokens import estimate_json_tokens
+from engine.providers.retry import RetryingProvider
+from engine.request import CachePoint, ModelRequestSpec
+from engine.tokens import estimate_json_tokens
 
 MODEL = "claude-sonnet-4-5"
 TOOLS = [

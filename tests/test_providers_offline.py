@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agents.providers.base import InvalidRequest, MessageDone, PromptTooLong, TextDelta, ToolUseBlock
-from agents.providers.emulator import Emulator, TestClock
-from agents.providers.offline import OfflineProvider, shared_emulator
-from agents.providers.registry import get_provider
-from agents.runtime.request import CachePoint, ModelRequestSpec
+from agents.providers import get_provider
+from engine.providers.emulator import Emulator, TestClock
+from engine.providers.offline import OfflineProvider, shared_emulator
+from engine.providers.protocol import InvalidRequest, MessageDone, PromptTooLong, TextDelta, ToolUseBlock
+from engine.request import CachePoint, ModelRequestSpec
 
 SYSTEM = [{"type": "text", "text": "You are the Control Center agent. " * 200}]
 LIST_DIR = {"name": "list_dir", "description": "List a directory.", "input_schema": {"type": "object"}}

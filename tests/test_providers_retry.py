@@ -6,8 +6,12 @@ from typing import Any
 
 import pytest
 
-from agents.providers.anthropic import AnthropicProvider
-from agents.providers.base import (
+from engine.providers.anthropic import AnthropicProvider
+from engine.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
+from engine.providers.emulator_server import EmulatorServer
+from engine.providers.offline import OfflineProvider
+from engine.providers.openai_compat import OpenAICompatProvider
+from engine.providers.protocol import (
     InvalidRequest,
     MessageDone,
     Overloaded,
@@ -16,12 +20,8 @@ from agents.providers.base import (
     RateLimited,
     TextDelta,
 )
-from agents.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
-from agents.providers.emulator_server import EmulatorServer
-from agents.providers.offline import OfflineProvider
-from agents.providers.openai_compat import OpenAICompatProvider
-from agents.providers.retry import RetryingProvider
-from agents.runtime.request import ModelRequestSpec
+from engine.providers.retry import RetryingProvider
+from engine.request import ModelRequestSpec
 
 ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the sun."
 

@@ -18,10 +18,10 @@ import pytest
 from django.db import connection
 
 from agents.models import ModelRequest, Run, RunEvent
-from agents.providers.emulator import Emulator
-from agents.providers.emulator_server import EmulatorServer
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
+from engine.providers.emulator import Emulator
+from engine.providers.emulator_server import EmulatorServer
 from tests.toolcatalog_helpers import CATALOG_PATH
 from toolcatalog.services import catalog_import
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from agents.providers.emulator import Emulator, ScriptedPolicy, TestClock
-from agents.providers.inprocess import EmulatorProvider
-from agents.runtime.cache import place_breakpoints, prefix_bytes
-from agents.runtime.loop import run_turn
-from agents.runtime.request import ModelRequestSpec, text_block
+from engine.breakpoints import place_breakpoints, prefix_bytes
+from engine.loop import run_turn
+from engine.providers.emulator import Emulator, ScriptedPolicy, TestClock
+from engine.providers.inprocess import EmulatorProvider
+from engine.request import ModelRequestSpec, text_block
 from toolcatalog.builtins import WorkspaceToolBox
 
 MODEL = "claude-sonnet-4-5"
@@ -147,10 +147,10 @@ def test_prefix_bytes_detects_a_rewritten_message(tmp_path):
 
 
 def catalog_toolbox(tmp_path, *, deferral: bool = True):
+    from engine.catalog.ranking import ToolIndex
+    from engine.catalog.surface import ModeSpec, build_surface
+    from engine.catalog.toolbox import CatalogToolBox
     from tests.toolcatalog_helpers import reference_records
-    from toolcatalog.runtime import CatalogToolBox
-    from toolcatalog.search import ToolIndex
-    from toolcatalog.surface import ModeSpec, build_surface
     from toolcatalog.toolbox import builtin_executor
 
     records = reference_records()

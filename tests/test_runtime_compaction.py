@@ -7,13 +7,13 @@ import json
 import pytest
 
 from agents.models import ModelRequest, Run, RunEvent
-from agents.providers.emulator import Emulator
-from agents.providers.inprocess import EmulatorProvider
-from agents.runtime.loop import run_turn
-from agents.runtime.request import text_block
 from agents.services import _reactive_compaction, run_execute
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create, message_send
+from engine.loop import run_turn
+from engine.providers.emulator import Emulator
+from engine.providers.inprocess import EmulatorProvider
+from engine.request import text_block
 
 pytestmark = [pytest.mark.django_db, pytest.mark.req("CH-2")]
 
@@ -128,7 +128,7 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
     conversation = _long_conversation(alice)
     _, run = message_send(conversation=conversation, text="Summarize.")
     history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
-    from agents.providers.base import PromptTooLong
+    from engine.providers.protocol import PromptTooLong
 
     with pytest.raises(PromptTooLong) as refused:
         run_turn(

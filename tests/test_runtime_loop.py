@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from agents.providers.base import PromptTooLong
-from agents.providers.emulator import Emulator, ScriptedPolicy, TestClock
-from agents.providers.inprocess import EmulatorProvider
-from agents.runtime.actions import ActionLimits, ApprovalNeeded
-from agents.runtime.loop import PausedTurn, run_turn
-from agents.runtime.request import text_block
+from engine.actions import ActionLimits, ApprovalNeeded
+from engine.loop import PausedTurn, run_turn
+from engine.providers.emulator import Emulator, ScriptedPolicy, TestClock
+from engine.providers.inprocess import EmulatorProvider
+from engine.providers.protocol import PromptTooLong
+from engine.request import text_block
 from toolcatalog.builtins import WorkspaceToolBox
 
 MODEL = "claude-sonnet-4-5"

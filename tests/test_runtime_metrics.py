@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 
 from agents.models import ModelRequest, Run
-from agents.providers.emulator import Emulator, ScriptedPolicy
-from agents.providers.emulator_server import EmulatorServer
 from agents.services import run_execute
 from conversations.models import Conversation, Message
+from engine.providers.emulator import Emulator, ScriptedPolicy
+from engine.providers.emulator_server import EmulatorServer
 
 MODEL = "claude-sonnet-4-5"
 

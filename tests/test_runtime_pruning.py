@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agents.runtime.pruning import prune_stale_tool_output
-from agents.runtime.request import canonical_json
+from engine.pruning import prune_stale_tool_output
+from engine.request import canonical_json
 
 pytestmark = pytest.mark.req("TD-12")
 

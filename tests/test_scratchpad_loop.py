@@ -8,9 +8,9 @@ import pytest
 
 from agents import services as agent_services
 from agents.models import Run
-from agents.runtime.actions import result_text
-from agents.runtime.loop import run_turn
 from conversations.models import Message
+from engine.actions import result_text
+from engine.loop import run_turn
 from scratchpad import services
 from scratchpad.models import Entry
 from scratchpad.store import turn_toolbox
@@ -348,10 +348,10 @@ def test_reference_to_an_expired_step_is_an_error_and_the_tool_does_not_run(alic
 def test_a_deferred_tool_whose_first_output_is_offloaded_is_still_loaded_by_its_result(alice, tmp_path):
     from dataclasses import replace
 
+    from engine.catalog.ranking import ToolIndex
+    from engine.catalog.surface import ModeSpec, build_surface
+    from engine.catalog.toolbox import CatalogToolBox
     from tests.toolcatalog_helpers import reference_records
-    from toolcatalog.runtime import CatalogToolBox
-    from toolcatalog.search import ToolIndex
-    from toolcatalog.surface import ModeSpec, build_surface
     from toolcatalog.toolbox import builtin_executor
 
     (tmp_path / "big.txt").write_text("line of the log\n" * 2000)

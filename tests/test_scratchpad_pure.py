@@ -11,11 +11,11 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scratchpad.chunks import encode
-from scratchpad.offload import needs_offload, rebuild_observation, split_observation
-from scratchpad.reader import MemoryChunkSource, grep, read_lines, read_slice, shape_of
-from scratchpad.references import UnresolvableReference, resolve
-from scratchpad.summary import binary_summary, text_summary
+from engine.scratchpad.chunks import encode
+from engine.scratchpad.offload import needs_offload, rebuild_observation, split_observation
+from engine.scratchpad.reader import MemoryChunkSource, grep, read_lines, read_slice, shape_of
+from engine.scratchpad.references import UnresolvableReference, resolve
+from engine.scratchpad.summary import binary_summary, text_summary
 
 
 @pytest.mark.req("SP-4")
@@ -171,7 +171,7 @@ def test_content_is_compressed_at_rest():
 
 @pytest.mark.req("SP-3")
 def test_synthetic_observation_of_a_failed_tool_stays_a_failure():
-    from scratchpad.offload import synthetic_observation
+    from engine.scratchpad.offload import synthetic_observation
 
     observation = {"ok": False, "exit_code": 2, "stderr": "boom\n" * 2000}
     payload = split_observation(observation, threshold=4096)
@@ -185,8 +185,8 @@ def test_pure_core_modules_import_without_django():
     import sys
 
     code = (
-        "import sys; import agents.runtime.observations, scratchpad.summary, scratchpad.references, "
-        "scratchpad.offload, scratchpad.reader, scratchpad.tool, scratchpad.chunks; "
+        "import sys; import engine.observations, engine.scratchpad.summary, engine.scratchpad.references, "
+        "engine.scratchpad.offload, engine.scratchpad.reader, engine.scratchpad.read_tool, engine.scratchpad.chunks; "
         "assert not [m for m in sys.modules if m == 'django' or m.startswith('django.')], 'django imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

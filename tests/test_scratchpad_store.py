@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 
 from controlcenter.errors import DomainError, NotFound
+from engine.scratchpad.reader import read_slice
 from scratchpad import selectors, services
 from scratchpad.models import Chunk, Entry
-from scratchpad.reader import read_slice
 from tests.scratchpad_support import make_run, next_run, server_log
 
 pytestmark = pytest.mark.django_db
@@ -295,7 +295,7 @@ def test_lines_read_of_an_enormous_line_is_an_error_pointing_to_range():
 
 @pytest.mark.req("SP-10")
 def test_a_read_that_loses_its_chunks_to_gc_says_so_instead_of_returning_a_hole():
-    from scratchpad.reader import ReadError
+    from engine.scratchpad.reader import ReadError
 
     entry = services.put(turn_id="t", content="r" * 600_000, now=T0)
     source = selectors.DbChunkSource(entry)

@@ -26,11 +26,11 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agents.models import ModelRequest, Run, RunEvent
-from agents.providers.emulator import Emulator, Fault, ScriptedPolicy
-from agents.providers.emulator_server import EmulatorServer
 from controlcenter.processes import ROOT
 from controlcenter.stack import Stack, free_port
 from conversations.models import Conversation, Message
+from engine.providers.emulator import Emulator, Fault, ScriptedPolicy
+from engine.providers.emulator_server import EmulatorServer
 from tests.test_faults import _terminate_backends, finished, wait_for
 from toolcatalog.models import McpServer, Tool
 

@@ -9,12 +9,12 @@ from django.core.exceptions import ValidationError
 from django.test import override_settings
 
 from agents.models import ModelRequest
-from agents.providers.offline import OfflineProvider
-from agents.runtime.loop import run_turn
-from agents.runtime.request import text_block
 from agents.services import SYSTEM_PROMPT, run_execute
 from conversations.models import Message
 from conversations.services import conversation_create, message_send
+from engine.loop import run_turn
+from engine.providers.offline import OfflineProvider
+from engine.request import text_block
 from tests.toolcatalog_helpers import CATALOG_PATH
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 
+from engine.catalog.toolbox import DISCOVERY_TOOLS
 from tests.toolcatalog_helpers import reference_catalog
 from toolcatalog.builtins import BUILTINS
 from toolcatalog.models import Tool, ToolGroup
-from toolcatalog.runtime import DISCOVERY_TOOLS
 from toolcatalog.selectors import run_surface
 from toolcatalog.services import catalog_import, catalog_load_builtins
 

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from agents.providers.emulator import Emulator, ScriptedPolicy, TestClock
-from agents.providers.inprocess import EmulatorProvider
-from agents.runtime.loop import run_turn
-from agents.runtime.request import referenced_tools, text_block
+from engine.catalog.ranking import ToolIndex
+from engine.catalog.surface import ModeSpec, ToolRecord, build_surface
+from engine.catalog.toolbox import CatalogToolBox, search_tool_bm25
+from engine.loop import run_turn
+from engine.providers.emulator import Emulator, ScriptedPolicy, TestClock
+from engine.providers.inprocess import EmulatorProvider
+from engine.request import referenced_tools, text_block
 from tests.toolcatalog_helpers import ScriptedModel, final, reference_records, tool_call
-from toolcatalog.runtime import CatalogToolBox, search_tool_bm25
-from toolcatalog.search import ToolIndex
-from toolcatalog.surface import ModeSpec, ToolRecord, build_surface
 from toolcatalog.toolbox import builtin_executor
 
 HISTORY = [{"role": "user", "content": [text_block("go")]}]

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from engine.catalog.ranking import ToolIndex, index_for, no_match_message, words
+from engine.catalog.surface import ToolRecord
 from tests.toolcatalog_helpers import reference_records
-from toolcatalog.search import ToolIndex, index_for, no_match_message, words
-from toolcatalog.surface import ToolRecord
 
 SCHEMA = {"type": "object", "properties": {}}
 

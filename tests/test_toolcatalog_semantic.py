@@ -11,9 +11,9 @@ import zlib
 import numpy as np
 import pytest
 
+from engine.catalog.ranking import ToolIndex, catalog_fingerprint
+from engine.catalog.semantic import HybridIndex, hybrid_index_for, tool_embeddings, tool_text
 from tests.toolcatalog_helpers import reference_records
-from toolcatalog.search import ToolIndex, catalog_fingerprint
-from toolcatalog.semantic import HybridIndex, hybrid_index_for, tool_embeddings, tool_text
 
 DIMENSIONS = 4096
 SYNONYMS = {"ping": "message", "dm": "message", "notify": "message"}

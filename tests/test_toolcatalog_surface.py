@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agents.runtime.request import ModelRequestSpec, text_block
-from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.catalog.surface import ModeSpec, build_surface
+from engine.request import ModelRequestSpec, text_block
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from tests.toolcatalog_helpers import reference_records
-from toolcatalog.surface import ModeSpec, build_surface
 
 
 @pytest.mark.req("TD-2")

@@ -8,10 +8,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from conversations import treeview
 from conversations.models import Conversation, Message
 from conversations.services import _reserve_message_ids
-from conversations.treeview import Fold, Row
+from engine.context import treeview
+from engine.context.treeview import Fold, Row
 
 # --- the pure window ---------------------------------------------------------------
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agents.providers.base import MessageDone, ProviderEvent, ToolUseBlock, Usage
-from agents.runtime.request import ModelRequestSpec
+from engine.catalog.surface import ToolRecord
+from engine.providers.protocol import MessageDone, ProviderEvent, ToolUseBlock, Usage
+from engine.request import ModelRequestSpec
 from toolcatalog.catalogfile import records_from_catalog
-from toolcatalog.surface import ToolRecord
 
 # A copy of shared/data/toolcatalog.json, so the tests do not depend on where shared/ is.
 CATALOG_PATH = Path(__file__).resolve().parent / "data" / "toolcatalog.json"

@@ -12,8 +12,8 @@ import json.scanner
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolcatalog.schemas import name_problem, schema_problem
-from toolcatalog.surface import ToolRecord
+from engine.catalog.schemas import name_problem, schema_problem
+from engine.catalog.surface import ToolRecord
 
 FORMAT_VERSION = 1
 _TOOL_KEYS = {

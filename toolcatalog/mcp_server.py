@@ -29,12 +29,12 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
-from toolcatalog.runtime import CallLimiter, CatalogToolBox, Observation, search_tool_bm25
-from toolcatalog.schemas import NAMESPACE_SEPARATOR
-from toolcatalog.search import ToolIndex, index_for
+from engine.catalog.ranking import ToolIndex, index_for
+from engine.catalog.schemas import NAMESPACE_SEPARATOR
+from engine.catalog.surface import ModeSpec, ToolRecord, build_surface
+from engine.catalog.toolbox import CallLimiter, CatalogToolBox, Observation, search_tool_bm25
 from toolcatalog.selectors import catalog_records, mcp_catalog_records
 from toolcatalog.services import mcp_session_end, mcp_session_take_call
-from toolcatalog.surface import ModeSpec, ToolRecord, build_surface
 from toolcatalog.toolbox import builtin_executor, search_index
 from toolcatalog.workspace import mcp_workspace_root
 
@@ -110,7 +110,7 @@ def _records_from_dicts(tools: list[dict[str, Any]]) -> list[ToolRecord]:
 
 
 def rank_tools(query: str, tools: list[dict[str, Any]] | None = None, limit: int = 5) -> list[dict[str, Any]]:
-    """The catalog's BM25 ranking (toolcatalog/search.py), matches described only (TD-7).
+    """The catalog's BM25 ranking (engine/catalog/ranking.py), matches described only (TD-7).
 
     Without `tools` it ranks the MCP surface with the very index a run uses,
     built once per catalog version; `tools` (catalog-record dicts) ranks those

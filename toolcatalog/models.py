@@ -8,8 +8,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from agents.runtime.tokens import estimate_json_tokens
-from toolcatalog.schemas import name_problem, qualified_name, schema_problem
+from engine.catalog.schemas import name_problem, qualified_name, schema_problem
+from engine.tokens import estimate_json_tokens
 
 
 class ToolGroup(models.Model):

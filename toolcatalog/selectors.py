@@ -7,9 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
-from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.catalog.surface import ModeSpec, Surface, ToolRecord, build_surface
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
-from toolcatalog.surface import ModeSpec, Surface, ToolRecord, build_surface
 
 DEFAULT_MODE = "default"
 
@@ -109,7 +109,7 @@ def mcp_catalog_records(records: list[ToolRecord] | None = None) -> list[ToolRec
     list_tool_groups) load schemas into a run; an MCP client already holds every
     schema, so it gets search_tool_bm25 instead (TD-7) and not these.
     """
-    from toolcatalog.runtime import DISCOVERY_TOOLS
+    from engine.catalog.toolbox import DISCOVERY_TOOLS
 
     records = catalog_records() if records is None else records
     return sorted((r for r in records if r.name not in DISCOVERY_TOOLS), key=lambda r: r.name)

@@ -15,11 +15,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlcenter.errors import DomainError
+from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
+from engine.catalog.toolbox import Activation
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
 from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
 from toolcatalog.models import McpCallCount, McpServer, RetrievalMiss, Tool, ToolActivation, ToolGroup
-from toolcatalog.runtime import Activation
-from toolcatalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
 from toolcatalog.toolbox import builtin_names
 from toolcatalog.tools.base import DEFINITIONS_FILE
 

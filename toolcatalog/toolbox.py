@@ -11,10 +11,10 @@ from typing import Any
 
 from django.conf import settings
 
+from engine.catalog.ranking import ToolIndex, index_for
+from engine.catalog.surface import ToolRecord
+from engine.catalog.toolbox import ApprovalGate, CatalogToolBox, Executor, Observation, approval_pending
 from toolcatalog.builtins import BUILTINS, ToolContext
-from toolcatalog.runtime import ApprovalGate, CatalogToolBox, Executor, Observation, approval_pending
-from toolcatalog.search import ToolIndex, index_for
-from toolcatalog.surface import ToolRecord
 
 
 def builtin_records() -> list[ToolRecord]:
@@ -56,7 +56,7 @@ def operator_approved(tool: ToolRecord, arguments: dict[str, Any]) -> Observatio
 def search_index(records: list[ToolRecord]) -> ToolIndex:
     """The ranker the settings choose, cached per catalog version; runs and /mcp both use it."""
     if settings.CC_TOOL_SEARCH_RANKER == "hybrid":
-        from toolcatalog.semantic import hybrid_index_for
+        from engine.catalog.semantic import hybrid_index_for
 
         return hybrid_index_for(records, cache_dir=settings.CC_TOOL_EMBEDDINGS_DIR)  # type: ignore[return-value]
     return index_for(records)

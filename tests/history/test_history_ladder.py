@@ -9,10 +9,11 @@ import json
 import pytest
 from PIL import Image
 
-from agents.runtime.tokens import estimate_text_tokens
-from conversations import ladder, services, snapshots
+from conversations import services
 from conversations.models import Compaction, Message
-from conversations.transcript import image_tokens, pairing_problems, transcript_tokens, trim_for_resume
+from engine.context import ladder, snapshots
+from engine.context.transcript import image_tokens, pairing_problems, transcript_tokens, trim_for_resume
+from engine.tokens import estimate_text_tokens
 from tests.history.conftest import add_turn
 
 PROSE = "The quick brown fox checks the build log, line by line, and writes down what failed. "

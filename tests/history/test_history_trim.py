@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conversations import ladder
-from conversations.transcript import pairing_problems, transcript_tokens, trim_for_resume
+from engine.context import ladder
+from engine.context.transcript import pairing_problems, transcript_tokens, trim_for_resume
 
 
 @st.composite

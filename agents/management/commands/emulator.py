@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from agents.providers.emulator import DEFAULT_CONTEXT_WINDOW, Emulator
-from agents.providers.emulator_server import EmulatorServer
+from engine.providers.emulator import DEFAULT_CONTEXT_WINDOW, Emulator
+from engine.providers.emulator_server import EmulatorServer
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ text, never from an earlier pass's pixels: re-imaging an image loses a generatio
 of glyph quality per compaction until nothing can read it (CH-4).
 
 The glyphs are the X11 misc-fixed 6x12 font (public domain, shipped in
-`conversations/fonts/`, ~4,500 glyphs: Latin with its extensions, Greek, Cyrillic,
+`engine/context/fonts/`, ~4,500 glyphs: Latin with its extensions, Greek, Cyrillic,
 Hebrew, punctuation, arrows, maths, box drawing), so rendering needs no key and no
 network. A character the font lacks is drawn as the font's replacement glyph (U+FFFD)
 and counted in the report, never silently dropped or turned into '?'.
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from agents.runtime.tokens import estimate_text_tokens
-from conversations.transcript import Msg, image_size, image_tokens
+from engine.context.transcript import Msg, image_size, image_tokens
+from engine.tokens import estimate_text_tokens
 
 INK = 0
 DIM_INK = 96

@@ -18,11 +18,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
-from agents.providers.emulator import ApiError, Emulator
-from agents.runtime.actions import result_text
-from agents.runtime.request import ModelRequestSpec
-from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.actions import result_text
+from engine.providers.emulator import ApiError, Emulator
+from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
+from engine.request import ModelRequestSpec
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 _WORKSPACE_WORDS = re.compile(r"\b(files?|workspace|directory|folder|ls)\b", re.IGNORECASE)
 # "run `make test`" asks for the shell: the way to try approvals with no key.

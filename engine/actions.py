@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agents.runtime.request import text_block, tool_reference
+from engine.request import text_block, tool_reference
 
 Decision = Literal["approved", "denied"]
 Emit = Callable[[str, dict[str, Any]], None]

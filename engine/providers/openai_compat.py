@@ -19,7 +19,7 @@ from typing import Any
 
 import openai
 
-from agents.providers.base import (
+from engine.providers.protocol import (
     MessageDone,
     PromptTooLong,
     ProviderEvent,
@@ -29,8 +29,8 @@ from agents.providers.base import (
     Usage,
     error_for_status,
 )
-from agents.providers.retry import parse_retry_after, transport_errors
-from agents.runtime.request import ModelRequestSpec, referenced_tools
+from engine.providers.retry import parse_retry_after, transport_errors
+from engine.request import ModelRequestSpec, referenced_tools
 
 _CONTEXT = re.compile(r"maximum context length is (\d+) tokens.*?resulted in (\d+) tokens", re.DOTALL)
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import regex
 
-from scratchpad.reader import ChunkSource, ReadError, grep, read_lines, read_slice
+from engine.scratchpad.reader import ChunkSource, ReadError, grep, read_lines, read_slice
 
 NAME = "scratchpad_read"
 MODES = ("full", "head", "tail", "range", "lines", "grep")

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from scratchpad.summary import binary_summary, text_summary
+from engine.scratchpad.summary import binary_summary, text_summary
 
 TEXT = "text"
 BINARY = "binary"

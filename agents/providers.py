@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agents.providers.base import Provider
-from agents.providers.offline import OfflineProvider
+from engine.providers.offline import OfflineProvider
+from engine.providers.protocol import Provider
 
 
 class UnknownProvider(ValueError):
@@ -21,10 +21,10 @@ def get_provider(name: str) -> Provider:
         return OfflineProvider()
     from django.conf import settings
 
-    from agents.providers.retry import RetryingProvider
+    from engine.providers.retry import RetryingProvider
 
     if name == "anthropic":
-        from agents.providers.anthropic import AnthropicProvider
+        from engine.providers.anthropic import AnthropicProvider
 
         if not settings.ANTHROPIC_API_KEY:
             raise UnknownProvider("Provider 'anthropic' needs ANTHROPIC_API_KEY.")
@@ -32,7 +32,7 @@ def get_provider(name: str) -> Provider:
             AnthropicProvider(api_key=settings.ANTHROPIC_API_KEY, base_url=settings.ANTHROPIC_BASE_URL or None)
         )
     if name == "openai":
-        from agents.providers.openai_compat import OpenAICompatProvider
+        from engine.providers.openai_compat import OpenAICompatProvider
 
         if not (settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL):
             raise UnknownProvider("Provider 'openai' needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server.")

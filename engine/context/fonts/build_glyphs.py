@@ -1,8 +1,8 @@
 """Rebuild `misc-fixed-6x12.npz` from the X11 misc-fixed font (public domain).
 
     apt-get download xfonts-base && dpkg-deb -x xfonts-base_*.deb x
-    python conversations/fonts/build_glyphs.py x/usr/share/fonts/X11/misc/6x12.pcf.gz \
-        conversations/fonts/misc-fixed-6x12.npz
+    python engine/context/fonts/build_glyphs.py x/usr/share/fonts/X11/misc/6x12.pcf.gz \
+        engine/context/fonts/misc-fixed-6x12.npz
 
 Keeps every single-width glyph of the font except control characters, each placed in the font's 6 x 12 character
 cell, one byte per pixel row (the 6 columns in the high bits): `codepoints` (sorted

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from agents.providers.base import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
-from agents.providers.emulator import ApiError, Emulator
-from agents.runtime.request import ModelRequestSpec
+from engine.providers.emulator import ApiError, Emulator
+from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
+from engine.request import ModelRequestSpec
 
 
 class EmulatorProvider:

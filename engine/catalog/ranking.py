@@ -23,7 +23,7 @@ import numpy as np
 import snowballstemmer
 from rank_bm25 import BM25Okapi
 
-from toolcatalog.surface import ToolRecord
+from engine.catalog.surface import ToolRecord
 
 # How much one occurrence in each field counts. Names and descriptions say what a
 # tool does; headings and parameters say where it lives and what it needs.

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.runtime.actions import result_text
-from conversations import snapshots
-from conversations.transcript import Msg, image_size, transcript_tokens, trim_for_resume
+from engine.actions import result_text
+from engine.context import snapshots
+from engine.context.transcript import Msg, image_size, transcript_tokens, trim_for_resume
 
 RUNGS = ("elide", "drop_images", "snapshot", "summary")
 FREE_RUNGS = ("elide", "drop_images")

@@ -17,7 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from agents.providers.emulator import ApiError, Emulator, StreamCut
+from engine.providers.emulator import ApiError, Emulator, StreamCut
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agents.runtime.actions import LOADS_TOOLS, without_loads
-from agents.runtime.loop import ToolBox
-from scratchpad import tool as scratchpad_tool
-from scratchpad.offload import jsonable_observation, needs_offload
-from scratchpad.references import UnresolvableReference, has_references, resolve
+from engine.actions import LOADS_TOOLS, without_loads
+from engine.loop import ToolBox
+from engine.scratchpad import read_tool as scratchpad_tool
+from engine.scratchpad.offload import jsonable_observation, needs_offload
+from engine.scratchpad.references import UnresolvableReference, has_references, resolve
 
 
 class ObservationStore(Protocol):

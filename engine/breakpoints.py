@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents.runtime.request import CachePoint, ModelRequestSpec, canonical_json
+from engine.request import CachePoint, ModelRequestSpec, canonical_json
 
 TOOLS_TTL = "1h"
 SYSTEM_TTL = "1h"

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import regex
 
-from scratchpad.chunks import EncodedChunk, decode
+from engine.scratchpad.chunks import EncodedChunk, decode
 
 GREP_DISPLAY_LINE_CHARS = 1000
 GREP_LONG_LINE_CHARS = 1_000_000

@@ -15,7 +15,7 @@ from typing import Any
 
 import anthropic
 
-from agents.providers.base import (
+from engine.providers.protocol import (
     MessageDone,
     ProviderEvent,
     StreamInterrupted,
@@ -24,8 +24,8 @@ from agents.providers.base import (
     Usage,
     error_for_status,
 )
-from agents.providers.retry import parse_retry_after, transport_errors
-from agents.runtime.request import ModelRequestSpec
+from engine.providers.retry import parse_retry_after, transport_errors
+from engine.request import ModelRequestSpec
 
 
 class AnthropicProvider:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agents.providers.base import (
+from engine.providers.protocol import (
     MessageDone,
     Provider,
     ProviderError,
@@ -28,7 +28,7 @@ from agents.providers.base import (
     TextDelta,
     ToolUseBlock,
 )
-from agents.runtime.request import ModelRequestSpec
+from engine.request import ModelRequestSpec
 
 OnRetry = Callable[[int, float, ProviderError], None]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from agents.runtime.request import ModelRequestSpec
+from engine.request import ModelRequestSpec
 
 
 @dataclass(frozen=True)

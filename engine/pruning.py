@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agents.runtime.actions import result_as_text
-from agents.runtime.request import text_block
-from agents.runtime.tokens import estimate_text_tokens
+from engine.actions import result_as_text
+from engine.request import text_block
+from engine.tokens import estimate_text_tokens
 
 Message = dict[str, Any]
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
-from agents.runtime.actions import LOADS_TOOLS
-from toolcatalog.schemas import arguments_problem
-from toolcatalog.search import ToolIndex, no_match_message
-from toolcatalog.surface import Surface, ToolRecord
+from engine.actions import LOADS_TOOLS
+from engine.catalog.ranking import ToolIndex, no_match_message
+from engine.catalog.schemas import arguments_problem
+from engine.catalog.surface import Surface, ToolRecord
 
 Observation = dict[str, Any]
 # Runs a tool's implementation; None when the catalog lists a tool this installation cannot run.

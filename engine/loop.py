@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from agents.providers.base import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
-from agents.runtime.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
-from agents.runtime.cache import place_breakpoints
-from agents.runtime.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
+from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
+from engine.breakpoints import place_breakpoints
+from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
+from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
 
 Emit = Callable[[str, dict[str, Any]], None]
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 Msg = dict[str, Any]
 

