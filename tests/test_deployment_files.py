@@ -50,6 +50,15 @@ def test_compose_commands_are_real_cli_commands():
 
 def test_dockerfile_copies_every_app_and_runs_the_cli():
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for folder in ("controlcenter", "engine", "agents", "conversations", "scratchpad", "toolcatalog", "templates", "static"):
+    for folder in (
+        "controlcenter",
+        "engine",
+        "agents",
+        "conversations",
+        "scratchpad",
+        "toolcatalog",
+        "templates",
+        "static",
+    ):
         assert f"COPY {folder} " in dockerfile and (ROOT / folder).is_dir(), folder
     assert '"controlcenter", "serve"' in dockerfile
