@@ -1,18 +1,27 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import approvals, selectors, services
+from agents import approvals, chat, selectors, services, turns
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
 from controlcenter.api import query_int
+from conversations import selectors as conversation_selectors
 from conversations.selectors import conversation_for_user
+from conversations.serializers import MessageCreateSerializer, MessageEditSerializer, MessageSerializer
+from scratchpad import services as scratchpad_services
+from scratchpad.serializers import EntrySerializer
+
+COMMAND_RESULT = inline_serializer(
+    "CommandResult",
+    {"command": serializers.CharField(), "detail": serializers.CharField(), "data": serializers.DictField()},
+)
 
 
 class RunDetailApi(APIView):
@@ -110,3 +119,80 @@ class CacheMetricsApi(APIView):
         run_id = query_int(request.query_params, "run")
         rows = selectors.cache_metrics(user=request.user, group=group, run_id=run_id)
         return Response(CacheMetricSerializer(rows, many=True).data)
+
+
+# --- a conversation's runs: sending starts one, retry starts another, Context shows the next -----
+
+
+class MessageCreateApi(APIView):
+    """The message tree (GET) and sending a message or a slash command (POST)."""
+
+    @extend_schema(
+        operation_id="conversations_message_tree",
+        responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}),
+    )
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return Response(conversation_selectors.message_tree(conversation=conversation))
+
+    @extend_schema(
+        request=MessageCreateSerializer,
+        responses={
+            201: inline_serializer("MessageSent", {"message": MessageSerializer(), "run": RunSerializer()}),
+            200: inline_serializer("CommandDone", {"command": COMMAND_RESULT}),
+        },
+    )
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        payload = MessageCreateSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        sent = chat.message_send(conversation=conversation, text=payload.validated_data["text"])
+        if sent.command is not None:
+            return Response({"command": sent.command.as_dict()})
+        return Response(
+            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class MessageEditApi(APIView):
+    """Edit a prompt and re-run it as a sibling; the old answer stays reachable (CH-7)."""
+
+    @extend_schema(
+        request=MessageEditSerializer,
+        responses={201: inline_serializer("MessageEdited", {"message": MessageSerializer(), "run": RunSerializer()})},
+    )
+    def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        payload = MessageEditSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        sent = chat.message_edit(conversation=conversation, message_id=message_id, text=payload.validated_data["text"])
+        return Response(
+            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class ContextApi(APIView):
+    @extend_schema(responses=inline_serializer("ContextView", {"used_tokens": serializers.IntegerField()}))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        return Response(
+            turns.context_view(conversation=conversation_for_user(user=request.user, conversation_id=conversation_id))
+        )
+
+
+class RetryApi(APIView):
+    @extend_schema(request=None, responses={201: RunSerializer})
+    def post(self, request: Request, conversation_id: int) -> Response:
+        run = chat.conversation_retry(
+            conversation=conversation_for_user(user=request.user, conversation_id=conversation_id)
+        )
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+class RunEntriesApi(APIView):
+    @extend_schema(responses=EntrySerializer(many=True))
+    def get(self, request: Request, run_id: int) -> Response:
+        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        entries = scratchpad_services.list_for_turn(turn_id=str(run.pk))
+        return Response(EntrySerializer(entries, many=True).data)

@@ -2,6 +2,16 @@ from __future__ import annotations
 
 from django.db import models
 
+# A run or subagent in one of these holds its conversation: the one definition of "still running".
+ACTIVE_STATUSES = ("queued", "running", "waiting")
+FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class RunQuerySet(models.QuerySet["Run"]):
+    def active(self) -> RunQuerySet:
+        """Runs still holding their conversation; `conversation.runs.active()` reads the same rule."""
+        return self.filter(status__in=ACTIVE_STATUSES)
+
 
 class Run(models.Model):
     class Status(models.TextChoices):
@@ -32,6 +42,8 @@ class Run(models.Model):
     # the transcript, which is written only at the turn boundary (CH-5).
     pending_turn = models.JSONField(null=True, blank=True)
 
+    objects = RunQuerySet.as_manager()
+
     class Meta:
         ordering = ["-id"]
 
@@ -45,7 +57,7 @@ class Run(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED)
+        return self.status in FINISHED_STATUSES
 
 
 class RunEvent(models.Model):
@@ -186,4 +198,4 @@ class Subagent(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (Run.Status.SUCCEEDED, Run.Status.FAILED, Run.Status.CANCELLED)
+        return self.status in FINISHED_STATUSES

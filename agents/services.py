@@ -11,11 +11,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents import approvals
+from agents import approvals, turns
 from agents.events import RunEventPublisher
 from agents.models import ModelRequest, Run
 from agents.providers import get_provider
-from agents.subagents import SPAWN_AGENTS, SpawningToolBox, subagents_cancel, subagents_reap_orphans
+from agents.subagents import subagents_cancel, subagents_reap_orphans
 from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict, DomainError
 from conversations.models import Conversation, Message
@@ -23,31 +23,17 @@ from engine.actions import ActionLimits, ApprovalNeeded
 from engine.catalog.toolbox import CatalogToolBox
 from engine.loop import (
     CANCEL_POLL_SECONDS,
-    ReactiveCompaction,
     TurnCancelled,
     TurnOutcome,
     polled_at_most_every,
     run_turn,
 )
 from engine.providers.protocol import PromptTooLong, ProviderError
-from engine.pruning import PruneResult, prune_stale_tool_output
-from engine.request import text_block
 from engine.tokens import estimate_json_tokens
 from scratchpad import services as scratchpad_services
-from scratchpad.store import turn_toolbox
-from toolcatalog.models import Mode
 from toolcatalog.services import activations_record
-from toolcatalog.toolbox import run_toolbox
-from toolcatalog.workspace import workspace_root
 
 logger = logging.getLogger(__name__)
-
-SYSTEM_PROMPT = (
-    "You are an agent running in Control Center. Work in the conversation's workspace with the tools "
-    "you are given; say plainly what you did and what you found."
-)
-# A run in one of these holds the conversation: no new message or retry until it ends.
-ACTIVE_STATUSES = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING)
 
 
 def run_start(*, conversation: Conversation, trigger: Message) -> Run:
@@ -159,9 +145,9 @@ def run_execute(*, run_id: int, worker: str) -> None:
     try:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()
-        catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode)
-        system = turn_system(catalog)
-        history = _turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
+        catalog, toolbox = turns.turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode)
+        system = turns.turn_system(catalog)
+        history = turns.turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
@@ -247,92 +233,13 @@ def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Me
 # --- runtime options: approvals, limits, parallel tools, prompt too long (RN-4) -------
 
 
-# --- what a turn sends: one code path for runs and the Context view (TD-15) ----------
-
-
-def turn_system(catalog: CatalogToolBox) -> list[dict[str, Any]]:
-    """The system blocks: the prompt, then the deferred-name index (TD-2)."""
-    return [text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()]
-
-
-def turn_pruned(messages: list[dict[str, Any]]) -> PruneResult:
-    """Stale tool output pruned in rare deep rewrites; between them requests only append (TD-12)."""
-    return prune_stale_tool_output(
-        messages, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
-    )
-
-
-def turn_toolboxes(
-    *, run_id: int, conversation_id: int, mode: Mode | None = None
-) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
-    """The run's catalog toolbox, and the stack the loop talks to, outermost first:
-
-    approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
-    offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
-    catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
-    """
-    catalog = run_toolbox(
-        workspace=workspace_root(conversation_id),
-        conversation_id=conversation_id,
-        mode=mode,
-        # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
-        approve=lambda tool, arguments: None,
-    )
-    # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
-    spawning = SpawningToolBox(catalog, run_id=run_id) if catalog.surface.mode.admits(SPAWN_AGENTS) else catalog
-    scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
-    return catalog, approvals.GatedToolBox(scratchpad)
-
-
-def _turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
-    """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
-    from conversations.services import turn_context  # conversations.services starts runs: import at use
-
-    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run)
-    if context.compaction is not None:
-        emit("compaction", _compaction_event(context.compaction))
-    pruning = turn_pruned(context.messages)
-    if pruning.rewrote_now:
-        emit("context_pruned", {"results_pruned": pruning.results_pruned, "tokens_freed": pruning.tokens_freed})
-    return pruning.messages
-
-
-def _compaction_event(compaction: Any) -> dict[str, Any]:
-    return {
-        "trigger": compaction.trigger,
-        "rung": compaction.rung,
-        "tokens_before": compaction.tokens_before,
-        "tokens_after": compaction.tokens_after,
-    }
-
-
-def _reactive_compaction(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> ReactiveCompaction:
-    """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2)."""
-    from conversations.services import reactive_compaction
-
-    def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
-        maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
-        # Room for this turn's own messages, and a margin because the estimate was low once already.
-        limit = int(maximum * 0.9) - estimate_json_tokens(turn)
-        if limit <= 0:
-            return None
-        compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit, run=run)
-        if compacted is None:
-            return None
-        view, compaction = compacted
-        emit("compaction", _compaction_event(compaction))
-        return view
-
-    return compact
-
-
 def _runtime_options(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
     return {
         "limits": ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
         "max_parallel_tools": settings.CC_MAX_PARALLEL_TOOLS,
         "resume": approvals.paused_turn_of(run),
         "decisions": approvals.decisions_for(run),
-        "on_prompt_too_long": _reactive_compaction(run, emit),
+        "on_prompt_too_long": turns.reactive_compaction_hook(run, emit),
     }
 
 

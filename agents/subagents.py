@@ -418,12 +418,14 @@ def subagent_toolbox(*, conversation_id: int, mode: Any) -> tuple[Any, Any]:
     resident set and deferred index; TD-8), without `spawn_agents`, whatever the child's task or
     profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4)."""
     from agents.approvals import GatedToolBox
+    from agents.turns import conversation_owner
     from toolcatalog.toolbox import run_toolbox
     from toolcatalog.workspace import workspace_root
 
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
         conversation_id=conversation_id,
+        user_id=conversation_owner(conversation_id),
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,

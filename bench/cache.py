@@ -171,9 +171,10 @@ def _session(options: dict[str, Any], clock: TestClock, policy: Policy) -> dict[
     from django.contrib.auth import get_user_model
     from django.db import connection
 
+    from agents.chat import message_send
     from agents.models import ModelRequest, Run, RunEvent
     from controlcenter.processes import WorkerProcess, services_env
-    from conversations.services import conversation_create, message_send
+    from conversations.services import conversation_create
     from scratchpad.models import Entry
     from toolcatalog.services import catalog_import
     from toolcatalog.workspace import workspace_root

@@ -3,7 +3,7 @@
     python manage.py bench tree --json [--messages 100000 --depth 10000 --fork-depth 1000]
 
 Builds one conversation of `--messages` messages whose tip sits at `--depth`, times
-`history_view` for the tip (what a turn loads: `conversations.services.turn_context`
+`history_view` for the tip (what a turn loads: `conversations.turns.turn_context`
 calls it; the path plus the compaction lookup, decoded to the messages a request sends),
 `conversation_branch` and `conversation_fork` of a `--fork-depth` path, then deletes
 everything it made. `path_load_ms` is the median of `--repeat` loads, with every sample

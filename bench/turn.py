@@ -24,9 +24,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 
+from agents.chat import message_send
 from agents.events import conversation_group
 from controlcenter.processes import WorkerProcess, services_env
-from conversations.services import conversation_create, message_send
+from conversations.services import conversation_create
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

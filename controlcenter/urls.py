@@ -24,7 +24,7 @@ api_patterns = [
     ),
     path(
         "api/conversations/<int:conversation_id>/messages/",
-        conversations_api.MessageCreateApi.as_view(),
+        agents_api.MessageCreateApi.as_view(),
         name="api-conversation-messages",
     ),
     # Conversation history (CH-5..CH-10)
@@ -32,15 +32,15 @@ api_patterns = [
         path(f"api/conversations/<int:conversation_id>/{route}", view.as_view(), name=name)
         for route, view, name in [
             ("messages/<int:message_id>/", conversations_api.MessageDetailApi, "api-message"),
-            ("messages/<int:message_id>/edit/", conversations_api.MessageEditApi, "api-message-edit"),
+            ("messages/<int:message_id>/edit/", agents_api.MessageEditApi, "api-message-edit"),
             ("branch/", conversations_api.BranchApi, "api-conversation-branch"),
             ("fork/", conversations_api.ForkApi, "api-conversation-fork"),
             ("checkpoints/", conversations_api.CheckpointListApi, "api-conversation-checkpoints"),
             ("rewind/", conversations_api.RewindApi, "api-conversation-rewind"),
             ("compact/", conversations_api.CompactApi, "api-conversation-compact"),
-            ("context/", conversations_api.ContextApi, "api-conversation-context"),
+            ("context/", agents_api.ContextApi, "api-conversation-context"),
             ("export/<str:kind>/", conversations_api.ExportApi, "api-conversation-export"),
-            ("retry/", conversations_api.RetryApi, "api-conversation-retry"),
+            ("retry/", agents_api.RetryApi, "api-conversation-retry"),
         ]
     ],
     path("api/runs/<int:run_id>/", agents_api.RunDetailApi.as_view(), name="api-run"),
@@ -49,12 +49,18 @@ api_patterns = [
     path("api/runs/<int:run_id>/events/", agents_api.RunEventsApi.as_view(), name="api-run-events"),
     # The Context view without the trailing slash, as the catalog first published it (TD-15).
     # Kept out of the OpenAPI schema: it is the same operation as context/ (one operationId).
-    path("api/conversations/<int:conversation_id>/context", conversations_api.ContextApi.as_view(schema=None)),
+    path("api/conversations/<int:conversation_id>/context", agents_api.ContextApi.as_view(schema=None)),
     path("api/tools/", toolcatalog_api.ToolListApi.as_view(), name="api-tools"),
     path("api/modes/", toolcatalog_api.ModeListApi.as_view(), name="api-modes"),
     path("api/models/", conversations_api.ModelListApi.as_view(), name="api-models"),
     path("api/groups/", toolcatalog_api.ToolGroupListApi.as_view(), name="api-groups"),
     path("api/mcp-servers/", toolcatalog_api.McpServerListApi.as_view(), name="api-mcp-servers"),
+    # A run's entries are listed under the run's owner check, which lives with runs.
+    path(
+        "api/scratchpad/runs/<int:run_id>/entries/",
+        agents_api.RunEntriesApi.as_view(),
+        name="api-scratchpad-run-entries",
+    ),
     path("api/scratchpad/", include("scratchpad.urls")),
     # runtime: approvals and cache metrics (RN-4, RN-2)
     path("api/runs/<int:run_id>/approvals/", agents_api.RunApprovalsApi.as_view(), name="api-run-approvals"),
@@ -69,8 +75,8 @@ api_patterns = [
 ]
 
 urlpatterns = [
-    path("", conversations_views.conversation_list, name="conversation-list"),
-    path("conversations/<int:conversation_id>/", conversations_views.conversation_detail, name="conversation-detail"),
+    path("", agents_views.conversation_list, name="conversation-list"),
+    path("conversations/<int:conversation_id>/", agents_views.conversation_detail, name="conversation-detail"),
     path("conversations/<int:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
     path(
         "conversations/<int:conversation_id>/tree/rows/",
@@ -79,7 +85,7 @@ urlpatterns = [
     ),
     path(
         "conversations/<int:conversation_id>/context/",
-        conversations_views.conversation_context,
+        agents_views.conversation_context,
         name="conversation-context",
     ),
     path("scratchpad/<str:entry_id>/", scratchpad_views.entry_viewer, name="scratchpad-viewer"),

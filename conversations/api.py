@@ -3,12 +3,11 @@ from __future__ import annotations
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.serializers import RunSerializer
 from conversations import selectors, services
 from conversations.serializers import (
     BranchSerializer,
@@ -21,18 +20,11 @@ from conversations.serializers import (
     ConversationSerializer,
     ConversationUpdateSerializer,
     ForkSerializer,
-    MessageCreateSerializer,
-    MessageEditSerializer,
     MessageSerializer,
     ModelChoiceSerializer,
     PathMessageSerializer,
     RewindDigestSerializer,
     RewindSerializer,
-)
-
-COMMAND_RESULT = inline_serializer(
-    "CommandResult",
-    {"command": serializers.CharField(), "detail": serializers.CharField(), "data": serializers.DictField()},
 )
 
 
@@ -91,37 +83,6 @@ class ModelListApi(APIView):
         return Response(ModelChoiceSerializer(selectors.models_offered(), many=True).data)
 
 
-class MessageCreateApi(APIView):
-    """The message tree (GET) and sending a message or a slash command (POST)."""
-
-    @extend_schema(
-        operation_id="conversations_message_tree",
-        responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}),
-    )
-    def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
-        return Response(selectors.message_tree(conversation=conversation))
-
-    @extend_schema(
-        request=MessageCreateSerializer,
-        responses={
-            201: inline_serializer("MessageSent", {"message": MessageSerializer(), "run": RunSerializer()}),
-            200: inline_serializer("CommandDone", {"command": COMMAND_RESULT}),
-        },
-    )
-    def post(self, request: Request, conversation_id: int) -> Response:
-        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
-        payload = MessageCreateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        sent = services.message_send(conversation=conversation, text=payload.validated_data["text"])
-        if sent.command is not None:
-            return Response({"command": sent.command.as_dict()})
-        return Response(
-            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
-            status=status.HTTP_201_CREATED,
-        )
-
-
 def _conversation(request: Request, conversation_id: int):
     return selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
 
@@ -132,26 +93,6 @@ class MessageDetailApi(APIView):
         conversation = _conversation(request, conversation_id)
         message = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
         return Response(MessageSerializer(message).data)
-
-
-class MessageEditApi(APIView):
-    """Edit a prompt and re-run it as a sibling; the old answer stays reachable (CH-7)."""
-
-    @extend_schema(
-        request=MessageEditSerializer,
-        responses={201: inline_serializer("MessageEdited", {"message": MessageSerializer(), "run": RunSerializer()})},
-    )
-    def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
-        conversation = _conversation(request, conversation_id)
-        payload = MessageEditSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        sent = services.message_edit(
-            conversation=conversation, message_id=message_id, text=payload.validated_data["text"]
-        )
-        return Response(
-            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
-            status=status.HTTP_201_CREATED,
-        )
 
 
 class BranchApi(APIView):
@@ -221,12 +162,6 @@ class CompactApi(APIView):
         return Response(CompactionSerializer(compaction).data, status=status.HTTP_201_CREATED)
 
 
-class ContextApi(APIView):
-    @extend_schema(responses=inline_serializer("ContextView", {"used_tokens": serializers.IntegerField()}))
-    def get(self, request: Request, conversation_id: int) -> Response:
-        return Response(selectors.conversation_context(conversation=_conversation(request, conversation_id)))
-
-
 class ExportApi(APIView):
     """The current path as JSON (`json`) or Markdown (`markdown`)."""
 
@@ -236,10 +171,3 @@ class ExportApi(APIView):
         if isinstance(exported, str):
             return HttpResponse(exported, content_type="text/markdown; charset=utf-8")
         return Response(exported)
-
-
-class RetryApi(APIView):
-    @extend_schema(request=None, responses={201: RunSerializer})
-    def post(self, request: Request, conversation_id: int) -> Response:
-        run = services.conversation_retry(conversation=_conversation(request, conversation_id))
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)

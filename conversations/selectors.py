@@ -11,16 +11,13 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
-from django.db.models.functions import Cast
+from django.db.models import QuerySet
 
-from agents.models import Run
 from controlcenter.errors import DomainError, NotFound
 from conversations import export
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 from engine.context import treeview
 from engine.request import text_block
-from engine.tokens import estimate_text_tokens
 
 PREVIEW_CHARS = 160
 
@@ -273,95 +270,6 @@ def conversation_export(*, conversation: Conversation, kind: str) -> dict[str, A
     if kind in ("markdown", "md"):
         return export.export_markdown(meta, messages)
     raise DomainError(f"Unknown export format {kind!r}; use 'json' or 'markdown'.")
-
-
-def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
-    """The Context view (TD-15, CH-10 /context): what the next request of this conversation holds.
-
-    The one composition of the window: the page, `GET /api/conversations/<id>/context`
-    and the `/context` command all call it. The request is built with the parts a run
-    uses (`agents.services.run_execute`): the system prompt plus the deferred-name index
-    as system blocks, the catalog surface (mode filter, then deferral) wrapped by the
-    scratchpad's turn toolbox for the tool block, and the stored path after the runtime's
-    pruning of stale tool output. The turn is the conversation's latest run, so its live
-    scratchpad entries are the ones `scratchpad_read` would be offered for.
-    """
-    # Imported here: agents.services and toolcatalog.selectors import this module.
-    from agents.services import turn_pruned, turn_system, turn_toolboxes
-    from engine.request import ModelRequestSpec
-    from scratchpad.selectors import entries_visible_to_turn
-    from toolcatalog.selectors import surface_context
-
-    latest_run = Run.objects.filter(conversation=conversation).order_by("-id").first()
-    turn_id = latest_run.pk if latest_run else 0
-    # The very functions run_execute builds its requests with (TD-15).
-    # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
-    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
-    path = current_path(conversation)
-    pruning = turn_pruned(view_of_path(conversation_id=conversation.pk, path=path))
-    request = ModelRequestSpec(
-        model=conversation.model or settings.CC_MODEL,
-        system=turn_system(catalog),
-        tools=toolbox.schemas(),
-        messages=pruning.messages,
-    )
-    view = export.context_breakdown(
-        request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS, tool_index_text=catalog.surface.index_text
-    )
-    entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
-    resident_names = {tool.name for tool in catalog.surface.resident}
-    return {
-        "conversation": conversation.pk,
-        "model": request.model,
-        **view,
-        "tools": surface_context(catalog.surface),
-        # Offered beyond the resident set in this request (scratchpad_read while entries are live).
-        "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
-        "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},
-        # Digests of rewound explorations, sent in front of the prompt that followed the rewind (CH-9).
-        "rewind_notes": [
-            {"message": message_id, "text": note, "tokens": estimate_text_tokens(note)}
-            for message_id, notes in rewind_notes(conversation_id=conversation.pk, path=path).items()
-            for note in notes
-        ],
-        "turn": {"run": latest_run.pk if latest_run else None, "status": latest_run.status if latest_run else None},
-        "scratchpad": [
-            {
-                "id": entry.pk,
-                "tool": entry.executor_name,
-                "step": entry.step_num,
-                "kind": entry.kind,
-                "size_bytes": entry.size_bytes,
-                "lines": entry.line_count,
-                "pinned": entry.pinned,
-                "summary": entry.summary,
-                "expires_at": entry.expires_at.isoformat(),
-            }
-            for entry in entries
-        ],
-    }
-
-
-def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
-    """The user's conversations, most recently active first, each with its message count and
-    its latest run; `search` matches titles and the text of the user's own messages."""
-    latest_run = Run.objects.filter(conversation=OuterRef("pk")).order_by("-id")
-    queryset = Conversation.objects.filter(owner=user)
-    if search:
-        # The stored JSON as text: portable across PostgreSQL and SQLite, and a person's
-        # conversations are few enough that a scan is fine.
-        matching = (
-            Message.objects.filter(conversation__owner=user, role=Message.Role.USER)
-            .annotate(as_text=Cast("content", TextField()))
-            .filter(as_text__icontains=search)
-            .values("conversation_id")
-        )
-        queryset = queryset.filter(Q(title__icontains=search) | Q(pk__in=matching))
-    return queryset.annotate(
-        message_count=Count("messages"),
-        last_run_id=Subquery(latest_run.values("id")[:1]),
-        last_run_status=Subquery(latest_run.values("status")[:1]),
-    ).order_by("-updated_at")
 
 
 def tree_window(*, conversation: Conversation) -> dict[str, Any]:

@@ -7,8 +7,7 @@ these services instead of starting a run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -16,8 +15,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents.models import Run
-from agents.services import ACTIVE_STATUSES, run_start
 from controlcenter.errors import Conflict, DomainError
 from conversations import commands, export, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
@@ -25,37 +22,6 @@ from engine.context import ladder, transcript
 from toolcatalog.models import Mode
 
 TITLE_MAX = 200
-
-
-class NothingToRetry(Conflict):
-    code = "nothing_to_retry"
-
-
-class NothingLoaded(Conflict):
-    code = "nothing_loaded"
-
-
-@dataclass
-class CommandResult:
-    """What a slash command did, in a shape the API and the UI can show."""
-
-    command: str
-    detail: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"command": self.command, "detail": self.detail, "data": self.data}
-
-
-@dataclass
-class MessageSent:
-    message: Message | None
-    run: Run | None
-    command: CommandResult | None = None
-
-    def __iter__(self) -> Iterator[Any]:
-        # Unpacks as (message, run), so callers written before slash commands keep working.
-        return iter((self.message, self.run))
 
 
 def conversation_create(*, owner: AbstractBaseUser, title: str = "") -> Conversation:
@@ -101,7 +67,7 @@ def conversation_update(*, conversation: Conversation, model: str = KEEP, mode_i
     return conversation
 
 
-def _check_text(text: str) -> None:
+def check_text(text: str) -> None:
     if not isinstance(text, str) or not text.strip():
         raise DomainError("The message is empty; write something to send.")
     if len(text) > settings.CC_MAX_MESSAGE_CHARS:
@@ -115,58 +81,10 @@ def conversation_locked(conversation: Conversation, *, idle: bool = True) -> Con
     time per conversation" is checked in one place.
     """
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-    if idle and Run.objects.filter(conversation=locked, status__in=ACTIVE_STATUSES).exists():
+    # Through the reverse relation: runs are a layer above this app, which never imports them.
+    if idle and locked.runs.active().exists():
         raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
     return locked
-
-
-def message_send(*, conversation: Conversation, text: str) -> MessageSent:
-    """Append a user message under the tip, move the tip, and queue the turn after commit.
-
-    A message starting with '/' is a slash command (CH-10): it runs its service and
-    starts no run; it is not stored as a message.
-    """
-    _check_text(text)
-    if commands.is_command(text):
-        return MessageSent(None, None, command_run(conversation=conversation, text=text))
-    with transaction.atomic():
-        locked = conversation_locked(conversation)
-        message = Message.objects.create(
-            conversation=locked,
-            parent_id=locked.tip_id,
-            role=Message.Role.USER,
-            content=[{"type": "text", "text": text}],
-        )
-        if locked.title == "New conversation" and locked.tip_id is None:
-            locked.title = text.strip().splitlines()[0][:80]
-        locked.tip = message
-        locked.save(update_fields=["tip", "title", "updated_at"])
-        run = run_start(conversation=locked, trigger=message)
-    conversation.refresh_from_db()
-    return MessageSent(message, run)
-
-
-def message_edit(*, conversation: Conversation, message_id: int, text: str) -> MessageSent:
-    """Edit a prompt and re-run: a sibling under the same parent, so both answers stay reachable (CH-7)."""
-    _check_text(text)
-    if commands.is_command(text):
-        raise DomainError("An edited prompt cannot be a slash command; send the command as a new message.")
-    original = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
-    if original.role != Message.Role.USER or transcript.tool_result_ids(selectors.as_plain(original)):
-        raise DomainError(f"Message {message_id} is not a prompt you wrote; only your own prompts can be edited.")
-    with transaction.atomic():
-        locked = conversation_locked(conversation)
-        message = Message.objects.create(
-            conversation=locked,
-            parent_id=original.parent_id,
-            role=Message.Role.USER,
-            content=[{"type": "text", "text": text}],
-        )
-        locked.tip = message
-        locked.save(update_fields=["tip", "updated_at"])
-        run = run_start(conversation=locked, trigger=message)
-    conversation.refresh_from_db()
-    return MessageSent(message, run)
 
 
 def conversation_branch(*, conversation: Conversation, message_id: int) -> Conversation:
@@ -331,153 +249,11 @@ def conversation_compact(
         steps=[step.as_dict() for step in result.steps],
         replaced=result.replaced,
         trigger=trigger,
-        view=_sendable(result.messages),
+        view=sendable(result.messages),
     )
     return compaction, result
 
 
-def _sendable(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def sendable(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as a provider takes them: role and content only (the ladder keeps database ids)."""
     return [{"role": message["role"], "content": message["content"]} for message in messages]
-
-
-@dataclass(frozen=True)
-class TurnContext:
-    """The history a turn sends, and the compaction that produced it, if one ran now."""
-
-    messages: list[dict[str, Any]]
-    compaction: Compaction | None
-
-
-def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = None) -> TurnContext:
-    """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
-
-    Compaction runs proactively (CH-2) when the history and `overhead_tokens` (system and
-    tools) pass CC_COMPACT_AT_PERCENT of the context window, down to CC_COMPACT_TO_PERCENT,
-    with the rungs that need no model call. Its view is stored and reused by later turns,
-    so a pass is one rewrite, not a different prefix at every turn.
-    """
-    history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
-    window = settings.CC_CONTEXT_WINDOW_TOKENS
-    if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
-        return TurnContext(history, None)
-    target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
-    view, compaction = _compact_view(trigger, history, target, trigger_name="proactive", run=run)  # type: ignore[misc]
-    return TurnContext(view, compaction)
-
-
-def reactive_compaction(
-    *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int, run: Run | None = None
-) -> tuple[list[dict[str, Any]], Compaction] | None:
-    """After the provider refused the prompt as too long (CH-2): one pass, no model call; None if it cannot fit."""
-    return _compact_view(trigger, history, limit_tokens, trigger_name="reactive", must_fit=True, run=run)
-
-
-# Overflow recovery never depends on a model call (CH-2): snapshots are always available.
-NO_CALL_RUNGS = ("elide", "drop_images", "snapshot")
-
-
-def _compact_view(
-    trigger: Message,
-    history: list[dict[str, Any]],
-    target: int,
-    *,
-    trigger_name: str,
-    must_fit: bool = False,
-    run: Run | None = None,
-) -> tuple[list[dict[str, Any]], Compaction] | None:
-    result = ladder.compact(
-        history, rungs=NO_CALL_RUNGS, target_tokens=target, tail_tokens=settings.CC_COMPACT_TAIL_TOKENS
-    )
-    if must_fit and result.tokens_after > target:
-        return None
-    view = _sendable(result.messages)
-    compaction = Compaction.objects.create(
-        conversation_id=trigger.conversation_id,
-        tip=trigger,
-        rung=result.rung,
-        tokens_before=result.tokens_before,
-        tokens_after=result.tokens_after,
-        steps=[step.as_dict() for step in result.steps],
-        replaced=result.replaced,
-        trigger=trigger_name,
-        view=view,
-        run=run,
-    )
-    return view, compaction
-
-
-def conversation_retry(*, conversation: Conversation) -> Run:
-    """Re-run the unanswered prompt at the tip (CH-5).
-
-    The transcript is persisted at every turn boundary, so the database tells the
-    two empty cases apart: "nothing loaded" (no transcript at all) is not "nothing
-    to retry" (the last turn finished).
-    """
-    with transaction.atomic():
-        locked = conversation_locked(conversation)
-        if locked.tip_id is None:
-            raise NothingLoaded(
-                f"Conversation {locked.pk} has no persisted transcript; there is nothing loaded to retry."
-            )
-        tip = locked.tip
-        if tip.role == Message.Role.ASSISTANT:
-            raise NothingToRetry(f"The last turn finished (message {tip.pk} is its answer); there is nothing to retry.")
-        return run_start(conversation=locked, trigger=tip)
-
-
-def command_run(*, conversation: Conversation, text: str) -> CommandResult:
-    """Parse a slash command and dispatch it to its service (CH-10); bad input changes nothing."""
-    try:
-        command = commands.parse(text)
-    except commands.CommandError as exc:
-        raise DomainError(str(exc)) from None
-    name = command.name
-    if name in ("compact", "shake"):
-        # The web process never calls a model (RN-1), so /compact climbs the free rungs and snapshots.
-        rungs = ladder.FREE_RUNGS if name == "shake" else ("elide", "drop_images", "snapshot")
-        compaction, _ = conversation_compact(conversation=conversation, rungs=rungs)
-        return CommandResult(
-            name,
-            f"/{name}: {compaction.tokens_before} -> {compaction.tokens_after} tokens (rung: {compaction.rung}).",
-            compaction_dict(compaction),
-        )
-    if name == "context":
-        view = selectors.conversation_context(conversation=conversation)
-        return CommandResult(name, f"{view['used_tokens']} of {view['window_tokens']} tokens used.", view)
-    if name == "tree":
-        tree = selectors.message_tree(conversation=conversation)
-        return CommandResult(name, f"{len(tree['messages'])} messages; the tip is {tree['tip']}.", tree)
-    if name == "branch":
-        conversation_branch(conversation=conversation, message_id=command.message_id)
-        return CommandResult(name, f"The tip is now message {conversation.tip_id}.", {"tip": conversation.tip_id})
-    if name == "fork":
-        fork = conversation_fork(conversation=conversation)
-        return CommandResult(
-            name, f"Forked into conversation {fork.pk}.", {"conversation": fork.pk, "tip": fork.tip_id}
-        )
-    if name == "checkpoint":
-        checkpoint = checkpoint_create(conversation=conversation, label=command.label)
-        return CommandResult(
-            name,
-            f"Checkpoint {checkpoint.label!r} at message {checkpoint.message_id}.",
-            {"label": checkpoint.label, "message": checkpoint.message_id},
-        )
-    record = conversation_rewind(conversation=conversation, label=command.label)
-    return CommandResult(
-        name,
-        f"Rewound to {record.label!r} (message {record.target_id}); the explored path is kept.",
-        {"label": record.label, "tip": record.target_id, "digest": record.digest},
-    )
-
-
-def compaction_dict(compaction: Compaction) -> dict[str, Any]:
-    return {
-        "id": compaction.pk,
-        "rung": compaction.rung,
-        "tokens_before": compaction.tokens_before,
-        "tokens_after": compaction.tokens_after,
-        "steps": compaction.steps,
-        "replaced": compaction.replaced,
-        "trigger": compaction.trigger,
-    }

@@ -5,12 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.generics import get_object_or_404
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.selectors import runs_for_user
 from controlcenter.errors import DomainError, NotFound
 from engine.scratchpad.read_tool import run_read
 from scratchpad import selectors, services
@@ -25,14 +23,6 @@ def _entry_for(request: Request, entry_id: str) -> Entry:
     if entry is None:
         raise NotFound(f"Scratchpad entry {entry_id} does not exist.")
     return entry
-
-
-class RunEntriesApi(APIView):
-    @extend_schema(responses=EntrySerializer(many=True))
-    def get(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(runs_for_user(user=request.user), pk=run_id)
-        entries = services.list_for_turn(turn_id=str(run.pk))
-        return Response(EntrySerializer(entries, many=True).data)
 
 
 class EntryDetailApi(APIView):

@@ -5,7 +5,6 @@ from django.urls import path
 from scratchpad import api
 
 urlpatterns = [
-    path("runs/<int:run_id>/entries/", api.RunEntriesApi.as_view(), name="api-scratchpad-run-entries"),
     path("entries/<str:entry_id>/", api.EntryDetailApi.as_view(), name="api-scratchpad-entry"),
     path("entries/<str:entry_id>/read/", api.EntryReadApi.as_view(), name="api-scratchpad-entry-read"),
     path("entries/<str:entry_id>/pin/", api.EntryPinApi.as_view(), name="api-scratchpad-entry-pin"),

@@ -6,9 +6,10 @@ import time
 
 import pytest
 
+from agents.chat import message_send
 from agents.models import ModelRequest, Run
 from agents.services import run_execute
-from conversations.services import conversation_create, message_send
+from conversations.services import conversation_create
 
 
 @pytest.mark.django_db(transaction=True)

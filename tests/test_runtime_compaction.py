@@ -6,10 +6,12 @@ import json
 
 import pytest
 
+from agents.chat import message_send
 from agents.models import ModelRequest, Run, RunEvent
-from agents.services import _reactive_compaction, run_execute
+from agents.services import run_execute
+from agents.turns import reactive_compaction_hook as _reactive_compaction
 from conversations.models import Compaction, Conversation, Message
-from conversations.services import conversation_create, message_send
+from conversations.services import conversation_create
 from engine.loop import run_turn
 from engine.providers.emulator import Emulator
 from engine.providers.inprocess import EmulatorProvider

@@ -580,7 +580,7 @@ def test_children_get_the_parent_runs_mode_so_a_tool_it_denies_is_not_theirs_eit
 @pytest.mark.django_db
 @pytest.mark.req("TD-8")
 def test_a_mode_that_denies_spawn_agents_never_offers_it(alice):
-    from agents.services import turn_toolboxes
+    from agents.turns import turn_toolboxes
 
     conversation = Conversation.objects.create(owner=alice, title="no fan-out")
     solo = Mode.objects.create(name="solo", allow=["*"], deny=[SPAWN_AGENTS])

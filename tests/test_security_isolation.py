@@ -177,7 +177,7 @@ def bobs_world(bob, settings, tmp_path):
     entry = scratchpad_services.put(
         turn_id=str(run.pk), run_id=run.pk, conversation_id=conversation.pk, content="bob secret " * 1000
     )
-    bob_tools = WorkspaceToolBox(workspace_root(conversation.pk), conversation_id=conversation.pk)
+    bob_tools = WorkspaceToolBox(workspace_root(conversation.pk), conversation_id=conversation.pk, user_id=bob.pk)
     assert bob_tools.execute("save_memory", {"content": "bob's password hint is zebra"})["ok"]
     todo = bob_tools.execute("todo_add", {"items": [{"content": "bob todo"}]})
     (workspace_root(conversation.pk) / "bob.txt").write_text("bob file")
@@ -231,11 +231,11 @@ def test_alice_cannot_watch_bobs_runs_or_conversations_over_websockets(alice, bo
 def test_alices_tools_never_see_bobs_memories_todos_or_files(alice, bobs_world):
     before = _snapshot()
     mine = Conversation.objects.create(owner=alice, title="alice")
-    alice_tools = WorkspaceToolBox(workspace_root(mine.pk), conversation_id=mine.pk)
+    alice_tools = WorkspaceToolBox(workspace_root(mine.pk), conversation_id=mine.pk, user_id=alice.pk)
     assert alice_tools.execute("search_memory", {"query": "password hint zebra"})["memories"] == []
     bob_id = bobs_world["conversation"].owner_id
     bob_tools = WorkspaceToolBox(
-        workspace_root(bobs_world["conversation"].pk), conversation_id=bobs_world["conversation"].pk
+        workspace_root(bobs_world["conversation"].pk), conversation_id=bobs_world["conversation"].pk, user_id=bob_id
     )
     assert bob_tools.execute("search_memory", {"query": "password hint zebra"})["count"] == 1  # it is there
     update = alice_tools.execute("todo_update", {"id": bobs_world["todo_id"], "status": "completed"})

@@ -8,10 +8,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 
+from agents.chat import message_send
 from agents.models import ModelRequest
-from agents.services import SYSTEM_PROMPT, run_execute
+from agents.services import run_execute
+from agents.turns import SYSTEM_PROMPT
 from conversations.models import Message
-from conversations.services import conversation_create, message_send
+from conversations.services import conversation_create
 from engine.loop import run_turn
 from engine.providers.offline import OfflineProvider
 from engine.request import text_block

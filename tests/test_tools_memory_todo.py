@@ -17,13 +17,13 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def alice_box(alice, tmp_path):
     conversation = Conversation.objects.create(owner=alice, title="a")
-    return WorkspaceToolBox(tmp_path / "a", conversation_id=conversation.pk)
+    return WorkspaceToolBox(tmp_path / "a", conversation_id=conversation.pk, user_id=alice.pk)
 
 
 @pytest.fixture
 def bob_box(bob, tmp_path):
     conversation = Conversation.objects.create(owner=bob, title="b")
-    return WorkspaceToolBox(tmp_path / "b", conversation_id=conversation.pk)
+    return WorkspaceToolBox(tmp_path / "b", conversation_id=conversation.pk, user_id=bob.pk)
 
 
 @pytest.mark.req("RN-5")
@@ -111,7 +111,9 @@ def test_the_task_list_adds_updates_and_filters_items(alice_box):
 @pytest.mark.req("RN-5")
 def test_task_lists_are_per_conversation_and_ids_do_not_cross(alice, alice_box, bob_box, tmp_path):
     item_id = alice_box.execute("todo_add", {"items": [{"content": "Alice's item"}]})["added"][0]
-    other = WorkspaceToolBox(tmp_path / "c", conversation_id=Conversation.objects.create(owner=alice, title="c").pk)
+    other = WorkspaceToolBox(
+        tmp_path / "c", conversation_id=Conversation.objects.create(owner=alice, title="c").pk, user_id=alice.pk
+    )
     assert other.execute("todo_list", {})["count"] == 0
     assert bob_box.execute("todo_list", {})["count"] == 0
     refused = bob_box.execute("todo_update", {"id": item_id, "status": "cancelled"})

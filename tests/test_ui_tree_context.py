@@ -7,8 +7,9 @@ import json
 import pytest
 from django.test import Client
 
+from agents import chat, turns
 from agents.models import Run
-from conversations import selectors, services
+from conversations import selectors
 from conversations.models import Checkpoint, Conversation, Message
 from scratchpad.services import put_observation
 from tests.history.conftest import add_turn
@@ -112,7 +113,7 @@ def _offloaded_turn(conversation: Conversation) -> tuple[Run, str]:
 @pytest.mark.req("CH-10")
 def test_composed_context_counts_every_category_from_the_run_code_path(alice, branched, catalog):
     run, entry_id = _offloaded_turn(branched)
-    view = selectors.conversation_context(conversation=branched)
+    view = turns.context_view(conversation=branched)
     by_name = {c["name"]: c["tokens"] for c in view["categories"]}
     assert list(by_name) == [
         "system", "resident_tools", "tool_index", "messages", "tool_results", "scratchpad", "images", "snapshots",
@@ -139,7 +140,7 @@ def test_page_api_and_slash_command_show_the_same_context_figures(alice, alice_a
     _offloaded_turn(branched)
     api = alice_api.get(f"/api/conversations/{branched.pk}/context/").json()
     assert alice_api.get(f"/api/conversations/{branched.pk}/context").json() == api
-    command = services.message_send(conversation=branched, text="/context").command
+    command = chat.message_send(conversation=branched, text="/context").command
     assert command.data == api
     html = _client(alice).get(f"/conversations/{branched.pk}/context/").content.decode()
     assert f'<strong id="used-tokens">{api["used_tokens"]:,}</strong>' in html
@@ -172,7 +173,7 @@ def test_conversation_page_links_the_tree_and_the_context_view(alice, branched):
 
 def test_context_of_an_empty_conversation_is_the_fixed_prefix_only(alice):
     conversation = Conversation.objects.create(owner=alice, title="empty")
-    view = selectors.conversation_context(conversation=conversation)
+    view = turns.context_view(conversation=conversation)
     by_name = {c["name"]: c["tokens"] for c in view["categories"]}
     assert by_name["messages"] == by_name["tool_results"] == by_name["scratchpad"] == 0
     assert by_name["system"] > 0 and view["scratchpad"] == [] and view["turn"]["run"] is None

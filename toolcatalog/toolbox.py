@@ -66,6 +66,7 @@ def run_toolbox(
     *,
     workspace: Path,
     conversation_id: int | None = None,
+    user_id: int | None = None,
     mode: Any = None,
     deferral: bool | None = None,
     approve: ApprovalGate = operator_approved,
@@ -84,6 +85,6 @@ def run_toolbox(
     return CatalogToolBox(
         surface=surface,
         index=run_index,
-        executor=builtin_executor(workspace, conversation_id),
+        executor=builtin_executor(workspace, conversation_id, user_id),
         approve=approve,
     )

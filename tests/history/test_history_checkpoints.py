@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from agents import chat
 from agents.models import Run
-from agents.services import _turn_history, run_execute
+from agents.services import run_execute
+from agents.turns import turn_history as _turn_history
 from controlcenter.errors import DomainError
 from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
@@ -74,7 +76,7 @@ def test_a_checkpoint_whose_target_was_cut_away_is_dropped_never_moved(explored)
 @pytest.mark.req("CH-9")
 def test_checkpoint_only_at_a_clean_turn_boundary(explored):
     # The tip is a prompt still waiting for its answer.
-    services.message_send(conversation=explored, text="One more thing.")
+    chat.message_send(conversation=explored, text="One more thing.")
     with pytest.raises(DomainError):
         services.checkpoint_create(conversation=explored, label="mid")
     tool_result = selectors.current_path(explored)[4]
@@ -123,7 +125,7 @@ def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests
     explored_tip = explored.tip_id
     services.conversation_rewind(conversation=explored, label="before-refactor")
 
-    _, run = services.message_send(conversation=explored, text="Try an adapter instead.")
+    _, run = chat.message_send(conversation=explored, text="Try an adapter instead.")
     # The history the run sends, built by the runtime's own turn-building code.
     sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
     assert sent[: len(at_checkpoint)] == at_checkpoint  # nothing before the checkpoint was rewritten
@@ -139,13 +141,13 @@ def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
     explored.refresh_from_db()
-    _, second = services.message_send(conversation=explored, text="Go on.")
+    _, second = chat.message_send(conversation=explored, text="Go on.")
     later = _turn_history(second, overhead_tokens=0, emit=lambda kind, payload: None)
     assert later[: len(sent)] == sent and len(later) == len(sent) + 2
 
     # /context and the export show the note where the model reads it; the stored prompt is unchanged.
     prompt_id = Message.objects.get(conversation=explored, content=[prompt]).pk
-    context = services.command_run(conversation=explored, text="/context").data
+    context = chat.command_run(conversation=explored, text="/context").data
     assert [(n["message"], n["text"]) for n in context["rewind_notes"]] == [(prompt_id, note["text"])]
     exported = selectors.conversation_export(conversation=explored, kind="json")
     (carrier,) = [m for m in exported["messages"] if m.get("rewind_notes")]
@@ -162,8 +164,8 @@ def test_a_compaction_at_the_checkpoint_keeps_the_rewind_note_of_the_prompt_afte
     services.checkpoint_create(conversation=explored, label="cp")
     add_turn(explored, "Try the risky idea.", "It broke the build.")
     services.conversation_rewind(conversation=explored, label="cp")
-    services.command_run(conversation=explored, text="/shake")  # a compaction view whose tip is the checkpoint
-    _, run = services.message_send(conversation=explored, text="Do the safe thing.")
+    chat.command_run(conversation=explored, text="/shake")  # a compaction view whose tip is the checkpoint
+    _, run = chat.message_send(conversation=explored, text="Do the safe thing.")
     sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
     note, prompt = sent[-1]["content"]
     assert prompt["text"] == "Do the safe thing." and '"Try the risky idea."' in note["text"]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from agents import chat
 from agents.models import Run
 from controlcenter.errors import DomainError
-from conversations import commands, selectors, services
+from conversations import commands, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 from tests.history.conftest import add_turn
 
@@ -58,7 +59,7 @@ def test_parser_errors_are_clear_and_list_the_valid_forms(text, message):
 @pytest.mark.req("CH-10")
 def test_a_slash_message_runs_its_service_instead_of_starting_a_run(explored):
     messages, runs = Message.objects.count(), Run.objects.count()
-    sent = services.message_send(conversation=explored, text="/checkpoint listed")
+    sent = chat.message_send(conversation=explored, text="/checkpoint listed")
     assert sent.message is None and sent.run is None
     assert sent.command.command == "checkpoint" and sent.command.data == {"label": "listed", "message": explored.tip_id}
     assert Checkpoint.objects.get().label == "listed"
@@ -70,7 +71,7 @@ def test_a_slash_message_runs_its_service_instead_of_starting_a_run(explored):
 def test_unknown_command_changes_nothing_and_starts_no_run(explored):
     messages, tip = Message.objects.count(), explored.tip_id
     with pytest.raises(DomainError, match="Unknown command /rewnid"):
-        services.message_send(conversation=explored, text="/rewnid start")
+        chat.message_send(conversation=explored, text="/rewnid start")
     explored.refresh_from_db()
     assert Message.objects.count() == messages and explored.tip_id == tip and not Run.objects.exists()
 
@@ -81,7 +82,7 @@ def test_every_command_dispatches_to_its_service(explored, settings):
     settings.CC_COMPACT_TAIL_TOKENS = 256
     add_turn(explored, "Read it.", "Read.", tools=[("read_file", {"ok": True, "text": "z " * 4000})])
     add_turn(explored, "Again.", "Done.")
-    send = lambda text: services.message_send(conversation=explored, text=text).command  # noqa: E731
+    send = lambda text: chat.message_send(conversation=explored, text=text).command  # noqa: E731
 
     shake = send("/shake")
     assert [s["rung"] for s in shake.data["steps"]] == ["elide", "drop_images"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from agents import chat
 from agents.models import Run
 from agents.services import run_execute
 from controlcenter.errors import Conflict
-from conversations import selectors, services
+from conversations import selectors
 from conversations.models import Message
 
 pytestmark = pytest.mark.django_db
@@ -15,11 +16,11 @@ pytestmark = pytest.mark.django_db
 
 @pytest.mark.req("CH-5")
 def test_retry_tells_nothing_to_retry_from_nothing_loaded(conversation, explored):
-    with pytest.raises(services.NothingToRetry, match="nothing to retry") as finished:
-        services.conversation_retry(conversation=explored)
+    with pytest.raises(chat.NothingToRetry, match="nothing to retry") as finished:
+        chat.conversation_retry(conversation=explored)
     empty = type(conversation).objects.create(owner=conversation.owner, title="Empty")
-    with pytest.raises(services.NothingLoaded, match="no persisted transcript") as unloaded:
-        services.conversation_retry(conversation=empty)
+    with pytest.raises(chat.NothingLoaded, match="no persisted transcript") as unloaded:
+        chat.conversation_retry(conversation=empty)
     assert finished.value.code == "nothing_to_retry" != unloaded.value.code == "nothing_loaded"
     assert not Run.objects.exists()
 
@@ -29,7 +30,7 @@ def test_a_failed_turn_leaves_the_previous_turn_and_retry_reruns_its_prompt(expl
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("the workspace cannot be created here")
     settings.CC_WORKSPACE_ROOT = blocker
-    sent = services.message_send(conversation=explored, text="List the files in the workspace.")
+    sent = chat.message_send(conversation=explored, text="List the files in the workspace.")
     stored = list(Message.objects.values_list("id", flat=True))
 
     run_execute(run_id=sent.run.pk, worker="test-worker")
@@ -41,7 +42,7 @@ def test_a_failed_turn_leaves_the_previous_turn_and_retry_reruns_its_prompt(expl
     assert explored.tip_id == sent.message.pk
 
     settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
-    retry = services.conversation_retry(conversation=explored)
+    retry = chat.conversation_retry(conversation=explored)
     assert retry.trigger_id == sent.message.pk and retry.status == Run.Status.QUEUED
     run_execute(run_id=retry.pk, worker="test-worker")
 
@@ -51,13 +52,13 @@ def test_a_failed_turn_leaves_the_previous_turn_and_retry_reruns_its_prompt(expl
     assert turn[0].pk == sent.message.pk
     assert turn[1].content[-1]["type"] == "tool_use"
     assert turn[2].content[0]["tool_use_id"] == turn[1].content[-1]["id"]
-    with pytest.raises(services.NothingToRetry):
-        services.conversation_retry(conversation=explored)
+    with pytest.raises(chat.NothingToRetry):
+        chat.conversation_retry(conversation=explored)
 
 
 @pytest.mark.req("CH-5")
 def test_retry_while_a_run_is_in_progress_is_a_conflict(explored):
-    services.message_send(conversation=explored, text="Go on.")
+    chat.message_send(conversation=explored, text="Go on.")
     with pytest.raises(Conflict, match="still in progress"):
-        services.conversation_retry(conversation=explored)
+        chat.conversation_retry(conversation=explored)
     assert Run.objects.count() == 1

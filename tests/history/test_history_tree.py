@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from agents import chat
 from agents.models import Run
 from controlcenter.errors import Conflict, DomainError
 from conversations import selectors, services
@@ -57,7 +58,7 @@ def test_going_back_after_a_branch_is_another_pointer_move(explored):
 def test_edit_and_rerun_keeps_the_answer_being_compared_against(explored):
     path = selectors.current_path(explored)
     prompt, old_answer = path[2], path[-1]
-    sent = services.message_edit(conversation=explored, message_id=prompt.pk, text="List only the Python files.")
+    sent = chat.message_edit(conversation=explored, message_id=prompt.pk, text="List only the Python files.")
     assert sent.message.parent_id == prompt.parent_id and sent.message.pk != prompt.pk
     assert sent.run.trigger_id == sent.message.pk and sent.run.status == Run.Status.QUEUED
     assert explored.tip_id == sent.message.pk
@@ -76,7 +77,7 @@ def test_edit_refuses_a_tool_result_or_an_answer_and_stores_nothing(explored):
     count = Message.objects.count()
     for target in (tool_result, answer):
         with pytest.raises(DomainError, match="not a prompt you wrote"):
-            services.message_edit(conversation=explored, message_id=target.pk, text="x")
+            chat.message_edit(conversation=explored, message_id=target.pk, text="x")
     assert Message.objects.count() == count and not Run.objects.exists()
 
 
@@ -147,9 +148,9 @@ def test_fork_of_an_empty_conversation_is_refused(conversation):
 @pytest.mark.req("CH-7")
 def test_edit_while_a_run_is_in_progress_is_a_conflict(explored):
     prompt = selectors.current_path(explored)[2]
-    services.message_edit(conversation=explored, message_id=prompt.pk, text="again")
+    chat.message_edit(conversation=explored, message_id=prompt.pk, text="again")
     with pytest.raises(Conflict):
-        services.message_edit(conversation=explored, message_id=prompt.pk, text="and again")
+        chat.message_edit(conversation=explored, message_id=prompt.pk, text="and again")
     assert Message.objects.filter(parent_id=prompt.parent_id).count() == 2
 
 

@@ -60,18 +60,10 @@ class ToolContext:
         return path.relative_to(self.root).as_posix() or "."
 
     def owner_id(self) -> int:
-        """The user whose memories and task list this call touches."""
-        if self.user_id is not None:
-            return self.user_id
-        if self.conversation_id is not None:
-            from conversations.models import Conversation
-
-            owner = Conversation.objects.filter(pk=self.conversation_id).values_list("owner_id", flat=True).first()
-            if owner is None:
-                raise ToolFailure(f"Conversation {self.conversation_id} does not exist any more.")
-            self.user_id = owner
-            return owner
-        raise ToolFailure("This tool needs a conversation or a user; the toolbox was built with neither.")
+        """The user whose memories and task list this call touches (the toolbox builder sets it)."""
+        if self.user_id is None:
+            raise ToolFailure("This tool needs a conversation or a user; the toolbox was built with neither.")
+        return self.user_id
 
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Observation]

@@ -1,0 +1,212 @@
+"""What a person does in a conversation that starts runs: send, edit, retry, slash commands (CH-5..CH-10).
+
+The message tree itself is `conversations`; this module adds the run that answers a
+prompt, in the same transaction that moves the tip, so a message is never stored
+without its run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.functions import Cast
+
+from agents.models import Run
+from agents.services import run_start
+from agents.turns import context_view
+from controlcenter.errors import Conflict, DomainError
+from conversations import commands, selectors
+from conversations.models import Compaction, Conversation, Message
+from conversations.services import (
+    check_text,
+    checkpoint_create,
+    conversation_branch,
+    conversation_compact,
+    conversation_fork,
+    conversation_locked,
+    conversation_rewind,
+)
+from engine.context import ladder, transcript
+
+
+class NothingToRetry(Conflict):
+    code = "nothing_to_retry"
+
+
+class NothingLoaded(Conflict):
+    code = "nothing_loaded"
+
+
+@dataclass
+class CommandResult:
+    """What a slash command did, in a shape the API and the UI can show."""
+
+    command: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "detail": self.detail, "data": self.data}
+
+
+@dataclass
+class MessageSent:
+    message: Message | None
+    run: Run | None
+    command: CommandResult | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # Unpacks as (message, run), so callers written before slash commands keep working.
+        return iter((self.message, self.run))
+
+
+def message_send(*, conversation: Conversation, text: str) -> MessageSent:
+    """Append a user message under the tip, move the tip, and queue the turn after commit.
+
+    A message starting with '/' is a slash command (CH-10): it runs its service and
+    starts no run; it is not stored as a message.
+    """
+    check_text(text)
+    if commands.is_command(text):
+        return MessageSent(None, None, command_run(conversation=conversation, text=text))
+    with transaction.atomic():
+        locked = conversation_locked(conversation)
+        message = Message.objects.create(
+            conversation=locked,
+            parent_id=locked.tip_id,
+            role=Message.Role.USER,
+            content=[{"type": "text", "text": text}],
+        )
+        if locked.title == "New conversation" and locked.tip_id is None:
+            locked.title = text.strip().splitlines()[0][:80]
+        locked.tip = message
+        locked.save(update_fields=["tip", "title", "updated_at"])
+        run = run_start(conversation=locked, trigger=message)
+    conversation.refresh_from_db()
+    return MessageSent(message, run)
+
+
+def message_edit(*, conversation: Conversation, message_id: int, text: str) -> MessageSent:
+    """Edit a prompt and re-run: a sibling under the same parent, so both answers stay reachable (CH-7)."""
+    check_text(text)
+    if commands.is_command(text):
+        raise DomainError("An edited prompt cannot be a slash command; send the command as a new message.")
+    original = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
+    if original.role != Message.Role.USER or transcript.tool_result_ids(selectors.as_plain(original)):
+        raise DomainError(f"Message {message_id} is not a prompt you wrote; only your own prompts can be edited.")
+    with transaction.atomic():
+        locked = conversation_locked(conversation)
+        message = Message.objects.create(
+            conversation=locked,
+            parent_id=original.parent_id,
+            role=Message.Role.USER,
+            content=[{"type": "text", "text": text}],
+        )
+        locked.tip = message
+        locked.save(update_fields=["tip", "updated_at"])
+        run = run_start(conversation=locked, trigger=message)
+    conversation.refresh_from_db()
+    return MessageSent(message, run)
+
+
+def conversation_retry(*, conversation: Conversation) -> Run:
+    """Re-run the unanswered prompt at the tip (CH-5).
+
+    The transcript is persisted at every turn boundary, so the database tells the
+    two empty cases apart: "nothing loaded" (no transcript at all) is not "nothing
+    to retry" (the last turn finished).
+    """
+    with transaction.atomic():
+        locked = conversation_locked(conversation)
+        if locked.tip_id is None:
+            raise NothingLoaded(
+                f"Conversation {locked.pk} has no persisted transcript; there is nothing loaded to retry."
+            )
+        tip = locked.tip
+        if tip.role == Message.Role.ASSISTANT:
+            raise NothingToRetry(f"The last turn finished (message {tip.pk} is its answer); there is nothing to retry.")
+        return run_start(conversation=locked, trigger=tip)
+
+
+def command_run(*, conversation: Conversation, text: str) -> CommandResult:
+    """Parse a slash command and dispatch it to its service (CH-10); bad input changes nothing."""
+    try:
+        command = commands.parse(text)
+    except commands.CommandError as exc:
+        raise DomainError(str(exc)) from None
+    name = command.name
+    if name in ("compact", "shake"):
+        # The web process never calls a model (RN-1), so /compact climbs the free rungs and snapshots.
+        rungs = ladder.FREE_RUNGS if name == "shake" else ("elide", "drop_images", "snapshot")
+        compaction, _ = conversation_compact(conversation=conversation, rungs=rungs)
+        return CommandResult(
+            name,
+            f"/{name}: {compaction.tokens_before} -> {compaction.tokens_after} tokens (rung: {compaction.rung}).",
+            compaction_dict(compaction),
+        )
+    if name == "context":
+        view = context_view(conversation=conversation)
+        return CommandResult(name, f"{view['used_tokens']} of {view['window_tokens']} tokens used.", view)
+    if name == "tree":
+        tree = selectors.message_tree(conversation=conversation)
+        return CommandResult(name, f"{len(tree['messages'])} messages; the tip is {tree['tip']}.", tree)
+    if name == "branch":
+        conversation_branch(conversation=conversation, message_id=command.message_id)
+        return CommandResult(name, f"The tip is now message {conversation.tip_id}.", {"tip": conversation.tip_id})
+    if name == "fork":
+        fork = conversation_fork(conversation=conversation)
+        return CommandResult(
+            name, f"Forked into conversation {fork.pk}.", {"conversation": fork.pk, "tip": fork.tip_id}
+        )
+    if name == "checkpoint":
+        checkpoint = checkpoint_create(conversation=conversation, label=command.label)
+        return CommandResult(
+            name,
+            f"Checkpoint {checkpoint.label!r} at message {checkpoint.message_id}.",
+            {"label": checkpoint.label, "message": checkpoint.message_id},
+        )
+    record = conversation_rewind(conversation=conversation, label=command.label)
+    return CommandResult(
+        name,
+        f"Rewound to {record.label!r} (message {record.target_id}); the explored path is kept.",
+        {"label": record.label, "tip": record.target_id, "digest": record.digest},
+    )
+
+
+def compaction_dict(compaction: Compaction) -> dict[str, Any]:
+    return {
+        "id": compaction.pk,
+        "rung": compaction.rung,
+        "tokens_before": compaction.tokens_before,
+        "tokens_after": compaction.tokens_after,
+        "steps": compaction.steps,
+        "replaced": compaction.replaced,
+        "trigger": compaction.trigger,
+    }
+
+
+def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
+    """The user's conversations, most recently active first, each with its message count and
+    its latest run; `search` matches titles and the text of the user's own messages."""
+    latest_run = Run.objects.filter(conversation=OuterRef("pk")).order_by("-id")
+    queryset = Conversation.objects.filter(owner=user)
+    if search:
+        # The stored JSON as text: portable across PostgreSQL and SQLite, and a person's
+        # conversations are few enough that a scan is fine.
+        matching = (
+            Message.objects.filter(conversation__owner=user, role=Message.Role.USER)
+            .annotate(as_text=Cast("content", TextField()))
+            .filter(as_text__icontains=search)
+            .values("conversation_id")
+        )
+        queryset = queryset.filter(Q(title__icontains=search) | Q(pk__in=matching))
+    return queryset.annotate(
+        message_count=Count("messages"),
+        last_run_id=Subquery(latest_run.values("id")[:1]),
+        last_run_status=Subquery(latest_run.values("status")[:1]),
+    ).order_by("-updated_at")

@@ -1,0 +1,247 @@
+"""What a turn sends: the one module that assembles a request's parts (TD-15).
+
+Runs, subagents and the Context view all call it: the system blocks (prompt and the
+deferred-name index), the toolbox stack the loop talks to, and the history from the
+conversation's path (the latest compaction view plus what came after, compacted
+proactively when it crosses the threshold, then pruned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from agents import approvals
+from agents.models import Run
+from agents.subagents import SPAWN_AGENTS, SpawningToolBox
+from conversations import export, selectors
+from conversations.models import Compaction, Conversation, Message
+from conversations.services import sendable
+from engine.catalog.toolbox import CatalogToolBox
+from engine.context import ladder, transcript
+from engine.loop import ReactiveCompaction
+from engine.providers.protocol import PromptTooLong
+from engine.pruning import PruneResult, prune_stale_tool_output
+from engine.request import ModelRequestSpec, text_block
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
+from scratchpad.selectors import entries_visible_to_turn
+from scratchpad.store import turn_toolbox
+from toolcatalog.models import Mode
+from toolcatalog.selectors import surface_context
+from toolcatalog.toolbox import run_toolbox
+from toolcatalog.workspace import workspace_root
+
+SYSTEM_PROMPT = (
+    "You are an agent running in Control Center. Work in the conversation's workspace with the tools "
+    "you are given; say plainly what you did and what you found."
+)
+
+
+# A run in one of these holds the conversation: no new message or retry until it ends.
+def turn_system(catalog: CatalogToolBox) -> list[dict[str, Any]]:
+    """The system blocks: the prompt, then the deferred-name index (TD-2)."""
+    return [text_block(SYSTEM_PROMPT), *catalog.surface.system_blocks()]
+
+
+def turn_pruned(messages: list[dict[str, Any]]) -> PruneResult:
+    """Stale tool output pruned in rare deep rewrites; between them requests only append (TD-12)."""
+    return prune_stale_tool_output(
+        messages, keep_turns=settings.CC_PRUNE_KEEP_TURNS, min_tokens=settings.CC_PRUNE_MIN_TOKENS
+    )
+
+
+def turn_toolboxes(
+    *, run_id: int, conversation_id: int, mode: Mode | None = None
+) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
+    """The run's catalog toolbox, and the stack the loop talks to, outermost first:
+
+    approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
+    offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
+    catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
+    """
+    catalog = run_toolbox(
+        workspace=workspace_root(conversation_id),
+        conversation_id=conversation_id,
+        user_id=conversation_owner(conversation_id),
+        mode=mode,
+        # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
+        approve=lambda tool, arguments: None,
+    )
+    # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
+    spawning = SpawningToolBox(catalog, run_id=run_id) if catalog.surface.mode.admits(SPAWN_AGENTS) else catalog
+    scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
+    return catalog, approvals.GatedToolBox(scratchpad)
+
+
+def conversation_owner(conversation_id: int) -> int | None:
+    """Whose memories and task list the turn's tools touch."""
+    return Conversation.objects.filter(pk=conversation_id).values_list("owner_id", flat=True).first()
+
+
+@dataclass(frozen=True)
+class TurnContext:
+    """The history a turn sends, and the compaction that produced it, if one ran now."""
+
+    messages: list[dict[str, Any]]
+    compaction: Compaction | None
+
+
+def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = None) -> TurnContext:
+    """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
+
+    Compaction runs proactively (CH-2) when the history and `overhead_tokens` (system and
+    tools) pass CC_COMPACT_AT_PERCENT of the context window, down to CC_COMPACT_TO_PERCENT,
+    with the rungs that need no model call. Its view is stored and reused by later turns,
+    so a pass is one rewrite, not a different prefix at every turn.
+    """
+    history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
+    window = settings.CC_CONTEXT_WINDOW_TOKENS
+    if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
+        return TurnContext(history, None)
+    target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
+    view, compaction = _compact_view(trigger, history, target, trigger_name="proactive", run=run)  # type: ignore[misc]
+    return TurnContext(view, compaction)
+
+
+def reactive_compaction(
+    *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int, run: Run | None = None
+) -> tuple[list[dict[str, Any]], Compaction] | None:
+    """After the provider refused the prompt as too long (CH-2): one pass, no model call; None if it cannot fit."""
+    return _compact_view(trigger, history, limit_tokens, trigger_name="reactive", must_fit=True, run=run)
+
+
+# Overflow recovery never depends on a model call (CH-2): snapshots are always available.
+NO_CALL_RUNGS = NO_CALL_RUNGS = ("elide", "drop_images", "snapshot")
+
+
+def _compact_view(
+    trigger: Message,
+    history: list[dict[str, Any]],
+    target: int,
+    *,
+    trigger_name: str,
+    must_fit: bool = False,
+    run: Run | None = None,
+) -> tuple[list[dict[str, Any]], Compaction] | None:
+    result = ladder.compact(
+        history, rungs=NO_CALL_RUNGS, target_tokens=target, tail_tokens=settings.CC_COMPACT_TAIL_TOKENS
+    )
+    if must_fit and result.tokens_after > target:
+        return None
+    view = sendable(result.messages)
+    compaction = Compaction.objects.create(
+        conversation_id=trigger.conversation_id,
+        tip=trigger,
+        rung=result.rung,
+        tokens_before=result.tokens_before,
+        tokens_after=result.tokens_after,
+        steps=[step.as_dict() for step in result.steps],
+        replaced=result.replaced,
+        trigger=trigger_name,
+        view=view,
+        run=run,
+    )
+    return view, compaction
+
+
+def turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
+    """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
+    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run)
+    if context.compaction is not None:
+        emit("compaction", compaction_event(context.compaction))
+    pruning = turn_pruned(context.messages)
+    if pruning.rewrote_now:
+        emit("context_pruned", {"results_pruned": pruning.results_pruned, "tokens_freed": pruning.tokens_freed})
+    return pruning.messages
+
+
+def compaction_event(compaction: Any) -> dict[str, Any]:
+    return {
+        "trigger": compaction.trigger,
+        "rung": compaction.rung,
+        "tokens_before": compaction.tokens_before,
+        "tokens_after": compaction.tokens_after,
+    }
+
+
+def reactive_compaction_hook(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> ReactiveCompaction:
+    """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2)."""
+
+    def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
+        maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
+        # Room for this turn's own messages, and a margin because the estimate was low once already.
+        limit = int(maximum * 0.9) - estimate_json_tokens(turn)
+        if limit <= 0:
+            return None
+        compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit, run=run)
+        if compacted is None:
+            return None
+        view, compaction = compacted
+        emit("compaction", compaction_event(compaction))
+        return view
+
+    return compact
+
+
+def context_view(*, conversation: Conversation) -> dict[str, Any]:
+    """The Context view (TD-15, CH-10 /context): what the next request of this conversation holds.
+
+    The one composition of the window: the page, `GET /api/conversations/<id>/context`
+    and the `/context` command all call it. The request is built with the parts a run
+    uses (`agents.services.run_execute`, through this module): the system prompt plus the deferred-name index
+    as system blocks, the catalog surface (mode filter, then deferral) wrapped by the
+    scratchpad's turn toolbox for the tool block, and the stored path after the runtime's
+    pruning of stale tool output. The turn is the conversation's latest run, so its live
+    scratchpad entries are the ones `scratchpad_read` would be offered for.
+    """
+    latest_run = Run.objects.filter(conversation=conversation).order_by("-id").first()
+    turn_id = latest_run.pk if latest_run else 0
+    # The very functions run_execute builds its requests with (TD-15).
+    # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
+    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
+    path = selectors.current_path(conversation)
+    pruning = turn_pruned(selectors.view_of_path(conversation_id=conversation.pk, path=path))
+    request = ModelRequestSpec(
+        model=conversation.model or settings.CC_MODEL,
+        system=turn_system(catalog),
+        tools=toolbox.schemas(),
+        messages=pruning.messages,
+    )
+    view = export.context_breakdown(
+        request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS, tool_index_text=catalog.surface.index_text
+    )
+    entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
+    resident_names = {tool.name for tool in catalog.surface.resident}
+    return {
+        "conversation": conversation.pk,
+        "model": request.model,
+        **view,
+        "tools": surface_context(catalog.surface),
+        # Offered beyond the resident set in this request (scratchpad_read while entries are live).
+        "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
+        "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},
+        # Digests of rewound explorations, sent in front of the prompt that followed the rewind (CH-9).
+        "rewind_notes": [
+            {"message": message_id, "text": note, "tokens": estimate_text_tokens(note)}
+            for message_id, notes in selectors.rewind_notes(conversation_id=conversation.pk, path=path).items()
+            for note in notes
+        ],
+        "turn": {"run": latest_run.pk if latest_run else None, "status": latest_run.status if latest_run else None},
+        "scratchpad": [
+            {
+                "id": entry.pk,
+                "tool": entry.executor_name,
+                "step": entry.step_num,
+                "kind": entry.kind,
+                "size_bytes": entry.size_bytes,
+                "lines": entry.line_count,
+                "pinned": entry.pinned,
+                "summary": entry.summary,
+                "expires_at": entry.expires_at.isoformat(),
+            }
+            for entry in entries
+        ],
+    }
