@@ -9,7 +9,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlcenter
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run install test lint bench-turn clean
+.PHONY: run install test test-fast lint bench-turn clean
 
 $(BIN)/controlcenter: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed ($(PYTHON) not found); set PYTHON=..."; exit 1; }
@@ -32,10 +32,19 @@ run: install
 	  $(BIN)/controlcenter serve --host $(HOST) --port $(PORT); \
 	fi
 
-test: install
+# ruff (lint and format) and import-linter (docs/architecture.md's dependency rules).
+lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+test: lint
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \
 	  $(BIN)/python -m pytest -q
+
+# The pure core's tests: no services needed, seconds to run.
+test-fast: install
+	$(BIN)/python -m pytest -q tests/engine
 
 bench-turn: install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python manage.py bench turn --json

@@ -17,6 +17,15 @@ from rest_framework.test import APIClient
 from controlcenter.processes import WorkerProcess, services_env
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    """A real hash costs 0.4 s a user and hundreds of tests create one; no test is about the hash itself.
+
+    Servers started as subprocesses keep the real hashers: they log in the admin they bootstrap.
+    """
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_user(username="alice", password="alice-password-1")
@@ -78,32 +87,51 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def embedded_server(tmp_path):
+def _start_embedded_server(var: Path) -> tuple[subprocess.Popen, str, Path]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     # Keep any PYTHONPATH the caller set (after this tree, which must win).
     pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.update(CC_VAR_DIR=str(tmp_path / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=pythonpath)
+    env.update(CC_VAR_DIR=str(var / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=pythonpath)
     controlcenter = [sys.executable, "-m", "controlcenter.cli"]
     setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert setup.returncode == 0, setup.stderr
     port = _free_port()
-    log = (tmp_path / "server.log").open("wb")
-    server = subprocess.Popen(
-        [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-    )
+    log_path = var / "server.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
+                return server, base, log_path
         except httpx.HTTPError:
             time.sleep(0.2)
-    else:
-        server.kill()
-        pytest.fail((tmp_path / "server.log").read_text())
-    yield base, tmp_path / "server.log"
+    server.kill()
+    pytest.fail(log_path.read_text())
+
+
+def _stop(server: subprocess.Popen) -> None:
     server.terminate()
     server.wait(timeout=10)
-    log.close()
+
+
+@pytest.fixture(scope="session")
+def embedded_server(tmp_path_factory):
+    """One embedded server (SQLite, in-process worker) shared by the tests that only need a server.
+
+    Each such test works in conversations it creates itself. A test that reads the server's log
+    from its start, or needs a fresh database, takes `isolated_embedded_server` instead.
+    """
+    server, base, log_path = _start_embedded_server(tmp_path_factory.mktemp("embedded"))
+    yield base, log_path
+    _stop(server)
+
+
+@pytest.fixture
+def isolated_embedded_server(tmp_path):
+    server, base, log_path = _start_embedded_server(tmp_path)
+    yield base, log_path
+    _stop(server)

@@ -1,0 +1,106 @@
+"""The console script's shape and the settings refusing a bad environment at start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlcenter.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_serve_and_worker_accept_tool_deferral_on_or_off():
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--tool-deferral=off"]).tool_deferral == "off"
+    assert parser.parse_args(["worker", "--tool-deferral", "on"]).tool_deferral == "on"
+    assert parser.parse_args(["serve"]).tool_deferral is None
+
+
+def test_tool_deferral_refuses_other_values(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tool-deferral=maybe"])
+    assert "must be 'on' or 'off'" in capsys.readouterr().err
+
+
+def test_manage_passthrough_runs_a_django_command():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "controlcenter.cli", "manage", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("CC_PROVIDER", "gemini", "CC_PROVIDER='gemini' is not one of"),
+        ("CC_SERVER_TOOL_DEFERRAL", "nope", "must be 'on' or 'off'"),
+        ("DATABASE_URL", "mysql://x/y", "scheme 'mysql'"),
+        ("CC_MODELS", "offline-2=gemini", "CC_MODELS has 'offline-2=gemini'; write NAME or NAME=PROVIDER"),
+        ("CC_MODELS", "=offline", "CC_MODELS has '=offline'"),
+        ("CC_MODELS", "offline-1=openai", "CC_MODELS names 'offline-1' with two providers"),
+        ("CC_MODELS", "a,,b", "has an empty item"),
+        ("CC_TOOL_ACTION_LIMITS", "bash=\u00b2", "CC_TOOL_ACTION_LIMITS has 'bash=\u00b2'; write NAME=N"),
+        ("CC_TOOL_ACTION_LIMITS", "bash=0", "write NAME=N with N at least 1"),
+    ],
+)
+def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, value, message, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CC_VAR_DIR": str(tmp_path), variable: value}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_only_one_of_database_and_redis_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), DATABASE_URL="postgres://u@h/db")
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "Set both DATABASE_URL and REDIS_URL" in result.stderr
+
+
+def test_anthropic_provider_without_a_key_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC")}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_PROVIDER="anthropic")
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "needs ANTHROPIC_API_KEY" in result.stderr
+
+
+def test_models_offered_name_their_providers_and_each_provider_needs_its_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "CC_MODEL", "CC_PROVIDER"))}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_MODELS="offline-2, claude-sonnet-4-5=anthropic")
+    show = "from django.conf import settings; print(settings.CC_MODELS)"
+    command = [sys.executable, "manage.py", "shell", "-c", show]
+    refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "Provider anthropic (CC_PROVIDER or CC_MODELS) needs ANTHROPIC_API_KEY" in refused.stderr
+    env.update(ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL="http://127.0.0.1:8765")
+    offered = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert offered.returncode == 0, offered.stderr
+    assert offered.stdout.strip().splitlines()[-1] == (
+        "{'offline-1': 'offline', 'offline-2': 'offline', 'claude-sonnet-4-5': 'anthropic'}"
+    )
+
+
+@pytest.mark.req("RN-1")
+def test_several_web_processes_are_refused_in_embedded_mode(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), CC_WEB_WORKERS="2")
+    result = subprocess.run(
+        [sys.executable, "-m", "controlcenter.cli", "serve", "--port", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "CC_WEB_WORKERS above 1 needs services mode" in result.stderr
+    assert build_parser().parse_args(["serve", "--workers", "3"]).workers == 3

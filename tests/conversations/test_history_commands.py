@@ -1,0 +1,135 @@
+"""Slash commands and export (CH-10)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents import chat
+from agents.models import Run
+from controlcenter.errors import DomainError
+from conversations import commands, selectors
+from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from tests.support.history import add_turn
+
+
+@pytest.mark.req("CH-10")
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/compact", commands.Command("compact")),
+        ("  /SHAKE ", commands.Command("shake")),
+        ("/context", commands.Command("context")),
+        ("/tree", commands.Command("tree")),
+        ("/branch 42", commands.Command("branch", message_id=42)),
+        ("/branch #42", commands.Command("branch", message_id=42)),
+        ("/fork", commands.Command("fork")),
+        ("/checkpoint before-refactor", commands.Command("checkpoint", label="before-refactor")),
+        ("/rewind before-refactor", commands.Command("rewind", label="before-refactor")),
+        ("/rewind", commands.Command("rewind")),
+    ],
+)
+def test_parser_understands_every_command(text, expected):
+    assert commands.parse(text) == expected
+
+
+@pytest.mark.req("CH-10")
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("/compat", "Unknown command /compat"),
+        ("/", "starts with '/'"),
+        ("/branch", "needs one message id"),
+        ("/branch abc", "needs one message id"),
+        ("/branch 1 2", "needs one message id"),
+        ("/checkpoint", "needs one label"),
+        ("/checkpoint a b", "needs one label"),
+        ("/checkpoint ../etc", "not a valid label"),
+        ("/rewind a b", "at most one label"),
+        ("/tree now", "takes no arguments"),
+    ],
+)
+def test_parser_errors_are_clear_and_list_the_valid_forms(text, message):
+    with pytest.raises(commands.CommandError, match=message) as error:
+        commands.parse(text)
+    if "Unknown" in message:
+        assert all(f"/{name}" in str(error.value) for name in commands.USAGE)
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-10")
+def test_a_slash_message_runs_its_service_instead_of_starting_a_run(explored):
+    messages, runs = Message.objects.count(), Run.objects.count()
+    sent = chat.message_send(conversation=explored, text="/checkpoint listed")
+    assert sent.message is None and sent.run is None
+    assert sent.command.command == "checkpoint" and sent.command.data == {"label": "listed", "message": explored.tip_id}
+    assert Checkpoint.objects.get().label == "listed"
+    assert Message.objects.count() == messages and Run.objects.count() == runs
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-10")
+def test_unknown_command_changes_nothing_and_starts_no_run(explored):
+    messages, tip = Message.objects.count(), explored.tip_id
+    with pytest.raises(DomainError, match="Unknown command /rewnid"):
+        chat.message_send(conversation=explored, text="/rewnid start")
+    explored.refresh_from_db()
+    assert Message.objects.count() == messages and explored.tip_id == tip and not Run.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-10")
+def test_every_command_dispatches_to_its_service(explored, settings):
+    settings.CC_COMPACT_TAIL_TOKENS = 256
+    add_turn(explored, "Read it.", "Read.", tools=[("read_file", {"ok": True, "text": "z " * 4000})])
+    add_turn(explored, "Again.", "Done.")
+    send = lambda text: chat.message_send(conversation=explored, text=text).command  # noqa: E731
+
+    shake = send("/shake")
+    assert [s["rung"] for s in shake.data["steps"]] == ["elide", "drop_images"]
+    compact = send("/compact")
+    assert [s["rung"] for s in compact.data["steps"]] == ["elide", "drop_images", "snapshot"]
+    assert Compaction.objects.count() == 2
+
+    context = send("/context")
+    names = [c["name"] for c in context.data["categories"]]
+    assert names == [
+        "system", "resident_tools", "tool_index", "messages", "tool_results", "scratchpad", "images", "snapshots",
+        "free",
+    ]  # fmt: skip
+    by_name = {c["name"]: c["tokens"] for c in context.data["categories"]}
+    assert by_name["system"] > 0 and by_name["resident_tools"] > 0
+    # The next request sends the /compact view, where the 2k-token read is elided (CH-2).
+    assert by_name["tool_results"] < 200, by_name
+    assert context.data["used_tokens"] + by_name["free"] == context.data["window_tokens"]
+
+    tree = send("/tree")
+    assert tree.data["tip"] == explored.tip_id and len(tree.data["messages"]) == Message.objects.count()
+
+    assert send("/checkpoint here").data["message"] == explored.tip_id
+    first_answer = selectors.current_path(explored)[1].pk
+    assert send(f"/branch {first_answer}").data == {"tip": first_answer}
+    explored.refresh_from_db()
+    assert explored.tip_id == first_answer
+    send(f"/branch {Checkpoint.objects.get().message_id}")
+    add_turn(explored, "Explore.", "Explored.")
+    rewind = send("/rewind here")
+    assert rewind.data["digest"]["tried"] == ["Explore."] and RewindDigest.objects.count() == 1
+
+    fork = send("/fork")
+    assert Conversation.objects.get(pk=fork.data["conversation"]).forked_from_id == explored.pk
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-10")
+def test_export_a_path_as_json_and_markdown(explored):
+    path = selectors.current_path(explored)
+    exported = selectors.conversation_export(conversation=explored, kind="json")
+    assert [m["id"] for m in exported["messages"]] == [m.pk for m in path]
+    assert exported["messages"][3]["content"] == path[3].content
+    markdown = selectors.conversation_export(conversation=explored, kind="markdown")
+    assert markdown.startswith("# History\n")
+    assert f"## User (#{path[0].pk})" in markdown and "Plan the migration; keep the API stable." in markdown
+    assert "**Tool call** `list_dir`" in markdown and "**Tool result** for" in markdown
+    assert markdown.index("Here is the plan.") < markdown.index("There are three files.")
+    with pytest.raises(DomainError, match="Unknown export format"):
+        selectors.conversation_export(conversation=explored, kind="pdf")

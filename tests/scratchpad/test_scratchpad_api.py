@@ -1,0 +1,100 @@
+"""REST endpoints of the scratchpad: per-user isolation, reads with the tool's modes, pin."""
+
+from __future__ import annotations
+
+import pytest
+
+from scratchpad import services
+from scratchpad.models import Chunk, Entry
+from tests.support.scratchpad import make_run, server_log
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice_entry(alice):
+    run = make_run(alice)
+    text = server_log(2000, errors_at_end=1)
+    entry = services.put(
+        turn_id=str(run.pk), run_id=run.pk, conversation_id=run.conversation_id, content=text, step_num=1
+    )
+    return run, entry, text
+
+
+@pytest.mark.req("SP-11")
+def test_owner_lists_a_runs_entries_with_metadata_only(alice_api, alice_entry):
+    run, entry, text = alice_entry
+    response = alice_api.get(f"/api/scratchpad/runs/{run.pk}/entries/")
+    assert response.status_code == 200
+    [listed] = response.json()
+    assert listed["scratchpad_id"] == entry.pk and listed["size_bytes"] == len(text.encode())
+    assert "content" not in listed and listed["summary"] == entry.summary
+
+
+@pytest.mark.req("SP-6")
+def test_owner_reads_slices_with_the_tool_modes(alice_api, alice_entry):
+    _, entry, text = alice_entry
+    url = f"/api/scratchpad/entries/{entry.pk}/read/"
+    assert alice_api.get(url, {"mode": "range", "start": 5, "end": 25}).json()["content"] == text[5:25]
+    assert alice_api.get(url, {"mode": "tail", "n": 50}).json()["content"] == text[-50:]
+    lines = alice_api.get(url, {"mode": "lines", "start": 3, "end": 4}).json()
+    assert lines["content"] == "".join(text.splitlines(keepends=True)[2:4])
+    found = alice_api.get(url, {"mode": "grep", "pattern": "error", "ignore_case": "true"}).json()
+    assert found["matches"] == 1 and found["content"].startswith("2001:")
+
+
+@pytest.mark.req("SP-6")
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"mode": "sideways"}, "mode must be one of"),
+        ({"mode": "head", "n": "x"}, "n must be an integer; got 'x'"),
+        ({"mode": "range", "start": 30, "end": 3}, "range needs start < end"),
+        ({"mode": "grep", "pattern": "[unclosed"}, "not a valid regular expression"),
+    ],
+)
+def test_bad_read_parameters_are_400_and_change_nothing(alice_api, alice_entry, params, message):
+    _, entry, _ = alice_entry
+    before = (list(Entry.objects.values_list("id", "expires_at")), Chunk.objects.count())
+    response = alice_api.get(f"/api/scratchpad/entries/{entry.pk}/read/", params)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+    assert (list(Entry.objects.values_list("id", "expires_at")), Chunk.objects.count()) == before
+
+
+@pytest.mark.req("SP-11")
+def test_another_user_cannot_see_list_read_or_pin_an_entry(bob_api, alice_entry):
+    run, entry, _ = alice_entry
+    assert bob_api.get(f"/api/scratchpad/runs/{run.pk}/entries/").status_code == 404
+    missing = bob_api.get("/api/scratchpad/entries/0000000000000000/")
+    other = bob_api.get(f"/api/scratchpad/entries/{entry.pk}/")
+    assert other.status_code == missing.status_code == 404
+    assert bob_api.get(f"/api/scratchpad/entries/{entry.pk}/read/").status_code == 404
+    assert bob_api.post(f"/api/scratchpad/entries/{entry.pk}/pin/", {}, format="json").status_code == 404
+    entry.refresh_from_db()
+    assert entry.pinned is False
+
+
+@pytest.mark.req("SP-11")
+def test_owner_pins_an_entry_to_its_conversation(alice_api, alice_entry):
+    _, entry, _ = alice_entry
+    response = alice_api.post(f"/api/scratchpad/entries/{entry.pk}/pin/", {"ttl_seconds": 86_400}, format="json")
+    assert response.status_code == 200 and response.json()["pinned"] is True
+    entry.refresh_from_db()
+    assert entry.pinned and (entry.expires_at - entry.created_at).total_seconds() >= 86_400 - 5
+    bad = alice_api.post(f"/api/scratchpad/entries/{entry.pk}/pin/", {"ttl_seconds": 0}, format="json")
+    assert bad.status_code == 400
+
+
+def test_unauthenticated_requests_are_refused(client, alice_entry):
+    _, entry, _ = alice_entry
+    assert client.get(f"/api/scratchpad/entries/{entry.pk}/").status_code in (401, 403)
+
+
+@pytest.mark.req("SP-2")
+def test_admin_shows_metadata_and_a_short_preview_not_the_blob(admin_client, alice_entry):
+    _, entry, text = alice_entry
+    page = admin_client.get(f"/admin/scratchpad/entry/{entry.pk}/change/").content.decode()
+    assert text.splitlines()[0] in page
+    assert text[5000:5100] not in page
+    assert admin_client.get("/admin/scratchpad/entry/").status_code == 200

@@ -1,0 +1,160 @@
+"""Importing an external MCP server's tools into the catalog (TD-1), with name collisions ranked apart."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from engine.catalog.ranking import index_for
+from toolcatalog.models import McpServer, Tool, ToolGroup
+from toolcatalog.selectors import catalog_records
+from toolcatalog.services import McpServerImportFailed, mcp_server_import
+
+pytestmark = pytest.mark.django_db
+
+SERVERS = Path(__file__).parent.parent / "support" / "mcp_servers"
+
+
+def _command(script: str, *extra: str) -> str:
+    return shlex.join([sys.executable, str(SERVERS / script), *extra])
+
+
+@pytest.fixture
+def weather() -> McpServer:
+    return McpServer.objects.create(name="weather", transport="stdio", command=_command("weather_server.py"))
+
+
+@pytest.fixture
+def almanac() -> McpServer:
+    return McpServer.objects.create(name="almanac", transport="stdio", command=_command("almanac_server.py"))
+
+
+def _snapshot() -> list[tuple]:
+    return list(
+        Tool.objects.order_by("pk").values_list(
+            "name", "server__name", "group__heading", "description", "input_schema", "enabled", "server_missing"
+        )
+    )
+
+
+@pytest.mark.req("TD-1")
+def test_a_servers_tools_become_namespaced_mcp_tools_under_its_group(weather):
+    result = mcp_server_import(server=weather)
+    assert (result.created, result.updated, result.unchanged, result.disabled, result.refused) == (2, 0, 0, 0, [])
+    tools = {tool.qualified_name: tool for tool in Tool.objects.select_related("group", "server")}
+    assert set(tools) == {"weather__get_forecast", "weather__read_file"}
+    forecast = tools["weather__get_forecast"]
+    assert forecast.source == Tool.Source.MCP and forecast.server == weather
+    assert forecast.group.heading == "weather"
+    assert forecast.description == "Weather forecast for a city, day by day."
+    assert forecast.input_schema["required"] == ["city"]
+    assert forecast.resident is False and forecast.enabled is True
+    # The server's read_file does not shadow the built-in: it is weather__read_file.
+    assert {record.name for record in catalog_records()} == set(tools)
+
+
+@pytest.mark.req("TD-1")
+def test_importing_twice_changes_nothing_and_keeps_the_operators_choices(weather):
+    mcp_server_import(server=weather)
+    Tool.objects.filter(name="get_forecast").update(resident=True, requires_approval=True, max_calls_per_run=3)
+    Tool.objects.filter(name="read_file").update(enabled=False)
+    before = _snapshot()
+    again = mcp_server_import(server=weather)
+    assert (again.created, again.updated, again.unchanged, again.disabled) == (0, 0, 2, 0)
+    assert _snapshot() == before
+    forecast = Tool.objects.get(name="get_forecast")
+    assert (forecast.resident, forecast.requires_approval, forecast.max_calls_per_run) == (True, True, 3)
+    # Disabled by the operator while the server still lists it: it stays disabled.
+    assert Tool.objects.get(name="read_file").enabled is False
+    assert ToolGroup.objects.filter(heading="weather").count() == 1
+
+
+@pytest.mark.req("TD-1")
+def test_a_tool_the_server_dropped_is_disabled_not_deleted_and_comes_back(almanac):
+    first = mcp_server_import(server=almanac)
+    assert first.created == 2
+    almanac.command = _command("almanac_server.py", "--without", "moon_phase")
+    almanac.save()
+    dropped = mcp_server_import(server=almanac)
+    assert (dropped.disabled, dropped.unchanged) == (1, 1)
+    moon = Tool.objects.get(server=almanac, name="moon_phase")
+    assert moon.enabled is False and moon.server_missing is True
+    assert "almanac__moon_phase" not in {record.name for record in catalog_records()}
+    almanac.command = _command("almanac_server.py")
+    almanac.save()
+    back = mcp_server_import(server=almanac)
+    assert (back.updated, back.unchanged, back.disabled) == (1, 1, 0)
+    moon.refresh_from_db()
+    assert moon.enabled is True and moon.server_missing is False
+
+
+@pytest.mark.req("TD-1")
+def test_a_tool_with_an_invalid_name_is_refused_by_name_and_the_others_are_imported(almanac):
+    result = mcp_server_import(server=almanac)
+    assert len(result.refused) == 1
+    assert "tide.table" in result.refused[0] and "letters, digits" in result.refused[0]
+    assert "refused" in result.summary() and "tide.table" in result.summary()
+    assert set(Tool.objects.values_list("name", flat=True)) == {"get_forecast", "moon_phase"}
+
+
+@pytest.mark.req("TD-1")
+def test_an_unreachable_server_is_a_clear_error_and_changes_nothing(weather):
+    mcp_server_import(server=weather)
+    before = _snapshot()
+    weather.command = "/nonexistent/weather-server --stdio"
+    weather.save()
+    with pytest.raises(McpServerImportFailed, match="weather.*Nothing was changed"):
+        mcp_server_import(server=weather)
+    assert _snapshot() == before
+    weather.command = 'python "unbalanced'
+    with pytest.raises(McpServerImportFailed, match="cannot parse the command"):
+        mcp_server_import(server=weather)
+    assert _snapshot() == before
+
+
+@pytest.mark.req("TD-1")
+@pytest.mark.req("TD-7")
+def test_equal_names_from_two_servers_stay_distinct_and_are_ranked_as_distinct_tools(weather, almanac):
+    mcp_server_import(server=weather)
+    mcp_server_import(server=almanac)
+    assert Tool.objects.filter(name="get_forecast").count() == 2
+    records = catalog_records()
+    names = [record.name for record in records]
+    assert "weather__get_forecast" in names and "almanac__get_forecast" in names
+    found = [match.tool.name for match in index_for(records).search("forecast", k=5)]
+    assert set(found[:2]) == {"weather__get_forecast", "almanac__get_forecast"}
+    # Each one's own description decides where it ranks.
+    assert index_for(records).search("city weather day by day", k=1)[0].tool.name == "weather__get_forecast"
+    assert index_for(records).search("seasonal almanac region", k=1)[0].tool.name == "almanac__get_forecast"
+
+
+@pytest.mark.req("TD-1")
+def test_the_import_mcp_command_imports_and_names_unknown_servers(weather, capsys):
+    call_command("catalog", "import-mcp", "weather")
+    assert "weather: 2 tools created, 0 updated, 0 unchanged, 0 disabled" in capsys.readouterr().out
+    call_command("catalog", "import-mcp", "weather")
+    assert "0 tools created, 0 updated, 2 unchanged" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="no MCP server named 'ghost'.*weather"):
+        call_command("catalog", "import-mcp", "ghost")
+    weather.command = "/nonexistent/weather-server"
+    weather.save()
+    with pytest.raises(CommandError, match="weather"):
+        call_command("catalog", "import-mcp", "weather")
+
+
+@pytest.mark.req("TD-1")
+def test_the_admin_action_imports_the_selected_servers(admin_client, weather, almanac):
+    response = admin_client.post(
+        "/admin/toolcatalog/mcpserver/",
+        {"action": "import_tools", "index": 0, "_selected_action": [weather.pk, almanac.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    text = response.content.decode().lower()  # the admin capitalises messages
+    assert "weather: 2 tools created" in text
+    assert "almanac: 2 tools created" in text and "tide.table" in text
+    assert Tool.objects.filter(source=Tool.Source.MCP).count() == 4

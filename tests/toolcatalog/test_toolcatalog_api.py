@@ -1,0 +1,207 @@
+"""Context data, read-only catalog lists, and what a real run records (TD-15, TD-5, TD-10)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import override_settings
+
+from agents.chat import message_send
+from agents.models import ModelRequest
+from agents.services import run_execute
+from agents.turns import SYSTEM_PROMPT
+from conversations.models import Message
+from conversations.services import conversation_create
+from engine.loop import run_turn
+from engine.providers.offline import OfflineProvider
+from engine.request import text_block
+from tests.support.catalog import CATALOG_PATH
+from toolcatalog.builtins import WorkspaceToolBox
+from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
+from toolcatalog.selectors import run_surface, surface_context
+from toolcatalog.services import activations_record, catalog_import
+from toolcatalog.toolbox import run_toolbox
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def catalog():
+    catalog_import(text=CATALOG_PATH.read_text())
+
+
+@pytest.mark.req("TD-15")
+def test_context_reports_resident_costs_the_index_and_withheld_schema_costs(alice, alice_api, catalog):
+    conversation = conversation_create(owner=alice, title="c")
+    response = alice_api.get(f"/api/conversations/{conversation.pk}/context")
+    assert response.status_code == 200
+    tools = response.json()["tools"]
+    assert tools["deferral"] is True
+    assert len(tools["resident"]) == 24 and all(item["tokens"] > 0 for item in tools["resident"])
+    assert len(tools["deferred"]) == 102
+    git_push = next(item for item in tools["deferred"] if item["name"] == "git_push")
+    assert git_push["schema_tokens"] == Tool.objects.get(name="git_push").schema_tokens
+    assert "git_push" in tools["index"]["text"] and tools["index"]["tokens"] > 0
+    assert tools["withheld_tokens"] == sum(item["schema_tokens"] for item in tools["deferred"])
+    assert tools["tool_block_tokens"] < tools["withheld_tokens"] / 4
+
+
+@pytest.mark.req("TD-15")
+def test_context_of_someone_elses_conversation_is_not_found(alice, bob_api, catalog):
+    conversation = conversation_create(owner=alice, title="private")
+    response = bob_api.get(f"/api/conversations/{conversation.pk}/context")
+    assert response.status_code == 404
+    assert bob_api.get("/api/conversations/999999/context").status_code == 404
+
+
+@pytest.mark.req("TD-15")
+def test_context_follows_the_mode_and_the_deferral_switch(alice, alice_api, catalog):
+    Mode.objects.create(name="default", allow=["*"], deny=["git_*"])
+    conversation = conversation_create(owner=alice, title="c")
+    tools = alice_api.get(f"/api/conversations/{conversation.pk}/context").json()["tools"]
+    assert not any(item["name"].startswith("git_") for item in tools["resident"] + tools["deferred"])
+    with override_settings(CC_SERVER_TOOL_DEFERRAL=False):
+        off = alice_api.get(f"/api/conversations/{conversation.pk}/context").json()["tools"]
+    assert off["deferred"] == [] and off["index"]["text"] == "" and len(off["resident"]) == 126 - 8
+
+
+@pytest.mark.req("TD-1")
+def test_tools_and_modes_are_listed_read_only(alice_api, catalog):
+    Mode.objects.create(name="review", allow=["git_*"], output_action="submit_report")
+    tools = alice_api.get("/api/tools/").json()
+    assert len(tools) == 126
+    bash = next(tool for tool in tools if tool["name"] == "bash")
+    assert bash["requires_approval"] is True and bash["group"] == "Files and shell" and bash["schema_tokens"] > 0
+    modes = alice_api.get("/api/modes/").json()
+    assert modes == [
+        {
+            "id": modes[0]["id"],
+            "name": "review",
+            "description": "",
+            "allow": ["git_*"],
+            "deny": [],
+            "output_action": "submit_report",
+        }
+    ]
+    assert alice_api.post("/api/tools/", {}).status_code == 405
+
+
+@pytest.mark.req("TD-15")
+def test_a_run_records_what_it_loaded_and_which_search_found_nothing(alice, catalog, tmp_path):
+    conversation = conversation_create(owner=alice, title="c")
+    _, run = message_send(conversation=conversation, text="hello")
+    toolbox = run_toolbox(workspace=tmp_path)
+    toolbox.execute("git_log", {})
+    toolbox.execute("search_tools", {"query": "assign a ticket to someone"})
+    toolbox.execute("search_tools", {"query": "zzqx wobblefrump"})
+    activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
+    rows = list(ToolActivation.objects.filter(run=run).values_list("tool_name", "trigger", "query"))
+    assert rows[0] == ("git_log", "direct", "")
+    assert ("assign_ticket", "search", "assign a ticket to someone") in rows
+    assert list(RetrievalMiss.objects.filter(run=run).values_list("query", flat=True)) == ["zzqx wobblefrump"]
+
+
+@pytest.mark.req("TD-2")
+@pytest.mark.req("TD-5")
+def test_a_real_run_sends_resident_schemas_and_the_name_index(alice, catalog):
+    conversation = conversation_create(owner=alice, title="c")
+    _, run = message_send(conversation=conversation, text="what files are in the workspace?")
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    # The offline model lists the workspace with the resident list_dir; nothing deferred was loaded.
+    requests = list(ModelRequest.objects.filter(run=run).order_by("step"))
+    assert len(requests) == 2
+    # The offline model counts the whole payload it was sent: resident schemas and the
+    # index are in it, the 102 withheld schemas are not.
+    tools = surface_context(run_surface()[0])
+    assert tools["tool_block_tokens"] < requests[0].prompt_tokens < tools["tool_block_tokens"] + 500
+    assert not ToolActivation.objects.filter(run=run).exists()
+    reply = Message.objects.filter(conversation=conversation).order_by("-id").first()
+    assert "workspace holds" in reply.content[0]["text"]
+
+
+class _Recording:
+    name = "offline"
+
+    def __init__(self) -> None:
+        self.inner = OfflineProvider()
+        self.sent: list[bytes] = []
+
+    def stream(self, request):
+        self.sent.append(request.serialize())
+        yield from self.inner.stream(request)
+
+
+@pytest.mark.req("TD-10")
+def test_deferral_off_on_an_empty_catalog_sends_exactly_what_the_builtin_toolbox_sent(tmp_path):
+    history = [{"role": "user", "content": [text_block("list the files in the workspace")]}]
+
+    def requests(toolbox, system):
+        model = _Recording()
+        run_turn(provider=model, model="m", system=system, history=history, toolbox=toolbox, emit=lambda *a: None)
+        return model.sent
+
+    with override_settings(CC_SERVER_TOOL_DEFERRAL=False):
+        catalog_box = run_toolbox(workspace=tmp_path)
+    with_switch = requests(catalog_box, [text_block(SYSTEM_PROMPT), *catalog_box.surface.system_blocks()])
+    without = requests(WorkspaceToolBox(tmp_path), [text_block(SYSTEM_PROMPT)])
+    assert len(with_switch) == 2
+    assert with_switch == without
+
+
+@pytest.mark.req("TD-1")
+@pytest.mark.req("TD-8")
+def test_tools_of_a_disabled_server_and_disabled_tools_are_not_on_the_surface(catalog):
+    server = McpServer.objects.create(name="jira", transport="http", url="http://jira.example/mcp")
+    group = ToolGroup.objects.get(heading="Tickets and projects")
+    Tool.objects.create(
+        name="create_issue",
+        group=group,
+        description="Create a Jira issue.",
+        input_schema={"type": "object"},
+        source="mcp",
+        server=server,
+    )
+    Tool.objects.filter(name="git_push").update(enabled=False)
+    surface, _ = run_surface()
+    assert "jira__create_issue" in surface.deferred_names and surface.get("git_push") is None
+    McpServer.objects.filter(pk=server.pk).update(enabled=False)
+    surface, _ = run_surface()
+    assert surface.get("jira__create_issue") is None
+
+
+@pytest.mark.req("TD-4")
+def test_a_mode_cannot_deny_its_own_output_action_and_servers_need_an_address():
+    mode = Mode(name="writer", allow=["*"], deny=["submit_*"], output_action="submit_report")
+    with pytest.raises(ValidationError, match="denies its own output action"):
+        mode.full_clean()
+    with pytest.raises(ValidationError, match="fnmatch patterns"):
+        Mode(name="odd", allow="*").full_clean()
+    with pytest.raises(ValidationError, match="needs the command"):
+        McpServer(name="local", transport="stdio").full_clean()
+    with pytest.raises(ValidationError, match="cannot contain '__'"):
+        McpServer(name="a__b", transport="http", url="http://x.example/").full_clean()
+    assert not Mode.objects.exists() and not McpServer.objects.exists()
+
+
+@pytest.mark.req("RN-3")
+def test_groups_and_mcp_servers_are_listed_without_the_servers_command_lines(alice_api, catalog):
+    from toolcatalog.models import McpServer
+
+    McpServer.objects.create(name="weather", transport="stdio", command="weather-server --token s3cret")
+    groups = alice_api.get("/api/groups/").json()
+    headings = [group["heading"] for group in groups]
+    assert "Files and shell" in headings and "Tickets and projects" in headings
+    assert sum(group["tools"] for group in groups) == 126
+    servers = alice_api.get("/api/mcp-servers/").json()
+    assert servers == [{"id": servers[0]["id"], "name": "weather", "transport": "stdio", "enabled": True,
+                        "created_at": servers[0]["created_at"]}]  # fmt: skip
+    assert "s3cret" not in json.dumps(servers)
+
+
+def test_groups_and_mcp_servers_need_authentication(client):
+    assert client.get("/api/groups/").status_code in (401, 403)
+    assert client.get("/api/mcp-servers/").status_code in (401, 403)

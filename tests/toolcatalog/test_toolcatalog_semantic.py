@@ -1,0 +1,94 @@
+"""The hybrid ranker's fusion and its stored embeddings (TD-6), with a small stand-in encoder.
+
+The real model is an optional extra kept out of CI; these tests drive the same code
+with a deterministic bag-of-words encoder in its place.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from engine.catalog.ranking import ToolIndex, catalog_fingerprint
+from engine.catalog.semantic import HybridIndex, hybrid_index_for, tool_embeddings, tool_text
+from tests.support.catalog import reference_records
+
+DIMENSIONS = 4096
+SYNONYMS = {"ping": "message", "dm": "message", "notify": "message"}
+
+
+class WordEncoder:
+    """Hashes words into a normalised vector; maps a few synonyms the way a real model would."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.calls += 1
+        vectors = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in text.lower().replace(".", " ").replace("_", " ").split():
+                word = SYNONYMS.get(word, word)
+                vectors[row, zlib.crc32(word.encode()) % DIMENSIONS] += 1
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.where(norms == 0, 1, norms)
+
+
+@pytest.mark.req("TD-6")
+def test_fusion_finds_a_tool_bm25_misses_and_respects_the_allowed_names():
+    records = reference_records()
+    encoder = WordEncoder()
+    bm25 = ToolIndex(records)
+    embeddings = tool_embeddings(bm25.tools, fingerprint="x", encode=encoder, cache_dir=None)
+    hybrid = HybridIndex(bm25, embeddings, encoder)
+    # Only the stand-in's synonym links "ping" to messaging tools; BM25 has no such word.
+    assert bm25.search("ping", k=5) == []
+    found = [match.tool.name for match in hybrid.search("ping", k=5)]
+    assert found[0] == "send_message"
+    # A name the mode denied never comes back, however close it is.
+    allowed = {record.name for record in records} - {found[0]}
+    assert found[0] not in [match.tool.name for match in hybrid.search("ping", k=5, allowed=allowed)]
+    assert hybrid.search("   ", k=5) == []
+
+
+@pytest.mark.req("TD-6")
+def test_embeddings_are_computed_once_per_catalog_version_and_stored(tmp_path):
+    records = reference_records()
+    encoder = WordEncoder()
+    first = hybrid_index_for(records, cache_dir=tmp_path, encode=encoder)
+    assert hybrid_index_for(records, cache_dir=tmp_path, encode=encoder) is first
+    assert encoder.calls == 1
+    stored = list(tmp_path.glob("*.npy"))
+    assert [path.name for path in stored] == [f"all-MiniLM-L6-v2-{catalog_fingerprint(records)}.npy"]
+    # Another process (here: the same tools listed in another order) reads the file, not the model.
+    fresh = WordEncoder()
+    reordered = list(reversed(records))
+    vectors = tool_embeddings(reordered, fingerprint=catalog_fingerprint(records), encode=fresh, cache_dir=tmp_path)
+    assert fresh.calls == 0
+    assert np.allclose(vectors, WordEncoder()([tool_text(tool) for tool in reordered]))
+
+
+@pytest.mark.req("TD-6")
+@pytest.mark.django_db
+def test_the_hybrid_setting_gives_runs_and_the_mcp_search_the_hybrid_index(settings, tmp_path):
+    from toolcatalog.mcp_server import _catalog_index
+    from toolcatalog.selectors import catalog_records
+    from toolcatalog.services import catalog_load_builtins
+    from toolcatalog.toolbox import run_toolbox, search_index
+
+    catalog_load_builtins()
+    records = catalog_records()
+    # Built with the stand-in encoder and cached for this catalog version, so the
+    # settings' path below finds it instead of loading the real model.
+    hybrid = hybrid_index_for(records, cache_dir=tmp_path, encode=WordEncoder())
+    settings.CC_TOOL_SEARCH_RANKER = "bm25"
+    assert search_index(records) is not hybrid
+    settings.CC_TOOL_SEARCH_RANKER = "hybrid"
+    assert search_index(records) is hybrid
+    assert _catalog_index()[0] is hybrid
+    toolbox = run_toolbox(workspace=tmp_path, deferral=False)
+    found = toolbox.execute("search_tools", {"query": "replace text in a file"})
+    assert found["matches"][0]["name"] == "edit_file"
+    assert toolbox._index() is hybrid

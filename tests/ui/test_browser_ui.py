@@ -1,0 +1,284 @@
+"""The UI in a real headless Chromium against the embedded server (its own worker thread):
+the slash menu by keyboard, approval prompts by keyboard, the run page, and the dashboard's
+cache ratio changing live after a new run. Each test saves a screenshot of its page in
+var/test-artifacts/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.conftest import EMBEDDED_ADMIN_PASSWORD, ROOT
+from tests.ui.test_browser_conversation import page  # noqa: F401  (the Chromium page fixture)
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+
+
+def _screenshot(page, name: str) -> None:  # noqa: F811
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def _sign_in(page, base: str) -> None:  # noqa: F811
+    page.goto(base + "/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
+    page.keyboard.press("Enter")
+    expect(page.locator("h1")).to_have_text("Conversations")
+
+
+def _new_conversation(page, title: str) -> None:  # noqa: F811
+    page.fill("#new-conversation input[name=title]", title)
+    page.click("#new-conversation button")
+    expect(page.locator("h1")).to_have_text(title)
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the websocket is open
+
+
+def _seed(tmp_path, code: str) -> dict:
+    """Write rows into the embedded server's database, as an earlier session would have."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    env.update(
+        CC_VAR_DIR=str(tmp_path / "var"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
+    prelude = (
+        "import json\n"
+        "from django.contrib.auth import get_user_model\n"
+        "from agents.models import ModelRequest, Run, RunEvent\n"
+        "from conversations.models import Conversation, Message\n"
+        "admin = get_user_model().objects.get(username='admin')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "controlcenter.cli", "manage", "shell", "-c", prelude + code],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.req("CH-10")
+def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server, page):  # noqa: F811
+    base, _ = embedded_server
+    _sign_in(page, base)
+    _new_conversation(page, "slash")
+    composer = page.locator("#composer-input")
+    menu = page.locator("#slash-menu")
+    composer.focus()
+
+    page.keyboard.type("/")
+    expect(menu).to_be_visible()
+    expect(composer).to_have_attribute("aria-expanded", "true")
+    expect(menu.locator("[role=option]:visible")).to_have_count(8)
+    expect(menu.locator("[aria-selected=true]")).to_have_attribute("data-command", "/compact")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    expect(menu.locator("[aria-selected=true]")).to_have_attribute("data-command", "/context")
+    expect(composer).to_have_attribute("aria-activedescendant", "slash-context")
+    page.keyboard.press("ArrowUp")
+    page.keyboard.press("ArrowUp")
+    page.keyboard.press("ArrowUp")  # wraps from the first to the last
+    expect(menu.locator("[aria-selected=true]")).to_have_attribute("data-command", "/rewind")
+    _screenshot(page, "conversation-slash-menu")
+
+    page.keyboard.press("Escape")
+    expect(menu).to_be_hidden()
+    expect(composer).to_have_value("/")  # Escape closes the menu and keeps what was typed
+
+    page.keyboard.type("c")  # "/c" narrows to the commands starting with it
+    expect(menu).to_be_visible()
+    expect(menu.locator("[role=option]:visible")).to_have_count(3)
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Tab")
+    expect(composer).to_have_value("/context ")
+    expect(menu).to_be_hidden()
+    expect(composer).to_be_focused()
+
+    page.fill("#composer-input", "")
+    page.keyboard.type("/sh")
+    page.keyboard.press("Enter")  # Enter picks while the menu is open; it does not send
+    expect(composer).to_have_value("/shake ")
+    expect(page.locator("article.message")).to_have_count(0)
+
+    page.fill("#composer-input", "")
+    page.keyboard.type("/zzz")
+    expect(menu).to_be_hidden()  # nothing matches: no empty menu
+
+    page.fill("#composer-input", "")
+    page.locator("h1").click()  # focus away from the composer
+    page.keyboard.press("/")  # "/" anywhere starts a command
+    expect(composer).to_be_focused()
+    expect(composer).to_have_value("/")
+    expect(menu).to_be_visible()
+
+
+@pytest.mark.req("RN-4")
+def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(embedded_server, page):  # noqa: F811
+    base, _ = embedded_server
+    _sign_in(page, base)
+    _new_conversation(page, "approvals")
+
+    # The offline model asks for the shell, which requires a person's approval (RN-4).
+    page.fill("#composer-input", "please run `echo approved-by-keyboard`")
+    page.keyboard.press("Enter")
+    prompt = page.locator(".approval").last
+    expect(prompt).to_contain_text("echo approved-by-keyboard", timeout=15_000)
+    expect(prompt).to_be_focused()  # a person at the keyboard answers without hunting for it
+    _screenshot(page, "conversation-approval")
+    page.keyboard.press("Enter")
+    expect(prompt).to_have_attribute("data-decision", "approved")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("article.assistant[data-run-id]").last).to_contain_text(
+        "the command exited with 0: approved-by-keyboard"
+    )
+
+    page.fill("#composer-input", "please run `echo never-runs`")
+    page.keyboard.press("Enter")
+    prompt = page.locator(".approval").last
+    expect(prompt).to_contain_text("echo never-runs", timeout=15_000)
+    expect(prompt).to_be_focused()
+    page.keyboard.press("Escape")
+    expect(prompt).to_have_attribute("data-decision", "denied")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    reply = page.locator("article.assistant[data-run-id]").last
+    expect(reply).to_contain_text("the tool failed")
+    expect(reply).not_to_contain_text("exited with 0: never-runs")
+
+
+@pytest.mark.req("RN-4", "TD-14")
+def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_decides_them(
+    embedded_server,
+    page,  # noqa: F811
+):
+    base, _ = embedded_server
+    _sign_in(page, base)
+    _new_conversation(page, "subagent approvals")
+
+    # The offline model fans out one subagent per task; each asks for the shell (RN-4).
+    page.fill("#composer-input", "in parallel: run `echo child-zero-ran`; run `echo child-one-ran`")
+    page.keyboard.press("Enter")
+    prompts = page.locator(".approval[data-subagent]")
+    expect(prompts).to_have_count(2, timeout=30_000)
+    zero = page.locator(".approval[data-subagent]", has_text="echo child-zero-ran")
+    one = page.locator(".approval[data-subagent]", has_text="echo child-one-ran")
+    expect(zero).to_contain_text("Subagent 0 (worker) asks to run bash")
+    expect(one).to_contain_text("Subagent 1 (worker) asks to run bash")
+    _screenshot(page, "conversation-subagent-approvals")
+    zero.focus()
+    page.keyboard.press("Enter")
+    expect(zero).to_have_attribute("data-decision", "approved")
+    one.focus()
+    page.keyboard.press("Escape")
+    expect(one).to_have_attribute("data-decision", "denied")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=30_000)
+    reply = page.locator("article.assistant[data-run-id]").last
+    expect(reply).to_contain_text(
+        "subagent 0 said: I am the offline model. I ran the tool and the command exited with 0: child-zero-ran"
+    )
+    expect(reply).to_contain_text(
+        "subagent 1 said: I am the offline model. I ran the tool and the tool failed: A person denied"
+    )
+
+
+@pytest.mark.req("RN-2")
+def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(embedded_server, page):  # noqa: F811
+    base, _ = embedded_server
+    _sign_in(page, base)
+    _new_conversation(page, "run page")
+    page.fill("#composer-input", "please list the files in the workspace")
+    page.keyboard.press("Enter")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    tool = page.locator("article.assistant[data-run-id] details.tool").first
+    expect(tool.locator(".tool-state")).to_have_text("ok")  # the call and its result in one place
+    tool.locator("summary").click()
+    expect(tool).to_contain_text("Arguments")
+    expect(tool).to_contain_text("Result")
+
+    page.click("#run-link")
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
+    rows = page.locator("#model-requests tbody tr")
+    expect(rows).to_have_count(2)  # the tool call step and the answer step
+    headers = page.locator("#model-requests thead th").all_inner_texts()
+    assert headers[2:6] == ["Uncached input", "Cache writes", "Cache reads", "Output"]
+    reads = []
+    for row in rows.all():
+        cells = row.locator("td").all_inner_texts()
+        uncached, writes, read = (int(cells[i].replace(",", "")) for i in (2, 3, 4))
+        assert uncached + writes + read > 0  # the prompt was recorded, split as the provider reported it
+        reads.append(read)
+        assert cells[7].split()[0] in ("hit", "miss", "uncached")
+        assert cells[8].endswith(" ms")
+    assert reads[1] > 0  # the answer step read the tool step's prefix from the cache (TD-13)
+    timeline = page.locator("#timeline")
+    expect(timeline.locator(".event-tool_call")).to_contain_text("list_dir")
+    expect(timeline.locator(".event-run_finished")).to_contain_text("succeeded")
+    expect(page.locator("#run-status")).to_have_text("succeeded")
+    _screenshot(page, "run-page")
+
+
+@pytest.mark.req("RN-2")
+@pytest.mark.req("TD-15")
+def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server, page, tmp_path):  # noqa: F811
+    base, _ = embedded_server
+    # An earlier run that read most of its prompt from the cache: 900 of 1,000 tokens.
+    _seed(
+        tmp_path,
+        "c = Conversation.objects.create(owner=admin, title='earlier')\n"
+        "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'hi'}])\n"
+        "r = Run.objects.create(conversation=c, trigger=m, provider='offline', model='offline-1', "
+        "status='succeeded')\n"
+        "ModelRequest.objects.create(run=r, step=1, model='offline-1', input_tokens=100, "
+        "cache_read_input_tokens=900, output_tokens=10, breakpoints=['tools'])\n"
+        "print(json.dumps({'run': r.pk}))\n",
+    )
+    _sign_in(page, base)
+    page.goto(base + "/dashboard/")
+    ratio = page.locator("#cache-ratio")
+    expect(ratio).to_have_text("90.0%")
+    expect(page.locator("#dashboard[data-live]")).to_have_count(1)
+    expect(page.locator("#chart-ratio-time")).to_be_visible()
+
+    other = page.context.new_page()  # the conversation in another tab; the dashboard stays open
+    other.goto(base + "/")
+    _new_conversation(other, "moves the ratio")
+    other.fill("#composer-input", "hello dashboard")
+    other.keyboard.press("Enter")
+    expect(other.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+
+    expect(ratio).not_to_have_text("90.0%", timeout=10_000)  # pushed, no reload
+    expected = page.evaluate("fetch('/dashboard/data/').then(r => r.json())")
+    assert ratio.inner_text() == f"{expected['totals']['cache_ratio'] * 100:.1f}%"
+    expect(page.locator("#recent-runs tbody tr").first).to_contain_text("moves the ratio")
+    expect(page.locator("#by-day tbody tr").first).to_contain_text(ratio.inner_text())  # one model, one day
+    _screenshot(page, "dashboard")
+
+
+def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server, page):  # noqa: F811
+    base, _ = embedded_server
+    _sign_in(page, base)
+    _new_conversation(page, "alpha")
+    page.fill("#composer-input", "the word zebra appears here")
+    page.keyboard.press("Enter")
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    page.goto(base + "/")
+    _new_conversation(page, "beta")
+    page.goto(base + "/")
+    items = page.locator("#conversations li")
+    expect(items.first).to_contain_text("beta")  # most recent activity first
+    expect(items.nth(1)).to_contain_text("2 messages")
+    expect(items.nth(1)).to_contain_text("run succeeded")
+    page.fill("input[name=q]", "zebra")
+    page.keyboard.press("Enter")
+    expect(items).to_have_count(1)
+    expect(items.first).to_contain_text("alpha")
+    _screenshot(page, "conversation-list")
