@@ -47,7 +47,7 @@ def _walk(patterns, prefix: str = "") -> list[str]:
 
 def _concrete(route: str) -> str:
     """A real path for a route: every converter gets a value that would match an object."""
-    route = re.sub(r"<int:[^>]+>", "1", route)
+    route = re.sub(r"<(?:int|id):[^>]+>", "1", route)
     route = re.sub(r"<(?:str|slug|path):[^>]+>", "0123456789abcdef", route)
     route = re.sub(r"<[^>]+>", "1", route)
     return "/" + route.lstrip("^").rstrip("$").replace("\\Z", "")
@@ -67,7 +67,7 @@ def test_the_walk_finds_every_api_route():
     assert len(routes) >= 14
     assert {
         "api/conversations/",
-        "api/runs/<int:run_id>/events/",
+        "api/runs/<id:run_id>/events/",
         "api/scratchpad/entries/<str:entry_id>/read/",
     } <= set(routes)
 
@@ -95,7 +95,7 @@ def test_every_page_sends_an_anonymous_visitor_to_sign_in():
     pages = [
         r for r in _all_routes() if not r.startswith("api/") and r not in PUBLIC_PAGES and not r.startswith("admin/")
     ]
-    assert "" in pages and "conversations/<int:conversation_id>/" in pages
+    assert "" in pages and "conversations/<id:conversation_id>/" in pages
     client = Client()
     for route in pages:
         response = client.get(_concrete(route))
