@@ -20,8 +20,8 @@ from rest_framework.authtoken.models import Token
 from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.stack import RedisServer, Stack
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, Fault, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

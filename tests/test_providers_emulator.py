@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.providers.emulator import (
+from engine.emulator import (
     ApiError,
     Emulator,
     Fault,

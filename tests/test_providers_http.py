@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from agents.providers import UnknownProvider, get_provider
+from engine.emulator import Emulator, Fault, ScriptedPolicy, TestClock
+from engine.emulator.server import EmulatorServer
 from engine.providers.anthropic import AnthropicProvider
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
-from engine.providers.emulator_server import EmulatorServer
 from engine.providers.openai_compat import OpenAICompatProvider, to_chat_payload
 from engine.providers.protocol import (
     InvalidRequest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.providers import get_provider
-from engine.providers.emulator import Emulator, TestClock
+from engine.emulator import Emulator, TestClock
 from engine.providers.offline import OfflineProvider, shared_emulator
 from engine.providers.protocol import InvalidRequest, MessageDone, PromptTooLong, TextDelta, ToolUseBlock
 from engine.request import CachePoint, ModelRequestSpec

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from engine.emulator import Emulator, Fault, ScriptedPolicy, TestClock
+from engine.emulator.server import EmulatorServer
 from engine.providers.anthropic import AnthropicProvider
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
-from engine.providers.emulator_server import EmulatorServer
 from engine.providers.offline import OfflineProvider
 from engine.providers.openai_compat import OpenAICompatProvider
 from engine.providers.protocol import (

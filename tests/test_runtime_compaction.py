@@ -10,8 +10,8 @@ from agents.models import ModelRequest, Run, RunEvent
 from agents.services import _reactive_compaction, run_execute
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create, message_send
+from engine.emulator import Emulator
 from engine.loop import run_turn
-from engine.providers.emulator import Emulator
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import text_block
 

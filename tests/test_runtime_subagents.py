@@ -17,8 +17,8 @@ from agents.services import run_execute
 from agents.subagents import SPAWN_AGENTS, fanout_observation
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 from toolcatalog.models import Mode
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root

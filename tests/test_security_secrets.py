@@ -29,8 +29,8 @@ from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.processes import ROOT
 from controlcenter.stack import Stack, free_port
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, Fault, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 from tests.test_faults import _terminate_backends, finished, wait_for
 from toolcatalog.models import McpServer, Tool
 

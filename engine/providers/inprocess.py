@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from engine.providers.emulator import ApiError, Emulator
+from engine.emulator import ApiError, Emulator
 from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
 from engine.request import ModelRequestSpec
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from engine.providers.emulator import DEFAULT_CONTEXT_WINDOW, Emulator
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import DEFAULT_CONTEXT_WINDOW, Emulator
+from engine.emulator.server import EmulatorServer
 
 
 class Command(BaseCommand):

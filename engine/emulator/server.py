@@ -17,7 +17,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from engine.providers.emulator import ApiError, Emulator, StreamCut
+from engine.emulator import ApiError, Emulator, StreamCut
 
 
 class _Handler(BaseHTTPRequestHandler):
