@@ -107,7 +107,7 @@ def test_a_prompt_the_provider_refuses_as_too_long_is_compacted_once_and_sent_ag
 
     outcome = run_turn(
         provider=provider,
-        model="claude-test",
+        model="claude-sonnet-4-5",
         system=[text_block("You audit repositories.")],
         history=history,
         toolbox=_NoTools(),
@@ -134,7 +134,7 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
         run_turn(
             # A window smaller than the literal head and tail plus one snapshot page.
             provider=EmulatorProvider(Emulator(context_window=400)),
-            model="claude-test",
+            model="claude-sonnet-4-5",
             system=[],
             history=history,
             toolbox=_NoTools(),

@@ -12,6 +12,7 @@ from agents.models import ModelRequest
 from agents.services import SYSTEM_PROMPT, run_execute
 from conversations.models import Message
 from conversations.services import conversation_create, message_send
+from engine.emulator.validation import tool_use_system_prompt_tokens
 from engine.loop import run_turn
 from engine.providers.offline import OfflineProvider
 from engine.request import text_block
@@ -114,8 +115,10 @@ def test_a_real_run_sends_resident_schemas_and_the_name_index(alice, catalog):
     assert len(requests) == 2
     # The offline model counts the whole payload it was sent: resident schemas and the
     # index are in it, the 102 withheld schemas are not.
+    # The API adds its tool-use system prompt whenever tools are present (EM-2).
     tools = surface_context(run_surface()[0])
-    assert tools["tool_block_tokens"] < requests[0].prompt_tokens < tools["tool_block_tokens"] + 500
+    resident = tools["tool_block_tokens"] + tool_use_system_prompt_tokens(run.model)
+    assert resident < requests[0].prompt_tokens < resident + 500
     assert not ToolActivation.objects.filter(run=run).exists()
     reply = Message.objects.filter(conversation=conversation).order_by("-id").first()
     assert "workspace holds" in reply.content[0]["text"]

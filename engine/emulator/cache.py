@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.emulator.accounting import Usage
+from engine.emulator.accounting import Usage, block_tokens, count_images
 from engine.emulator.policy import strip_cache_control
 from engine.emulator.validation import (
     TTL_SECONDS,
+    check_block,
     check_cache_control,
-    check_tool_pairing,
-    content_blocks,
+    check_messages,
+    check_request_fields,
+    check_signature,
+    check_tool,
     invalid_request,
 )
 from engine.request import canonical_json
@@ -46,6 +49,7 @@ class Block:
     kind: str
     cache_control: dict[str, Any] | None
     where: str
+    nested: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -57,6 +61,9 @@ class Prompt:
     position_of: list[int]
     position_ends: list[int]
     breakpoints: list[tuple[int, str]]
+    info: dict[str, Any] = field(default_factory=dict)
+    deferred: dict[str, dict[str, Any]] = field(default_factory=dict)
+    searchers: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_tokens(self) -> int:
@@ -71,29 +78,34 @@ class Entry:
     readable: bool = False
 
 
-def analyse(payload: dict[str, Any]) -> Prompt:
-    """Validate a Messages request and lay it out as hashed block positions."""
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid_request("model: Field required")
-    max_tokens = payload.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise invalid_request("max_tokens: Field required (a positive integer)")
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
+def analyse(payload: dict[str, Any], *, count_only: bool = False, known_model: bool = True) -> Prompt:
+    """Validate a Messages request and lay it out as hashed block positions.
+
+    `count_only` checks it as `count_tokens` does (no `max_tokens`, no sampling
+    fields); `known_model=False` accounts an unknown model with the default limits
+    (the offline model's accounting, which is not an API request).
+    """
+    if not isinstance(payload, dict):
+        raise invalid_request("The request body must be a JSON object.")
+    info = check_request_fields(payload, count_only=count_only, known_model=known_model)
+    model = payload["model"]
+    messages = payload["messages"]
+    if not messages:
         raise invalid_request("messages: at least one message is required")
 
     blocks: list[Block] = []
     tools = payload.get("tools") or []
     deferred: dict[str, dict[str, Any]] = {}
     names: set[str] = set()
+    searchers: dict[str, str] = {}
     for i, tool in enumerate(tools):
         where = f"tools.{i}"
-        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-            raise invalid_request(f"{where}.name: Field required")
+        kind = check_tool(tool, where)
         if tool["name"] in names:
             raise invalid_request(f"tools: Tool names must be unique. Duplicate: {tool['name']!r}")
         names.add(tool["name"])
+        if kind != "custom":
+            searchers[tool["name"]] = kind
         bare = strip_cache_control(tool)
         if tool.get("defer_loading"):
             if "cache_control" in tool:
@@ -105,14 +117,25 @@ def analyse(payload: dict[str, Any]) -> Prompt:
         blocks.append(
             Block(canonical_json(["tool", bare]), estimate_json_tokens(bare), "tool", tool.get("cache_control"), where)
         )
+    if tools and not blocks:
+        raise invalid_request(
+            "tools: at least one tool must not have defer_loading set (every tool in the request is deferred)"
+        )
+    if blocks:
+        # The API adds a tool-use system prompt whenever tools are present; its size depends on the model and
+        # on whether tool_choice forces a call. It is counted with the tool block (a tool_choice change does
+        # not invalidate the tools, as documented).
+        forced = (payload.get("tool_choice") or {}).get("type") in ("any", "tool")
+        blocks[0].tokens += info["tool_prompt"][1 if forced else 0]
 
-    system = payload.get("system") or []
-    for i, block in enumerate(content_blocks(system, "system") if system else []):
+    system = payload.get("system")
+    if system is not None and not isinstance(system, (str, list)):
+        raise invalid_request("system: Input should be a valid string or list")
+    if isinstance(system, str) and system:
+        system = [{"type": "text", "text": system}]
+    for i, block in enumerate(system or []):
         where = f"system.{i}"
-        if block.get("type") != "text":
-            raise invalid_request(f"{where}.type: system blocks must be text")
-        if "cache_control" in block:
-            check_cache_control(block["cache_control"], where)
+        check_block(block, where, ("text",))
         bare = strip_cache_control(block)
         blocks.append(
             Block(
@@ -124,36 +147,46 @@ def analyse(payload: dict[str, Any]) -> Prompt:
             )
         )
 
-    check_tool_pairing(messages)
-    for m, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("user", "assistant"):
-            raise invalid_request(f"messages.{m}.role: Input should be 'user' or 'assistant'")
-        content = content_blocks(message.get("content"), f"messages.{m}")
-        if not content:
-            raise invalid_request(f"messages.{m}: all messages must have non-empty content")
+    contents = check_messages(messages, thinking=info["thinking_budget"] is not None)
+    current = current_turn_start(messages)
+    images = count_images(contents)
+    # A change of tool_choice or of the thinking settings invalidates the messages (not tools or system).
+    messages_seed = canonical_json(["messages", _choice_key(payload.get("tool_choice")), info["thinking_budget"]])
+    first_message_block = len(blocks)
+    for m, content in enumerate(contents):
+        role = messages[m]["role"]
         for b, block in enumerate(content):
             where = f"messages.{m}.content.{b}"
-            if "cache_control" in block:
-                check_cache_control(block["cache_control"], where)
+            if block["type"] in ("thinking", "redacted_thinking") and m < current:
+                # Thinking from earlier turns is stripped by the API: neither counted nor part of the prefix.
+                continue
+            if block["type"] == "thinking":
+                check_signature(block, where)
             bare = strip_cache_control(block)
-            tokens = estimate_json_tokens(bare)
-            if block["type"] == "tool_result":
-                bare, tokens = expand_tool_references(bare, deferred, names, where)
+            if block["type"] in ("tool_result", "tool_search_tool_result"):
+                bare = expand_tool_references(bare, deferred, names, where)
+            tokens = block_tokens(bare, images, where)
+            control = block.get("cache_control")
+            nested = nested_cache_controls(block, where)
             blocks.append(
-                Block(
-                    canonical_json(["m", role, b == 0, bare]), tokens, block["type"], block.get("cache_control"), where
-                )
+                Block(canonical_json(["m", role, b == 0, bare]), tokens, block["type"], control, where, nested)
             )
-    if m == len(messages) - 1 and role == "assistant":
-        last = content[-1]
-        if last.get("type") == "text" and last.get("text", "") != last.get("text", "").rstrip():
-            raise invalid_request("messages: final assistant content cannot end with trailing whitespace")
+    last = contents[-1]
+    final = last[-1] if messages[-1]["role"] == "assistant" and last else {}
+    if final.get("type") == "text" and final["text"] != final["text"].rstrip():
+        raise invalid_request("messages: final assistant content cannot end with trailing whitespace")
 
-    breakpoints = [(i, (b.cache_control or {}).get("ttl", "5m")) for i, b in enumerate(blocks) if b.cache_control]
-    if len(breakpoints) > MAX_BREAKPOINTS:
+    breakpoints = []
+    count = 0
+    for i, block in enumerate(blocks):
+        controls = ([block.cache_control] if block.cache_control else []) + block.nested
+        count += len(controls)
+        if controls:
+            # A marker nested in a tool result caches through the block that holds it.
+            breakpoints.append((i, controls[-1].get("ttl", "5m")))
+    if count > MAX_BREAKPOINTS:
         raise invalid_request(
-            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(breakpoints)}."
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {count}."
         )
     seen_short = False
     for _index, ttl in breakpoints:
@@ -169,6 +202,8 @@ def analyse(payload: dict[str, Any]) -> Prompt:
     hashes, cumulative, position_of, position_ends = [], [], [], []
     total = 0
     for i, block in enumerate(blocks):
+        if i == first_message_block:
+            digest = hashlib.sha256(digest + messages_seed).digest()
         digest = hashlib.sha256(digest + block.key).digest()
         hashes.append(digest.hex())
         total += block.tokens
@@ -179,17 +214,48 @@ def analyse(payload: dict[str, Any]) -> Prompt:
         else:
             position_ends.append(i)
         position_of.append(len(position_ends) - 1)
-    return Prompt(model, blocks, hashes, cumulative, position_of, position_ends, breakpoints)
+    return Prompt(model, blocks, hashes, cumulative, position_of, position_ends, breakpoints, info, deferred, searchers)
+
+
+def _choice_key(choice: Any) -> Any:
+    if not choice or choice == {"type": "auto"}:
+        return None
+    return choice
+
+
+def current_turn_start(messages: list[dict[str, Any]]) -> int:
+    """Index of the message that opens the current turn: the last user message that is not only tool results."""
+    for m in range(len(messages) - 1, -1, -1):
+        content = messages[m]["content"]
+        if messages[m]["role"] == "user" and (
+            isinstance(content, str) or any(b.get("type") != "tool_result" for b in content)
+        ):
+            return m
+    return 0
+
+
+def nested_cache_controls(block: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    if block.get("type") != "tool_result" or not isinstance(block.get("content"), list):
+        return []
+    return [inner["cache_control"] for inner in block["content"] if "cache_control" in inner]
 
 
 def expand_tool_references(
     block: dict[str, Any], deferred: dict[str, dict[str, Any]], names: set[str], where: str
-) -> tuple[dict[str, Any], int]:
-    content = block.get("content")
-    if not isinstance(content, list):
-        return block, estimate_json_tokens(block)
+) -> dict[str, Any]:
+    """A `tool_reference` to a deferred tool loads that tool's definition where it stands."""
+    if block.get("type") == "tool_search_tool_result":
+        content = block["content"]
+        references = content.get("tool_references") if isinstance(content, dict) else None
+        if not isinstance(references, list):
+            return block
+        items, container = references, "tool_references"
+    else:
+        items, container = block.get("content"), "content"
+        if not isinstance(items, list):
+            return block
     expanded = []
-    for item in content:
+    for item in items:
         if isinstance(item, dict) and item.get("type") == "tool_reference":
             name = item.get("tool_name")
             if name not in names:
@@ -198,8 +264,9 @@ def expand_tool_references(
             expanded.append({"type": "tool_definition", "tool": deferred[name]} if name in deferred else item)
         else:
             expanded.append(item)
-    result = {**block, "content": expanded}
-    return result, estimate_json_tokens(result)
+    if container == "tool_references":
+        return {**block, "content": {**block["content"], "tool_references": expanded}}
+    return {**block, "content": expanded}
 
 
 class PrefixCache:

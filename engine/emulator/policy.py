@@ -43,8 +43,8 @@ Policy = Callable[[dict[str, Any]], list[dict[str, Any]]]
 
 def default_policy(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """Answer with text that shows what the emulator understood."""
-    last = payload["messages"][-1]
-    text = plain_text(last.get("content"))
+    messages = payload["messages"]
+    text = plain_text(messages[-1].get("content")) if messages else ""
     words = text.split()
     return [
         {

@@ -12,10 +12,68 @@ from engine.emulator.accounting import Usage
 from engine.emulator.cache import Entry, PrefixCache
 from engine.emulator.policy import Fault
 from engine.emulator.validation import StreamCut
+from engine.tokens import CHARS_PER_TOKEN, estimate_json_tokens, estimate_text_tokens
 
 
-def stop_reason(content: list[dict[str, Any]]) -> str:
-    return "tool_use" if any(b.get("type") == "tool_use" for b in content) else "end_turn"
+@dataclass
+class Shaped:
+    """A reply cut as the API cuts it: at a stop sequence or at `max_tokens`."""
+
+    content: list[dict[str, Any]]
+    stop_reason: str
+    stop_sequence: str | None
+    output_tokens: int
+    # index of a tool_use cut by max_tokens -> the part of its input JSON that was produced
+    partial_json: dict[int, str] = field(default_factory=dict)
+
+
+def shape_reply(
+    content: list[dict[str, Any]],
+    *,
+    max_tokens: int,
+    stop_sequences: list[str],
+    stop: str | None = None,
+) -> Shaped:
+    """Apply stop sequences and the `max_tokens` limit to what the policy answered."""
+    out: list[dict[str, Any]] = []
+    used = 0
+    partial: dict[int, str] = {}
+    for block in content:
+        left = max_tokens - used
+        if block.get("type") in ("text", "thinking"):
+            key = block["type"]
+            text = block[key]
+            if key == "text" and stop_sequences:
+                found = [(text.find(s), s) for s in stop_sequences if s in text]
+                if found:
+                    at, sequence = min(found)
+                    text = text[:at]
+                    if estimate_text_tokens(text) <= left:
+                        if text:
+                            out.append({**block, "text": text})
+                        return Shaped(out, "stop_sequence", sequence, max(used + estimate_text_tokens(text), 1))
+            tokens = estimate_text_tokens(text)
+            if tokens > left:
+                text = text[: left * CHARS_PER_TOKEN]
+                if text:
+                    out.append({**block, key: text})
+                return Shaped(out, "max_tokens", None, max_tokens)
+            used += tokens
+            out.append({**block, key: text})
+        else:
+            tokens = estimate_json_tokens(block)
+            if tokens > left:
+                if block.get("type") == "tool_use":
+                    # The call is cut mid-input: the block is there, its input incomplete.
+                    arguments = json.dumps(block.get("input", {}), sort_keys=True)
+                    partial[len(out)] = arguments[: max(left, 0) * CHARS_PER_TOKEN]
+                    out.append({**block, "input": {}})
+                return Shaped(out, "max_tokens", None, max_tokens, partial)
+            used += tokens
+            out.append(block)
+    if stop is None:
+        stop = "tool_use" if any(b.get("type") == "tool_use" for b in out) else "end_turn"
+    return Shaped(out, stop, None, max(used, 1))
 
 
 def word_chunks(text: str) -> list[str]:
@@ -32,6 +90,9 @@ class PendingResponse:
     writes: list[tuple[str, Entry]]
     fault: Fault | None = None
     started: bool = field(default=False)
+    stop_reason: str = "end_turn"
+    stop_sequence: str | None = None
+    partial_json: dict[int, str] = field(default_factory=dict)
 
     def start(self) -> None:
         """The response starts streaming: what this request writes becomes readable."""
@@ -46,10 +107,14 @@ class PendingResponse:
             "role": "assistant",
             "model": self.model,
             "content": self.content,
-            "stop_reason": stop_reason(self.content),
-            "stop_sequence": None,
+            "stop_reason": self.stop_reason,
+            "stop_sequence": self.stop_sequence,
             "usage": self.usage.as_anthropic(),
         }
+
+    def delta_count(self) -> int:
+        """How many deltas the stream of this answer has (latency of a whole, non-streamed answer)."""
+        return sum(1 for event, _data in self._events(dry=True) if event == "content_block_delta")
 
     def sse_events(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """The Messages streaming events.
@@ -62,17 +127,24 @@ class PendingResponse:
         except _StreamError as exc:
             yield exc.event
 
-    def _events(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        self.start()
+    def _events(self, *, dry: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+        if not dry:
+            self.start()
         start_usage = {**self.usage.as_anthropic(), "output_tokens": 1}
         yield (
             "message_start",
             {
                 "type": "message_start",
-                "message": {**self.message(), "content": [], "stop_reason": None, "usage": start_usage},
+                "message": {
+                    **self.message(),
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
             },
         )
-        faulted = self.fault is not None and self.fault.kind in ("stream_cut", "stream_overloaded")
+        faulted = not dry and self.fault is not None and self.fault.kind in ("stream_cut", "stream_overloaded")
         budget = self.fault.after_chars if faulted and self.fault is not None else None
         streamed = 0
         for index, block in enumerate(self.content):
@@ -89,14 +161,42 @@ class PendingResponse:
                         "content_block_delta",
                         {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": chunk}},
                     )
-            else:
+            elif block["type"] == "thinking":
+                yield (
+                    "content_block_start",
+                    {
+                        "type": "content_block_start",
+                        "index": index,
+                        "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+                    },
+                )
+                for chunk in word_chunks(block["thinking"]):
+                    yield (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": index,
+                            "delta": {"type": "thinking_delta", "thinking": chunk},
+                        },
+                    )
+                yield (
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": index,
+                        "delta": {"type": "signature_delta", "signature": block["signature"]},
+                    },
+                )
+            elif block["type"] in ("tool_use", "server_tool_use"):
                 if budget is not None:
                     self._interrupt(streamed)
                 yield (
                     "content_block_start",
                     {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}},
                 )
-                arguments = json.dumps(block.get("input", {}), sort_keys=True)
+                arguments = self.partial_json.get(index)
+                if arguments is None:
+                    arguments = json.dumps(block.get("input", {}), sort_keys=True)
                 for i in range(0, len(arguments), 16):
                     yield (
                         "content_block_delta",
@@ -106,6 +206,9 @@ class PendingResponse:
                             "delta": {"type": "input_json_delta", "partial_json": arguments[i : i + 16]},
                         },
                     )
+            else:
+                # Results of server tools and redacted thinking arrive whole in their start event.
+                yield "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
             yield "content_block_stop", {"type": "content_block_stop", "index": index}
         if budget is not None:
             self._interrupt(streamed)
@@ -113,7 +216,7 @@ class PendingResponse:
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop_reason(self.content), "stop_sequence": None},
+                "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
                 "usage": {"output_tokens": self.usage.output_tokens},
             },
         )
