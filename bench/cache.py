@@ -45,8 +45,8 @@ from django.conf import settings
 
 from engine.actions import result_text
 from engine.breakpoints import prefix_bytes
-from engine.providers.emulator import Emulator, TestClock
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, TestClock
+from engine.emulator.server import EmulatorServer
 from engine.providers.openai_compat import to_chat_payload
 from engine.request import ModelRequestSpec
 

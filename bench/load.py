@@ -35,8 +35,8 @@ from django.core.management import call_command
 from django.db import connection
 
 from controlcenter.stack import Stack
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 
 # About 120 words: a short real answer, streamed as ~120 deltas.
 ANSWER = "A steady answer that streams like a real model would, one small delta at a time: " + " ".join(

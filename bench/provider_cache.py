@@ -19,7 +19,7 @@ import time
 from argparse import ArgumentParser
 from typing import Any
 
-from engine.providers.emulator import Emulator, TestClock
+from engine.emulator import Emulator, TestClock
 
 STRATEGIES = ("td13", "end_only", "none")
 

@@ -37,6 +37,8 @@ TOOL_ACTIVATION_MISS = "tool_activation"
 
 
 CANCEL_POLL_SECONDS = 0.5
+# A reply cut by max_tokens mid-text is continued (assistant prefill) at most this many times per turn.
+MAX_CONTINUATIONS = 3
 
 
 def polled_at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[[], bool]:
@@ -151,6 +153,7 @@ def run_turn(
         previous_end, first_step = resume.previous_end, resume.step + 1
         executor.counts = dict(resume.counts)
         _run_tools(executor, outcome, resume.step, tool_uses_of(outcome.messages[-1]), previous_end)
+    continuing, continuations = False, 0
     for step in range(first_step, max_steps + 1):
         if is_cancelled():
             raise TurnCancelled()
@@ -169,7 +172,44 @@ def run_turn(
             # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
             emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
         emit("usage", {"step": step, **_usage_dict(done.usage)})
-        outcome.messages.append({"role": "assistant", "content": done.content})
+        content = done.content
+        if continuing:
+            # The continuation of a reply cut by max_tokens: one assistant message, as if never cut.
+            content = _joined(outcome.messages.pop()["content"], content)
+            continuing = False
+        if done.stop_reason == "max_tokens":
+            text_only = [b for b in content if b.get("type") != "tool_use"]
+            if len(text_only) < len(content):
+                # Cut mid-call: the call's input is incomplete, so it is never executed.
+                dropped = [b.get("name", "") for b in content if b.get("type") == "tool_use"]
+                emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "dropped_calls": dropped,
+                                       "detail": "the reply reached max_tokens inside a tool call; "
+                                                 "the incomplete call was not run"})  # fmt: skip
+                if text_only:
+                    outcome.messages.append({"role": "assistant", "content": text_only})
+                outcome.stop_reason = "max_tokens"
+                return outcome
+            if continuations < MAX_CONTINUATIONS and getattr(provider, "supports_prefill", False) and content:
+                # Cut mid-text: ask for the rest with the text so far as the assistant prefill.
+                continuations += 1
+                emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": True,
+                                       "detail": "the reply reached max_tokens; asking for the rest"})  # fmt: skip
+                outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
+                continuing = True
+                continue
+            emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": False,
+                                   "detail": "the reply reached max_tokens and was not continued"})  # fmt: skip
+        if done.stop_reason == "refusal":
+            emit("model_stopped", {"step": step, "stop_reason": "refusal",
+                                   "detail": "the model declined to continue this turn"})  # fmt: skip
+            if content:
+                outcome.messages.append({"role": "assistant", "content": content})
+            outcome.stop_reason = "refusal"
+            return outcome
+        outcome.messages.append({"role": "assistant", "content": content})
+        if done.stop_reason == "pause_turn":
+            # A long server-side tool turn paused: sending the reply back as it is lets the model go on.
+            continue
 
         tool_uses = tool_uses_of(outcome.messages[-1])
         if not tool_uses:
@@ -222,6 +262,22 @@ def _run_tools(executor: StepExecutor, outcome: TurnOutcome, step: int, tool_use
     except ApprovalNeeded as pause:
         pause.messages, pause.steps, pause.previous_end = list(outcome.messages), list(outcome.steps), previous_end
         raise
+
+
+def _as_prefill(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # The API refuses a final assistant message ending in whitespace; the continuation brings it back.
+    blocks = [dict(b) for b in content]
+    if blocks and blocks[-1].get("type") == "text":
+        blocks[-1]["text"] = blocks[-1]["text"].rstrip()
+        if not blocks[-1]["text"]:
+            blocks.pop()
+    return blocks
+
+
+def _joined(prefill: list[dict[str, Any]], rest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if prefill and rest and prefill[-1].get("type") == "text" and rest[0].get("type") == "text":
+        return [*prefill[:-1], {**prefill[-1], "text": prefill[-1]["text"] + rest[0]["text"]}, *rest[1:]]
+    return [*prefill, *rest]
 
 
 def _deferred_last(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

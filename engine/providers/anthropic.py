@@ -80,10 +80,18 @@ class AnthropicProvider:
                     yield TextDelta(delta.text)
                 elif delta.type == "input_json_delta":
                     partial_json[event.index] += delta.partial_json
+                elif delta.type == "thinking_delta":
+                    blocks[event.index]["thinking"] = blocks[event.index].get("thinking", "") + delta.thinking
+                elif delta.type == "signature_delta":
+                    blocks[event.index]["signature"] = delta.signature
             elif kind == "content_block_stop":
                 block = blocks[event.index]
                 if block["type"] == "tool_use":
-                    block["input"] = json.loads(partial_json.pop(event.index) or "{}")
+                    try:
+                        block["input"] = json.loads(partial_json.pop(event.index) or "{}")
+                    except json.JSONDecodeError:
+                        # Cut by max_tokens mid-input: the stop reason says so, and the call is never run.
+                        continue
                     yield ToolUseBlock(id=block["id"], name=block["name"], input=block["input"])
             elif kind == "message_delta":
                 stop_reason = event.delta.stop_reason or stop_reason

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from engine.providers.emulator import ApiError, Emulator
+from engine.emulator import ApiError, Emulator
 from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
 from engine.request import ModelRequestSpec
 
@@ -17,6 +17,8 @@ from engine.request import ModelRequestSpec
 class EmulatorProvider:
     name = "emulator"
     defers_tool_loading = True
+    # The Messages API continues a final assistant message (a reply cut by max_tokens, EM-4).
+    supports_prefill = True
 
     def __init__(self, emulator: Emulator, *, on_stream_start: Callable[[], None] | None = None) -> None:
         self.emulator = emulator

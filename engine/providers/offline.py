@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from engine.actions import result_text
-from engine.providers.emulator import ApiError, Emulator
+from engine.emulator import ApiError, Emulator
 from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage, error_for_status
 from engine.request import ModelRequestSpec
 from engine.tokens import estimate_json_tokens, estimate_text_tokens

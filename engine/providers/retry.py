@@ -51,6 +51,7 @@ class RetryingProvider:
         self.inner = inner
         self.name = inner.name
         self.defers_tool_loading = bool(getattr(inner, "defers_tool_loading", False))
+        self.supports_prefill = bool(getattr(inner, "supports_prefill", False))
         self.max_attempts = max_attempts
         self.base_delay = base_delay
         self.max_delay = max_delay

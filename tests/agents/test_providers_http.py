@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from agents.providers import UnknownProvider, get_provider
+from engine.emulator import Emulator, Fault, ScriptedPolicy, TestClock
+from engine.emulator.server import EmulatorServer
 from engine.providers.anthropic import AnthropicProvider
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
-from engine.providers.emulator_server import EmulatorServer
 from engine.providers.openai_compat import OpenAICompatProvider, to_chat_payload
 from engine.providers.protocol import (
     InvalidRequest,
@@ -130,7 +130,7 @@ def test_anthropic_adapter_sends_cache_breakpoints_with_ttls_and_maps_usage(emul
     request = spec(second_turn, cache_points=points)
     _, _, second = run(claude, request)
     assert second.usage.cache_read_input_tokens == first.usage.cache_creation_input_tokens
-    assert second.usage.prompt_tokens == emulator.count_tokens(request.as_payload())
+    assert second.usage.prompt_tokens == emulator.prompt_tokens(request.as_payload())
     assert request.breakpoint_labels() == ["tools", "system", "previous_turn", "current_turn"]
 
 
@@ -171,7 +171,7 @@ def test_anthropic_adapter_maps_prompt_too_long_with_the_measured_count(server):
         request = spec([say("hello")])
         with pytest.raises(PromptTooLong) as error:
             run(provider, request)
-    assert error.value.tokens == small.count_tokens(request.as_payload())
+    assert error.value.tokens == small.prompt_tokens(request.as_payload())
     assert error.value.maximum == 300
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents.providers import get_provider
-from engine.providers.emulator import Emulator, TestClock
+from engine.emulator import Emulator, TestClock
 from engine.providers.offline import OfflineProvider, shared_emulator
 from engine.providers.protocol import InvalidRequest, MessageDone, PromptTooLong, TextDelta, ToolUseBlock
 from engine.request import CachePoint, ModelRequestSpec
@@ -37,10 +37,10 @@ def test_offline_usage_is_accounted_through_the_emulator_cache():
     )
     second = events(offline, ask("and now?", history=history))[-1]
     assert second.usage.cache_read_input_tokens > 0
-    assert second.usage.prompt_tokens == emulator.count_tokens(ask("and now?", history=history).as_payload())
+    assert second.usage.prompt_tokens == emulator.prompt_tokens(ask("and now?", history=history).as_payload())
     uncached = events(offline, ask("no markers", cache=False))[-1]
     assert uncached.usage.cache_read_input_tokens == uncached.usage.cache_creation_input_tokens == 0
-    assert uncached.usage.input_tokens == emulator.count_tokens(ask("no markers", cache=False).as_payload())
+    assert uncached.usage.input_tokens == emulator.prompt_tokens(ask("no markers", cache=False).as_payload())
 
 
 def test_offline_keeps_saying_what_it_is_and_lists_files_when_asked():
@@ -58,7 +58,7 @@ def test_offline_reports_prompt_too_long_with_the_measured_count():
     request = ask("hello")
     with pytest.raises(PromptTooLong) as error:
         events(OfflineProvider(emulator=emulator), request)
-    assert (error.value.tokens, error.value.maximum) == (emulator.count_tokens(request.as_payload()), 500)
+    assert (error.value.tokens, error.value.maximum) == (emulator.prompt_tokens(request.as_payload()), 500)
 
 
 def test_offline_rejects_an_orphan_tool_result_like_the_api():

@@ -19,8 +19,8 @@ from django.db import connection
 from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 from tests.support.catalog import CATALOG_PATH
 from tests.support.waiting import run_finished
 from toolcatalog.services import catalog_import

@@ -12,8 +12,8 @@ from agents.models import Approval, Run, RunEvent
 from agents.services import run_execute
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 from tests.support.waiting import run_in
 from toolcatalog.workspace import workspace_root
 

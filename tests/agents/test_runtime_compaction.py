@@ -13,7 +13,6 @@ from agents.turns import reactive_compaction_hook as _reactive_compaction
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create
 from engine.loop import run_turn
-from engine.providers.emulator import Emulator
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import text_block
 
@@ -109,7 +108,7 @@ def test_a_prompt_the_provider_refuses_as_too_long_is_compacted_once_and_sent_ag
 
     outcome = run_turn(
         provider=provider,
-        model="claude-test",
+        model="claude-sonnet-4-5",
         system=[text_block("You audit repositories.")],
         history=history,
         toolbox=_NoTools(),
@@ -136,7 +135,7 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
         run_turn(
             # A window smaller than the literal head and tail plus one snapshot page.
             provider=EmulatorProvider(Emulator(context_window=400)),
-            model="claude-test",
+            model="claude-sonnet-4-5",
             system=[],
             history=history,
             toolbox=_NoTools(),

@@ -9,8 +9,8 @@ import pytest
 from agents.models import ModelRequest, Run
 from agents.services import run_execute
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 
 MODEL = "claude-sonnet-4-5"
 

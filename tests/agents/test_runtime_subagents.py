@@ -17,8 +17,8 @@ from agents.services import run_execute
 from agents.subagents import SPAWN_AGENTS, fanout_observation
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 from tests.support.waiting import wait_until as shared_wait_until
 from toolcatalog.models import Mode
 from toolcatalog.toolbox import run_toolbox

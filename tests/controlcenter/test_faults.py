@@ -20,8 +20,8 @@ from rest_framework.authtoken.models import Token
 from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.stack import RedisServer, Stack
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, Fault, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 from tests.support.db import terminate_backends as _terminate_backends
 from tests.support.waiting import wait_until
 

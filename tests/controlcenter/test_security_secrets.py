@@ -29,8 +29,8 @@ from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.processes import ROOT
 from controlcenter.stack import Stack, free_port
 from conversations.models import Conversation, Message
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import Emulator, Fault, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 from tests.support.db import terminate_backends as _terminate_backends
 from tests.support.waiting import run_finished as finished
 from tests.support.waiting import wait_until as wait_for

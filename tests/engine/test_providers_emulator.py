@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine.providers.emulator import (
+from engine.emulator import (
     ApiError,
     Emulator,
     Fault,
@@ -108,7 +108,7 @@ def test_rule_changing_a_tool_definition_invalidates_everything_after_it(emulato
     changed["tools"][0] = tool("read", words=61)
     after = usage(emulator, changed)
     assert after["cache_read_input_tokens"] == 0
-    assert after["cache_creation_input_tokens"] == emulator.count_tokens(changed) - after["input_tokens"]
+    assert after["cache_creation_input_tokens"] == emulator.prompt_tokens(changed) - after["input_tokens"]
 
 
 def test_rule_changing_the_system_prompt_keeps_the_tool_block_cached(emulator):
@@ -117,7 +117,7 @@ def test_rule_changing_the_system_prompt_keeps_the_tool_block_cached(emulator):
     changed["system"] = [cc(text(201, "system"), "1h")]
     tools_only = request(tools=[BASE_TOOLS[0], cc(BASE_TOOLS[1], "1h")], messages=[user(text(1))])
     after = usage(emulator, changed)
-    assert after["cache_read_input_tokens"] == emulator.count_tokens(tools_only) - emulator.count_tokens(
+    assert after["cache_read_input_tokens"] == emulator.prompt_tokens(tools_only) - emulator.prompt_tokens(
         request(messages=[user(text(1))])
     )
 
@@ -294,13 +294,13 @@ def test_rule_one_write_per_breakpoint_beyond_the_deepest_hit(emulator):
 def test_rule_nothing_is_cached_below_the_models_minimum_prefix(clock):
     emulator = Emulator(clock=clock)  # documented per-model minimums
     short = request(system=[cc(text(450))], messages=[user(text(3))])  # ~ 1.4k tokens
-    assert 1024 < emulator.count_tokens(short) < 2048
+    assert 1024 < emulator.prompt_tokens(short) < 2048
     sonnet = usage(emulator, short)
     assert sonnet["cache_creation_input_tokens"] > 0
     haiku = {**short, "model": "claude-3-5-haiku-latest"}
     below = usage(emulator, haiku)
     assert below["cache_creation_input_tokens"] == 0
-    assert below["input_tokens"] == emulator.count_tokens(haiku)
+    assert below["input_tokens"] == emulator.prompt_tokens(haiku)
     assert usage(emulator, haiku)["cache_read_input_tokens"] == 0
 
 
@@ -323,7 +323,7 @@ def test_rule_usage_fields_are_disjoint_and_add_up_to_the_prompt(emulator):
         assistant(text(40, "a")), user(cc(text(40, "b"))), assistant(text(5)), user(text(30))
     )
     result = usage(emulator, payload)
-    total = emulator.count_tokens(payload)
+    total = emulator.prompt_tokens(payload)
     assert result["input_tokens"] + result["cache_creation_input_tokens"] + result["cache_read_input_tokens"] == total
     split = result["cache_creation"]
     assert (
@@ -331,7 +331,7 @@ def test_rule_usage_fields_are_disjoint_and_add_up_to_the_prompt(emulator):
     )
     # input_tokens is what follows the last breakpoint: the unmarked last exchange.
     tail = request(messages=[assistant(text(5)), user(text(30))])
-    assert result["input_tokens"] == emulator.count_tokens(tail)
+    assert result["input_tokens"] == emulator.prompt_tokens(tail)
     assert result["input_tokens"] > 0
 
 
@@ -348,7 +348,7 @@ def test_rule_defer_loading_tools_are_outside_the_prefix(emulator):
     written = usage(emulator, payload)
     with_deferred = cached_prefix_request()
     with_deferred["tools"] = [*with_deferred["tools"], deferred("tickets_create"), deferred("memory_search")]
-    assert emulator.count_tokens(with_deferred) == emulator.count_tokens(payload)
+    assert emulator.prompt_tokens(with_deferred) == emulator.prompt_tokens(payload)
     assert usage(emulator, with_deferred)["cache_read_input_tokens"] == written["cache_creation_input_tokens"]
 
 
@@ -375,7 +375,7 @@ def test_rule_a_tool_reference_in_a_tool_result_expands_inline_where_it_stands(e
         system=BASE_SYSTEM,
         messages=[user(text(100, "q")), assistant(search), user({**reference, "content": "x"})],
     )
-    assert emulator.count_tokens(after) - emulator.count_tokens(plain) >= 200
+    assert emulator.prompt_tokens(after) - emulator.prompt_tokens(plain) >= 200
     unknown = request(
         tools=tools,
         messages=[
@@ -398,7 +398,7 @@ def test_rule_prompt_too_long_is_a_400_with_tokens_and_maximum(clock):
     with pytest.raises(ApiError) as error:
         emulator.create(payload)
     assert error.value.status == 400
-    assert error.value.message == f"prompt is too long: {emulator.count_tokens(payload)} tokens > 500 maximum"
+    assert error.value.message == f"prompt is too long: {emulator.prompt_tokens(payload)} tokens > 500 maximum"
 
 
 def test_rule_a_tool_result_without_its_tool_use_is_a_400(emulator):

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from engine.emulator import Emulator, Fault, ScriptedPolicy, TestClock
+from engine.emulator.server import EmulatorServer
 from engine.providers.anthropic import AnthropicProvider
-from engine.providers.emulator import Emulator, Fault, ScriptedPolicy, TestClock
-from engine.providers.emulator_server import EmulatorServer
 from engine.providers.offline import OfflineProvider
 from engine.providers.openai_compat import OpenAICompatProvider
 from engine.providers.protocol import (
@@ -129,7 +129,7 @@ def test_retry_resumes_a_cut_anthropic_stream_without_duplicating_streamed_text(
     assert done.content == [{"type": "text", "text": ANSWER}]
     assert len(sleeps) == 2
     # The last attempt carried the streamed text as a prefill, so its prompt is longer than the request's.
-    assert done.usage.prompt_tokens > emulator.count_tokens(request().as_payload())
+    assert done.usage.prompt_tokens > emulator.prompt_tokens(request().as_payload())
 
 
 def test_retry_resumes_after_a_mid_stream_overloaded_event_without_duplicating_text(emulator, server, sleeps):

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from engine.breakpoints import place_breakpoints, prefix_bytes
+from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import run_turn
-from engine.providers.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import ModelRequestSpec, text_block
 from toolcatalog.builtins import WorkspaceToolBox

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from engine.actions import ActionLimits, ApprovalNeeded
+from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import PausedTurn, run_turn
-from engine.providers.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block

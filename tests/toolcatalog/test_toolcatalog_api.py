@@ -116,8 +116,10 @@ def test_a_real_run_sends_resident_schemas_and_the_name_index(alice, catalog):
     assert len(requests) == 2
     # The offline model counts the whole payload it was sent: resident schemas and the
     # index are in it, the 102 withheld schemas are not.
+    # The API adds its tool-use system prompt whenever tools are present (EM-2).
     tools = surface_context(run_surface()[0])
-    assert tools["tool_block_tokens"] < requests[0].prompt_tokens < tools["tool_block_tokens"] + 500
+    resident = tools["tool_block_tokens"] + tool_use_system_prompt_tokens(run.model)
+    assert resident < requests[0].prompt_tokens < resident + 500
     assert not ToolActivation.objects.filter(run=run).exists()
     reply = Message.objects.filter(conversation=conversation).order_by("-id").first()
     assert "workspace holds" in reply.content[0]["text"]

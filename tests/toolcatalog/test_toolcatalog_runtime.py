@@ -10,8 +10,8 @@ import pytest
 from engine.catalog.ranking import ToolIndex
 from engine.catalog.surface import ModeSpec, ToolRecord, build_surface
 from engine.catalog.toolbox import CatalogToolBox, search_tool_bm25
+from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import run_turn
-from engine.providers.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import referenced_tools, text_block
 from tests.support.catalog import ScriptedModel, final, reference_records, tool_call

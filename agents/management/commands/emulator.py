@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from engine.providers.emulator import DEFAULT_CONTEXT_WINDOW, Emulator
-from engine.providers.emulator_server import EmulatorServer
+from engine.emulator import DEFAULT_CONTEXT_WINDOW, Emulator
+from engine.emulator.server import EmulatorServer
 
 
 class Command(BaseCommand):
@@ -32,8 +32,10 @@ class Command(BaseCommand):
             first_token_ms=options["first_token_ms"],
             delta_ms=options["delta_ms"],
         )
+        # The Anthropic SDK appends /v1/messages itself; the OpenAI SDK appends only /chat/completions.
         self.stdout.write(
-            f"emulator listening on {server.base_url} (ANTHROPIC_BASE_URL / OPENAI_BASE_URL={server.base_url}/v1)"
+            f"emulator listening on {server.base_url} "
+            f"(ANTHROPIC_BASE_URL={server.base_url} OPENAI_BASE_URL={server.base_url}/v1)"
         )
         self.stdout.flush()
         try:

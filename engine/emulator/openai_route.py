@@ -1,0 +1,457 @@
+"""The OpenAI-compatible chat-completions route (automatic prefix caching)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.emulator.cache import Entry, PrefixCache
+from engine.emulator.policy import Fault
+from engine.emulator.sse import shape_reply, word_chunks
+from engine.emulator.validation import ApiError, StreamCut
+from engine.request import canonical_json
+from engine.tokens import estimate_json_tokens
+
+if TYPE_CHECKING:
+    from engine.emulator.core import Emulator
+
+OPENAI_MIN_CACHE_TOKENS = 1024
+OPENAI_CACHE_STEP = 128
+OPENAI_CACHE_TTL = 300.0
+DEFAULT_MAX_COMPLETION_TOKENS = 16_384
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+CHAT_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "tools",
+        "tool_choice",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "user",
+        "parallel_tool_calls",
+        "metadata",
+        "store",
+        "reasoning_effort",
+        "service_tier",
+        "response_format",
+    }
+)
+ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+
+
+def _error(message: str, param: str | None, code: str | None = None) -> ApiError:
+    return ApiError(400, "invalid_request_error", message, param=param, code=code)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "integer", float: "decimal", str: "string", list: "array", dict: "object"}.get(type(value), "value")
+
+
+def _type_error(param: str, expected: str, value: Any) -> ApiError:
+    return _error(
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.", param, "invalid_type"
+    )
+
+
+def _parts(content: Any, param: str, allowed: tuple[str, ...], *, required: bool = True) -> None:
+    if content is None and not required:
+        return
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
+        raise _type_error(param, "one of a string or array of objects", content)
+    for i, part in enumerate(content):
+        kind = part.get("type")
+        if kind not in allowed:
+            listed = ", ".join(f"'{a}'" for a in allowed)
+            raise _error(
+                f"Invalid value: {json.dumps(kind)}. Supported values are: {listed}.",
+                f"{param}[{i}].type",
+                "invalid_value",
+            )
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise _type_error(f"{param}[{i}].text", "a string", part.get("text"))
+        if kind == "image_url" and not isinstance(part.get("image_url"), dict | str):
+            raise _type_error(f"{param}[{i}].image_url", "an object", part.get("image_url"))
+
+
+def check_chat_request(payload: dict[str, Any]) -> None:
+    """The chat-completions request as OpenAI's validator refuses it (wording as its API answers)."""
+    for key in payload:
+        if key not in CHAT_FIELDS:
+            raise _error(f"Unrecognized request argument supplied: {key}", None)
+    if "model" not in payload:
+        raise _error("you must provide a model parameter", None)
+    if not isinstance(payload["model"], str):
+        raise _type_error("model", "a string", payload["model"])
+    messages = payload.get("messages")
+    if "messages" not in payload:
+        raise _error("Missing required parameter: 'messages'.", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _type_error("messages", "an array of objects", messages)
+    if not messages:
+        raise _error("[] is too short - 'messages'", "messages", "empty_array")
+    for name, low, high in (("temperature", 0, 2), ("top_p", 0, 1), ("presence_penalty", -2, 2),
+                            ("frequency_penalty", -2, 2)):  # fmt: skip
+        value = payload.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _type_error(name, "a decimal", value)
+        if not low <= value <= high:
+            raise _error(f"Invalid '{name}': decimal above maximum value. Expected a value <= {high}, but got "
+                         f"{value} instead." if value > high else f"Invalid '{name}': decimal below minimum value. "
+                         f"Expected a value >= {low}, but got {value} instead.", name, "decimal_above_max_value"
+                         if value > high else "decimal_below_min_value")  # fmt: skip
+    for name in ("max_tokens", "max_completion_tokens", "n", "seed"):
+        value = payload.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _type_error(name, "an integer", value)
+        if name != "seed" and value < 1:
+            raise _error(
+                f"Invalid '{name}': integer below minimum value. Expected a value >= 1, but got {value} instead.",
+                name,
+                "integer_below_min_value",
+            )
+    if payload.get("n") not in (None, 1):
+        raise _error("The emulator answers one choice only: n must be 1.", "n", "unsupported_value")
+    for name in ("stream", "parallel_tool_calls", "store"):
+        if name in payload and payload[name] is not None and not isinstance(payload[name], bool):
+            raise _type_error(name, "a boolean", payload[name])
+    if payload.get("stream_options") is not None:
+        if not isinstance(payload["stream_options"], dict):
+            raise _type_error("stream_options", "an object", payload["stream_options"])
+        if not payload.get("stream"):
+            raise _error("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
+    stop = payload.get("stop")
+    if stop is not None and not isinstance(stop, str):
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _type_error("stop", "one of a string or array of strings", stop)
+        if len(stop) > 4:
+            raise _error(f"Invalid 'stop': array too long. Expected an array with maximum length 4, but got an "
+                         f"array with length {len(stop)} instead.", "stop", "array_above_max_length")  # fmt: skip
+    tools = payload.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise _type_error("tools", "an array of objects", tools)
+        for i, tool in enumerate(tools):
+            if tool.get("type") != "function":
+                raise _error(f"Invalid value: {json.dumps(tool.get('type'))}. Supported values are: 'function'.",
+                             f"tools[{i}].type", "invalid_value")  # fmt: skip
+            function = tool.get("function")
+            if not isinstance(function, dict):
+                raise _type_error(f"tools[{i}].function", "an object", function)
+            if not isinstance(function.get("name"), str):
+                raise _type_error(f"tools[{i}].function.name", "a string", function.get("name"))
+            if "parameters" in function and not isinstance(function["parameters"], dict):
+                raise _type_error(f"tools[{i}].function.parameters", "an object", function["parameters"])
+            if "description" in function and not isinstance(function["description"], str):
+                raise _type_error(f"tools[{i}].function.description", "a string", function["description"])
+    pending: list[str] = []
+    pending_at = -1
+    for m, message in enumerate(messages):
+        param = f"messages[{m}]"
+        if not isinstance(message, dict):
+            raise _type_error(param, "an object", message)
+        role = message.get("role")
+        if "role" not in message:
+            raise _error(f"Missing required parameter: '{param}.role'.", f"{param}.role", "missing_required_parameter")
+        if role not in ROLES:
+            listed = ", ".join(f"'{r}'" for r in ROLES[:-1]) + f", and '{ROLES[-1]}'"
+            raise _error(f"Invalid value: {json.dumps(role)}. Supported values are: {listed}.", f"{param}.role",
+                         "invalid_value")  # fmt: skip
+        if role == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise _type_error(f"{param}.tool_call_id", "a string", message.get("tool_call_id"))
+            if message["tool_call_id"] not in pending:
+                raise _error(
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message "
+                    "with 'tool_calls'.",
+                    f"{param}.role",
+                )
+            pending.remove(message["tool_call_id"])
+            _parts(message.get("content"), f"{param}.content", ("text",))
+            continue
+        if pending:
+            raise _error(
+                "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+                f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(pending)}",
+                f"messages.[{pending_at}].role",
+            )
+        if role == "assistant":
+            _parts(message.get("content"), f"{param}.content", ("text", "refusal"), required=False)
+            calls = message.get("tool_calls")
+            if calls is not None:
+                if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                    raise _type_error(f"{param}.tool_calls", "an array of objects", calls)
+                for c, call in enumerate(calls):
+                    where = f"{param}.tool_calls[{c}]"
+                    if not isinstance(call.get("id"), str):
+                        raise _type_error(f"{where}.id", "a string", call.get("id"))
+                    function = call.get("function")
+                    if not isinstance(function, dict):
+                        raise _type_error(f"{where}.function", "an object", function)
+                    if not isinstance(function.get("name"), str):
+                        raise _type_error(f"{where}.function.name", "a string", function.get("name"))
+                    if not isinstance(function.get("arguments"), str):
+                        raise _type_error(f"{where}.function.arguments", "a string", function.get("arguments"))
+                pending = [call["id"] for call in calls]
+                pending_at = m
+            elif message.get("content") is None:
+                raise _error(f"Invalid value for '{param}.content': expected a string, got null.",
+                             f"{param}.content", "invalid_value")  # fmt: skip
+        elif role == "function":
+            raise _error("The 'function' role is deprecated and not supported by the emulator; use 'tool'.",
+                         f"{param}.role", "invalid_value")  # fmt: skip
+        else:
+            allowed = ("text", "image_url") if role == "user" else ("text",)
+            if "content" not in message:
+                raise _error(f"Missing required parameter: '{param}.content'.", f"{param}.content",
+                             "missing_required_parameter")  # fmt: skip
+            _parts(message["content"], f"{param}.content", allowed)
+    if pending:
+        raise _error(
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to each "
+            f"'tool_call_id'. The following tool_call_ids did not have response messages: {', '.join(pending)}",
+            f"messages.[{pending_at}].role",
+        )
+
+
+def openai_begin(emulator: Emulator, payload: dict[str, Any], fault: Fault | None = None) -> OpenAIPendingResponse:
+    started_at = emulator.clock.now()
+    fault = emulator.next_fault_openai(fault)
+    check_chat_request(payload)
+    model = payload["model"]
+    messages = payload["messages"]
+    parts = [["tool", t] for t in payload.get("tools") or []] + [["m", m] for m in messages]
+    digest = hashlib.sha256(b"model:" + model.encode()).digest()
+    hashes, cumulative, total = [], [], 0
+    for part in parts:
+        digest = hashlib.sha256(digest + canonical_json(part)).digest()
+        hashes.append(digest.hex())
+        total += estimate_json_tokens(part[1])
+        cumulative.append(total)
+    if total > emulator.context_window:
+        raise ApiError(
+            400,
+            "invalid_request_error",
+            f"This model's maximum context length is {emulator.context_window} tokens. "
+            f"However, your messages resulted in {total} tokens. Please reduce the length of the messages.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    cached = 0
+    cache = emulator.openai_cache
+    with cache.lock:
+        for i in range(len(hashes) - 1, -1, -1):
+            entry = cache.entries.get(hashes[i])
+            if entry is not None and entry.readable and entry.expires_at > started_at:
+                entry.expires_at = started_at + OPENAI_CACHE_TTL
+                cached = (cumulative[i] // OPENAI_CACHE_STEP) * OPENAI_CACHE_STEP
+                break
+    if cached < OPENAI_MIN_CACHE_TOKENS:
+        cached = 0
+    writes = [
+        (h, Entry(started_at + OPENAI_CACHE_TTL, "5m", c))
+        for h, c in zip(hashes, cumulative, strict=True)
+        if c >= OPENAI_MIN_CACHE_TOKENS
+    ]
+    content, stop = emulator.reply(openai_to_anthropic(payload))
+    limit = payload.get("max_completion_tokens") or payload.get("max_tokens") or DEFAULT_MAX_COMPLETION_TOKENS
+    stops = payload.get("stop") or []
+    shaped = shape_reply(
+        [b for b in content if b.get("type") in ("text", "tool_use")],
+        max_tokens=limit,
+        stop_sequences=[stops] if isinstance(stops, str) else stops,
+        stop=stop,
+    )
+    return OpenAIPendingResponse(
+        cache,
+        f"chatcmpl-emu{emulator.next_id():08d}",
+        model,
+        shaped.content,
+        total,
+        cached,
+        shaped.output_tokens,
+        writes,
+        fault,
+        FINISH_REASONS.get(shaped.stop_reason, "stop"),
+    )
+
+
+@dataclass
+class OpenAIPendingResponse:
+    cache: PrefixCache
+    id: str
+    model: str
+    content: list[dict[str, Any]]
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    writes: list[tuple[str, Entry]]
+    fault: Fault | None = None
+    finish_reason: str = "stop"
+    started: bool = False
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = True
+            self.cache.commit(self.writes)
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+    def _tool_calls(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": b["id"],
+                "type": "function",
+                "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}), sort_keys=True)},
+            }
+            for b in self.content
+            if b.get("type") == "tool_use"
+        ]
+
+    def delta_count(self) -> int:
+        return sum(len(word_chunks(b["text"])) for b in self.content if b.get("type") == "text") + len(
+            self._tool_calls()
+        )
+
+    def _finish_reason(self) -> str:
+        return self.finish_reason
+
+    def completion(self) -> dict[str, Any]:
+        self.start()
+        text = "".join(b["text"] for b in self.content if b.get("type") == "text")
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if self._tool_calls():
+            message["tool_calls"] = self._tool_calls()
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": 0,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self._finish_reason()}],
+            "usage": self.usage(),
+        }
+
+    def chunks(self, include_usage: bool) -> Iterator[dict[str, Any]]:
+        self.start()
+        base = {"id": self.id, "object": "chat.completion.chunk", "created": 0, "model": self.model}
+        faulted = self.fault is not None and self.fault.kind in ("stream_cut", "stream_overloaded")
+        budget = self.fault.after_chars if faulted and self.fault is not None else None
+        streamed = 0
+        yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        for block in self.content:
+            if block.get("type") != "text":
+                continue
+            for chunk in word_chunks(block["text"]):
+                if budget is not None and streamed + len(chunk) > budget:
+                    yield from self._interrupt(streamed)
+                streamed += len(chunk)
+                yield {**base, "choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]}
+        if budget is not None:
+            yield from self._interrupt(streamed)
+        for index, call in enumerate(self._tool_calls()):
+            yield {
+                **base,
+                "choices": [{"index": 0, "delta": {"tool_calls": [{"index": index, **call}]}, "finish_reason": None}],
+            }
+        yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": self._finish_reason()}]}
+        if include_usage:
+            yield {**base, "choices": [], "usage": self.usage()}
+
+    def _interrupt(self, streamed: int) -> Iterator[dict[str, Any]]:
+        if self.fault is not None and self.fault.kind == "stream_overloaded":
+            # OpenAI-compatible servers report a failure mid-stream as an `error` chunk, then end the stream.
+            yield {"error": {"message": "Overloaded", "type": "server_error", "param": None, "code": "overloaded"}}
+            raise StreamEnded
+        raise StreamCut(f"stream cut after {streamed} characters")
+
+
+class StreamEnded(Exception):
+    """The stream ends early but cleanly (after an error chunk)."""
+
+
+def openai_to_anthropic(payload: dict[str, Any]) -> dict[str, Any]:
+    """Chat-completions messages as a Messages payload, so one policy answers both routes."""
+    system: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+
+    def append(role: str, blocks: list[dict[str, Any]]) -> None:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": blocks})
+
+    for message in payload.get("messages", []):
+        role = message.get("role")
+        content = message.get("content")
+        text = (
+            content
+            if isinstance(content, str)
+            else " ".join(p.get("text", "") for p in content or [] if p.get("type") == "text")
+        )
+        if role in ("system", "developer"):
+            system.append({"type": "text", "text": text})
+        elif role == "user":
+            append("user", [{"type": "text", "text": text}])
+        elif role == "tool":
+            append("user", [{"type": "tool_result", "tool_use_id": message.get("tool_call_id"), "content": text}])
+        elif role == "assistant":
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            for call in message.get("tool_calls") or []:
+                arguments = call["function"].get("arguments") or "{}"
+                try:
+                    parsed = json.loads(arguments)
+                except ValueError:
+                    parsed = None
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": call["id"],
+                        "name": call["function"]["name"],
+                        "input": parsed if isinstance(parsed, dict) else {"arguments": arguments},
+                    }
+                )
+            append("assistant", blocks or [{"type": "text", "text": ""}])
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"].get("description", ""),
+            "input_schema": t["function"].get("parameters", {}),
+        }
+        for t in payload.get("tools") or []
+        if t.get("type") == "function"
+    ]
+    return {"model": payload.get("model"), "max_tokens": 1024, "system": system, "messages": messages, "tools": tools}
