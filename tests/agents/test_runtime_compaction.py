@@ -12,6 +12,7 @@ from agents.services import run_execute
 from agents.turns import reactive_compaction_hook as _reactive_compaction
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create
+from engine.emulator import Emulator
 from engine.loop import run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import text_block

@@ -14,6 +14,7 @@ from agents.services import run_execute
 from agents.turns import SYSTEM_PROMPT
 from conversations.models import Message
 from conversations.services import conversation_create
+from engine.emulator.validation import tool_use_system_prompt_tokens
 from engine.loop import run_turn
 from engine.providers.offline import OfflineProvider
 from engine.request import text_block
