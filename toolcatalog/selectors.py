@@ -53,7 +53,12 @@ def mode_spec(mode: Mode | None) -> ModeSpec:
     if mode is None:
         return ModeSpec()
     return ModeSpec(
-        name=mode.name, allow=tuple(mode.allow), deny=tuple(mode.deny), output_action=mode.output_action or None
+        name=mode.name,
+        allow=tuple(mode.allow),
+        deny=tuple(mode.deny),
+        output_action=mode.output_action or None,
+        resident_add=frozenset(mode.resident_add),
+        resident_remove=frozenset(mode.resident_remove),
     )
 
 

@@ -1,4 +1,4 @@
-"""Writes to the tool catalog: import and export of catalog files, activation records (TD-1, TD-15)."""
+"""Writes to the tool catalog: catalog files, activation records, mode versions (TD-1, TD-15, TS-3)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,17 @@ from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_
 from engine.catalog.toolbox import Activation
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
 from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
-from toolcatalog.models import McpCallCount, McpServer, RetrievalMiss, Tool, ToolActivation, ToolGroup
+from toolcatalog.models import (
+    McpCallCount,
+    McpServer,
+    Mode,
+    ModeVersion,
+    RetrievalMiss,
+    Tool,
+    ToolActivation,
+    ToolGroup,
+)
+from toolcatalog.selectors import catalog_records, mode_spec
 from toolcatalog.toolbox import builtin_names
 from toolcatalog.tools.base import DEFINITIONS_FILE
 
@@ -123,6 +133,51 @@ def catalog_export() -> str:
 
 def tools_set_resident(*, tool_ids: Iterable[int], resident: bool) -> int:
     return Tool.objects.filter(pk__in=list(tool_ids)).update(resident=resident)
+
+
+class ResidentChangeRefused(ValueError):
+    """A resident-set change that cannot be applied; the message says why. Nothing was stored."""
+
+
+def mode_resident_apply(
+    *,
+    mode_id: int,
+    make_resident: list[str],
+    make_deferred: list[str],
+    expected_version: int,
+    applied_by: str = "",
+    effect: dict[str, Any] | None = None,
+) -> ModeVersion:
+    """Change the mode's resident set as one new version; refuses stale, unknown or contradictory changes."""
+    add, remove = set(make_resident), set(make_deferred)
+    if not add and not remove:
+        raise ResidentChangeRefused("Nothing to apply: choose at least one tool to make resident or deferred.")
+    if add & remove:
+        raise ResidentChangeRefused(f"A tool cannot be made resident and deferred at once: {sorted(add & remove)}.")
+    with transaction.atomic():
+        mode = Mode.objects.select_for_update().get(pk=mode_id)
+        if mode.version != expected_version:
+            raise ResidentChangeRefused(
+                f"Mode {mode.name} is at version {mode.version}, not {expected_version}: someone changed it "
+                "meanwhile. Reload the recommendation."
+            )
+        spec = mode_spec(mode)
+        admitted = {tool.name for tool in catalog_records() if spec.admits(tool.name)}
+        if unknown := sorted((add | remove) - admitted):
+            raise ResidentChangeRefused(f"Not tools of mode {mode.name}: {unknown}.")
+        changed = spec.with_resident(add, remove)
+        mode.resident_add = sorted(changed.resident_add)
+        mode.resident_remove = sorted(changed.resident_remove)
+        mode.version += 1
+        mode.save(update_fields=["resident_add", "resident_remove", "version"])
+        return ModeVersion.objects.create(
+            mode=mode,
+            version=mode.version,
+            added=sorted(add),
+            removed=sorted(remove),
+            effect=effect or {},
+            applied_by=applied_by,
+        )
 
 
 def activations_record(*, run_id: int, activations: Iterable[Activation], misses: Iterable[str]) -> None:

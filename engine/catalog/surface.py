@@ -8,7 +8,7 @@ are only listed in the grouped index (deferred), and the index text itself.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -44,6 +44,24 @@ class ModeSpec:
     allow: tuple[str, ...] = ("*",)
     deny: tuple[str, ...] = ()
     output_action: str | None = None
+    # The mode's own changes to the catalog's resident flags (TS-3): names made resident,
+    # names made deferred. Deferral only: with deferral off every admitted tool is resident.
+    resident_add: frozenset[str] = frozenset()
+    resident_remove: frozenset[str] = frozenset()
+
+    def with_resident(self, add: Iterable[str] = (), remove: Iterable[str] = ()) -> ModeSpec:
+        """This mode with more names made resident (`add`) or deferred (`remove`); the latest word wins."""
+        add, remove = frozenset(add), frozenset(remove)
+        return replace(
+            self,
+            resident_add=(self.resident_add | add) - remove,
+            resident_remove=(self.resident_remove | remove) - add,
+        )
+
+    def resident(self, tool: ToolRecord) -> bool:
+        if tool.name == self.output_action:
+            return True
+        return (tool.resident or tool.name in self.resident_add) and tool.name not in self.resident_remove
 
     def admits(self, tool_name: str) -> bool:
         # The output action is what the mode exists to call; it is admitted by definition.
@@ -83,8 +101,8 @@ def build_surface(records: Iterable[ToolRecord], mode: ModeSpec, *, deferral: bo
     admitted = sorted((tool for tool in records if mode.admits(tool.name)), key=lambda tool: tool.sort_key)
     if not deferral:
         return Surface(mode, False, tuple(admitted), (), "", {tool.name: tool for tool in admitted})
-    resident = tuple(tool for tool in admitted if tool.resident or tool.name == mode.output_action)
-    deferred = tuple(tool for tool in admitted if not (tool.resident or tool.name == mode.output_action))
+    resident = tuple(tool for tool in admitted if mode.resident(tool))
+    deferred = tuple(tool for tool in admitted if not mode.resident(tool))
     return Surface(mode, True, resident, deferred, name_index(deferred), {tool.name: tool for tool in admitted})
 
 

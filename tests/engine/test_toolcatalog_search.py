@@ -1,11 +1,17 @@
-"""BM25 tool search: tokenisation, ranking fields, namespacing, caching per catalog version (TD-6, TD-7)."""
+"""BM25 tool search: tokenisation, ranking fields, namespacing, caching per catalog version (TD-6, TD-7),
+and never below plain rank-bm25 on the frozen test parts (TS-1)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from bench.search import HERE as SEARCH_DATA
+from bench.search import PlainBM25, evaluate, load_queries, load_tools, split_part
+from bench.search import run as bench_run
 from engine.catalog.ranking import ToolIndex, index_for, no_match_message, words
 from engine.catalog.surface import ToolRecord
 from tests.support.catalog import reference_records
@@ -98,3 +104,64 @@ def test_nothing_matches_a_query_of_unknown_words_or_only_stopwords():
     message = no_match_message("zzqx")
     assert message.startswith("No tool on this run's surface matches 'zzqx'.")
     assert "does not mean the capability is missing" in message
+
+
+SETS = Path(__file__).resolve().parent / "data" / "search"
+OWN_QUERIES = Path(__file__).resolve().parents[1] / "bench" / "search_data" / "tool-queries-own.jsonl"
+
+
+def _recall_at_5(index, queries) -> float:
+    return evaluate(index, queries, 5)["recall_at_5"]
+
+
+@pytest.mark.req("TS-1")
+@pytest.mark.parametrize(
+    ("catalog", "queries"),
+    [
+        ("metatool-tools.json", "metatool-test.json"),
+        ("apigen-tools.json", "apigen-test.json"),
+        (None, "tool-queries-dev-test.jsonl"),
+        (None, OWN_QUERIES),
+    ],
+)
+def test_bm25_is_never_below_plain_rank_bm25_on_test_parts(catalog, queries):
+    # Test parts of the frozen splits (and our never-tuned queries): nothing here was tuned on.
+    tools = load_tools(SETS / catalog) if catalog else reference_records()
+    asked = load_queries(SETS / queries)
+    ours = _recall_at_5(ToolIndex(tools), asked)
+    plain = _recall_at_5(PlainBM25(tools), asked)
+    assert ours >= plain, f"BM25 {ours} < plain rank-bm25 {plain}"
+
+
+@pytest.mark.req("TS-1")
+def test_the_splits_are_frozen_disjoint_and_cover_every_query():
+    for name in ("tool-queries-dev", "toolret-apigen", "metatool"):
+        split = json.loads((SEARCH_DATA / f"{name}.split.json").read_text(encoding="utf-8"))
+        assert split["seed"] == 20
+        assert not set(split["tune"]) & set(split["test"])
+        assert abs(len(split["tune"]) - len(split["test"])) <= 1
+    dev = [json.loads(line)["id"] for line in (SETS / "tool-queries-dev-test.jsonl").read_text().splitlines()]
+    assert split_part([{"id": i} for i in dev], "tool-queries-dev.split.json", "tune") == []
+
+
+@pytest.mark.req("TS-1")
+def test_the_bench_labels_a_tune_part_as_tuned_on(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    catalog = (Path(__file__).resolve().parent / "data" / "toolcatalog.json").read_text(encoding="utf-8")
+    (data / "toolcatalog.json").write_text(catalog, encoding="utf-8")
+    (data / "tool-queries-dev.jsonl").write_text(
+        (SETS / "tool-queries-dev-test.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    base = {"data": str(data), "set": ["tool-queries-dev"], "catalog": None, "queries": None, "k": 5}
+    base.update({"synthetic": 0, "limit": 0, "ranker": ["bm25", "plain"]})
+    tested = bench_run({**base, "part": "test"})["sets"]["tool-queries-dev"]
+    assert tested["label"] == "tool-queries-dev"
+    assert set(tested["rankers"]) == {"bm25", "plain"} and tested["rankers"]["bm25"]["n_queries"] == 60
+    # The copy holds only test queries, so its tune part is empty and not reported at all.
+    assert bench_run({**base, "part": "tune"})["sets"] == {}
+    (data / "tool-queries-dev.jsonl").write_text(
+        '{"id": "dev-002", "query": "which modules import requests_cache", "gold": ["grep_code"]}\n', encoding="utf-8"
+    )
+    tuned = bench_run({**base, "part": "tune"})["sets"]["tool-queries-dev"]
+    assert tuned["label"] == "tool-queries-dev (tuned on)"

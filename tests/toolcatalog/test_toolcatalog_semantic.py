@@ -1,16 +1,20 @@
-"""The hybrid ranker's fusion and its stored embeddings (TD-6), with a small stand-in encoder.
+"""The hybrid ranker's fusion and its stored embeddings (TD-6), and the numpy model against torch (TS-2).
 
-The real model is an optional extra kept out of CI; these tests drive the same code
-with a deterministic bag-of-words encoder in its place.
+The fusion tests drive the code with a deterministic bag-of-words stand-in encoder
+(fast, and it makes the synonym a real model would know explicit). The model test
+runs the shipped numpy MiniLM against vectors the torch version computed.
 """
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine.catalog import minilm
 from engine.catalog.ranking import ToolIndex, catalog_fingerprint
 from engine.catalog.semantic import HybridIndex, hybrid_index_for, tool_embeddings, tool_text
 from tests.support.catalog import reference_records
@@ -92,3 +96,21 @@ def test_the_hybrid_setting_gives_runs_and_the_mcp_search_the_hybrid_index(setti
     found = toolbox.execute("search_tools", {"query": "replace text in a file"})
     assert found["matches"][0]["name"] == "edit_file"
     assert toolbox._index() is hybrid
+
+
+@pytest.mark.req("TS-2")
+def test_the_numpy_model_matches_the_torch_version():
+    # Vectors and token ids from sentence-transformers on torch (tests/data/minilm-reference.json says which).
+    reference = json.loads((Path(__file__).resolve().parent / "data" / "minilm-reference.json").read_text())
+    model = minilm.MiniLM()
+    for text, ids in zip(reference["texts"], reference["token_ids"], strict=True):
+        assert model.tokenizer.encode(text) == ids
+    ours = model.encode(reference["texts"])
+    expected = np.asarray(reference["vectors"], dtype=np.float32)
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+    # int8 weights: within a hair of the float32 model, far closer than any two different texts.
+    assert (ours * expected).sum(axis=1).min() > 0.995
+    assert (ours @ expected.T - np.eye(len(expected))).max() < 0.9
+    # Batching pads shorter texts; padding must not change a text's vector.
+    alone = model.encode([reference["texts"][0]])[0]
+    assert np.allclose(alone, ours[0], atol=1e-5)

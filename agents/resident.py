@@ -1,0 +1,189 @@
+"""The resident set learns from use (TS-3): a recommendation from what a mode's runs recorded.
+
+What a mode's runs did over the last N days — which deferred tools they loaded
+(ToolActivation), which searches found nothing first (RetrievalMiss), which tools
+they called (`tool_call` run events) and how many requests they sent — says which
+deferred tools earn a place in every request and which resident ones do not.
+Each suggestion comes with its measured effect; toolcatalog.services.mode_resident_apply
+applies the chosen ones as one new mode version, so the tools prefix changes once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db.models import Count, F, Min, Q, QuerySet
+from django.utils import timezone
+
+from agents.models import ModelRequest, Run, RunEvent
+from engine.catalog.surface import ModeSpec, Surface, build_surface
+from engine.catalog.toolbox import DISCOVERY_TOOLS
+from engine.tokens import estimate_json_tokens
+from toolcatalog.models import Mode, RetrievalMiss, ToolActivation
+from toolcatalog.selectors import DEFAULT_MODE, catalog_records, mode_spec, surface_context
+
+# A deferred tool loaded in at least this share of the mode's runs pays for its schema
+# in every request; a resident tool called in fewer than this share does not.
+PROMOTE_SHARE = 0.25
+DEMOTE_SHARE = 0.02
+# Fewer runs than this say nothing reliable either way.
+MIN_RUNS = 10
+DEFAULT_DAYS = 30
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    name: str
+    schema_tokens: int
+    runs_using: int  # runs that loaded it (deferred) or called it (resident)
+    share: float
+    activations: int = 0
+    calls: int = 0
+    found_after_miss: int = 0  # runs where a search found nothing before the tool was loaded
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    mode: str
+    version: int
+    days: int
+    runs: int
+    requests: int
+    make_resident: list[Suggestion] = field(default_factory=list)
+    make_deferred: list[Suggestion] = field(default_factory=list)
+    tool_block_tokens_before: int = 0
+    tool_block_tokens_after: int = 0
+    activations_saved: int = 0  # loads of the promoted tools in the window that would not have happened
+    cache_misses_saved: int = 0  # requests whose cached prefix a load broke (providers without deferred loading)
+    activations_added: int = 0  # calls of demoted tools, each of which would have loaded it first
+    enough_data: bool = True
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.make_resident or self.make_deferred)
+
+    @property
+    def tokens_per_request(self) -> int:
+        return self.tool_block_tokens_after - self.tool_block_tokens_before
+
+    @property
+    def tokens_over_window(self) -> int:
+        return self.tokens_per_request * self.requests
+
+    @property
+    def prefix_changes(self) -> int:
+        """How often applying changes the tools prefix: once, and only when something changes."""
+        return 1 if self.changes else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            tokens_per_request=self.tokens_per_request,
+            tokens_over_window=self.tokens_over_window,
+            prefix_changes=self.prefix_changes,
+        )
+        return data
+
+
+def _runs(mode: Mode, since: dt.datetime) -> QuerySet[Run]:
+    # Runs started with no mode ran under the default one.
+    of_mode = Q(mode=mode) | Q(mode__isnull=True) if mode.name == DEFAULT_MODE else Q(mode=mode)
+    return Run.objects.filter(of_mode, created_at__gte=since)
+
+
+def _surface(spec: ModeSpec) -> Surface:
+    return build_surface(catalog_records(), spec, deferral=True)
+
+
+def resident_recommendation(*, mode: Mode, days: int = DEFAULT_DAYS, now: dt.datetime | None = None) -> Recommendation:
+    """Deferred tools the mode's runs load often enough to be resident, and resident ones they rarely call."""
+    since = (now or timezone.now()) - dt.timedelta(days=days)
+    runs = _runs(mode, since)
+    run_ids = list(runs.values_list("id", flat=True))
+    spec = mode_spec(mode)
+    surface = _surface(spec)
+    base = {"mode": mode.name, "version": mode.version, "days": days, "runs": len(run_ids)}
+    requests = ModelRequest.objects.filter(run_id__in=run_ids).count()
+    block = surface_context(surface)["tool_block_tokens"]
+    if len(run_ids) < MIN_RUNS:
+        return Recommendation(
+            **base,
+            requests=requests,
+            tool_block_tokens_before=block,
+            tool_block_tokens_after=block,
+            enough_data=False,
+        )
+
+    loads = {
+        row["tool_name"]: row
+        for row in ToolActivation.objects.filter(run_id__in=run_ids)
+        .values("tool_name")
+        .annotate(activations=Count("id"), runs=Count("run", distinct=True))
+    }
+    calls = {
+        row["name"]: row
+        for row in RunEvent.objects.filter(run_id__in=run_ids, type="tool_call")
+        .values(name=F("payload__name"))
+        .annotate(calls=Count("id"), runs=Count("run", distinct=True))
+    }
+    first_miss = dict(
+        RetrievalMiss.objects.filter(run_id__in=run_ids)
+        .values("run_id")
+        .annotate(first=Min("created_at"))
+        .values_list("run_id", "first")
+    )
+    first_load = ToolActivation.objects.filter(run_id__in=list(first_miss)).values("run_id", "tool_name")
+    after_miss: dict[str, set[int]] = {}
+    for row in first_load.annotate(first=Min("created_at")):
+        if first_miss[row["run_id"]] <= row["first"]:
+            after_miss.setdefault(row["tool_name"], set()).add(row["run_id"])
+
+    n = len(run_ids)
+    promote = []
+    for tool in surface.deferred:
+        row = loads.get(tool.name)
+        if row and row["runs"] / n >= PROMOTE_SHARE:
+            promote.append(
+                Suggestion(
+                    name=tool.name,
+                    schema_tokens=estimate_json_tokens(tool.definition()),
+                    runs_using=row["runs"],
+                    share=round(row["runs"] / n, 3),
+                    activations=row["activations"],
+                    calls=(calls.get(tool.name) or {}).get("calls", 0),
+                    found_after_miss=len(after_miss.get(tool.name, ())),
+                )
+            )
+    demote = []
+    for tool in surface.resident:
+        if tool.name in DISCOVERY_TOOLS or tool.name == spec.output_action:
+            continue  # what makes deferral work, and what the mode exists to call
+        row = calls.get(tool.name) or {"calls": 0, "runs": 0}
+        if row["runs"] / n < DEMOTE_SHARE:
+            demote.append(
+                Suggestion(
+                    name=tool.name,
+                    schema_tokens=estimate_json_tokens(tool.definition()),
+                    runs_using=row["runs"],
+                    share=round(row["runs"] / n, 3),
+                    calls=row["calls"],
+                )
+            )
+    promote.sort(key=lambda s: (-s.share, s.name))
+    demote.sort(key=lambda s: (s.share, -s.schema_tokens, s.name))
+    added = {s.name for s in promote}
+    after = surface_context(_surface(spec.with_resident(added, {s.name for s in demote})))["tool_block_tokens"]
+    broken = ModelRequest.objects.filter(run_id__in=run_ids, cache_miss="tool_activation")
+    return Recommendation(
+        **base,
+        requests=requests,
+        make_resident=promote,
+        make_deferred=demote,
+        tool_block_tokens_before=block,
+        tool_block_tokens_after=after,
+        activations_saved=sum(s.activations for s in promote),
+        cache_misses_saved=sum(1 for loaded in broken.values_list("tools_loaded", flat=True) if added & set(loaded)),
+        activations_added=sum(s.calls for s in demote),
+    )
