@@ -12,7 +12,7 @@ from agents.models import ModelRequest, Run, RunEvent
 from agents.resident import resident_recommendation
 from conversations.models import Conversation, Message
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
-from tests.toolcatalog_helpers import CATALOG_PATH
+from tests.support.catalog import CATALOG_PATH
 from toolcatalog.models import Mode, ModeVersion, RetrievalMiss, ToolActivation
 from toolcatalog.selectors import run_surface
 from toolcatalog.services import ResidentChangeRefused, catalog_import, mode_resident_apply
