@@ -168,7 +168,7 @@ def run_turn(
         if miss:
             # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
             emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
-        emit("usage", {"step": step, **_usage_dict(done.usage)})
+        emit("usage", {"step": step, **_usage_dict(done.usage), "usage_source": done.usage.source})
         outcome.messages.append({"role": "assistant", "content": done.content})
 
         tool_uses = tool_uses_of(outcome.messages[-1])
