@@ -288,6 +288,7 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     """
     # Imported here: agents.services and toolcatalog.selectors import this module.
     from agents.services import turn_pruned, turn_system, turn_toolboxes
+    from conversations.window import window_budget
     from engine.request import ModelRequestSpec
     from scratchpad.selectors import entries_visible_to_turn
     from toolcatalog.selectors import surface_context
@@ -310,11 +311,13 @@ def conversation_context(*, conversation: Conversation) -> dict[str, Any]:
     )
     entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
     resident_names = {tool.name for tool in catalog.surface.resident}
+    tools = surface_context(catalog.surface)
     return {
         "conversation": conversation.pk,
         "model": request.model,
         **view,
-        "tools": surface_context(catalog.surface),
+        "tools": tools,
+        "budget": window_budget(resident_tokens=tools["resident_tokens"]),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).
         "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
         "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},

@@ -22,6 +22,7 @@ from controlcenter.errors import Conflict, DomainError
 from conversations import commands, export, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 from engine.context import ladder, transcript
+from engine.context.snapshots import page_for_window
 from toolcatalog.models import Mode
 
 TITLE_MAX = 200
@@ -321,6 +322,7 @@ def conversation_compact(
         target_tokens=target_tokens,
         tail_tokens=settings.CC_COMPACT_TAIL_TOKENS,
         summarize=summarize,
+        shape=page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS),
     )
     compaction = Compaction.objects.create(
         conversation=conversation,
@@ -387,7 +389,11 @@ def _compact_view(
     run: Run | None = None,
 ) -> tuple[list[dict[str, Any]], Compaction] | None:
     result = ladder.compact(
-        history, rungs=NO_CALL_RUNGS, target_tokens=target, tail_tokens=settings.CC_COMPACT_TAIL_TOKENS
+        history,
+        rungs=NO_CALL_RUNGS,
+        target_tokens=target,
+        tail_tokens=settings.CC_COMPACT_TAIL_TOKENS,
+        shape=page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS),
     )
     if must_fit and result.tokens_after > target:
         return None
