@@ -104,7 +104,7 @@ class CatalogToolBox:
         if tool is None:
             # TD-8: unknown and mode-denied names answer alike; neither runs. Suggestions come
             # from the admitted names only, so they never reveal what the mode denies.
-            close = difflib.get_close_matches(name, list(self.surface.admitted), n=3, cutoff=0.75)
+            close = difflib.get_close_matches(name, list(self.surface.admitted), n=3, cutoff=0.7)
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
             return {
                 "ok": False,
