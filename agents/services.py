@@ -240,6 +240,7 @@ def _runtime_options(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> d
         "resume": approvals.paused_turn_of(run),
         "decisions": approvals.decisions_for(run),
         "on_prompt_too_long": turns.reactive_compaction_hook(run, emit),
+        "max_tokens": settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
     }
 
 

@@ -20,8 +20,10 @@ from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from conversations import export, selectors
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import sendable
+from conversations.window import window_budget
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import ladder, transcript
+from engine.context.snapshots import page_for_window
 from engine.loop import ReactiveCompaction
 from engine.providers.protocol import PromptTooLong
 from engine.pruning import PruneResult, prune_stale_tool_output
@@ -127,7 +129,11 @@ def _compact_view(
     run: Run | None = None,
 ) -> tuple[list[dict[str, Any]], Compaction] | None:
     result = ladder.compact(
-        history, rungs=NO_CALL_RUNGS, target_tokens=target, tail_tokens=settings.CC_COMPACT_TAIL_TOKENS
+        history,
+        rungs=NO_CALL_RUNGS,
+        target_tokens=target,
+        tail_tokens=settings.CC_COMPACT_TAIL_TOKENS,
+        shape=page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS),
     )
     if must_fit and result.tokens_after > target:
         return None
@@ -215,11 +221,13 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     )
     entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
     resident_names = {tool.name for tool in catalog.surface.resident}
+    tools = surface_context(catalog.surface)
     return {
         "conversation": conversation.pk,
         "model": request.model,
         **view,
-        "tools": surface_context(catalog.surface),
+        "tools": tools,
+        "budget": window_budget(resident_tokens=tools["resident_tokens"]),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).
         "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
         "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},

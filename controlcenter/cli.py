@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 
 def _deferral(value: str) -> str:
@@ -59,6 +60,43 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_model(args: argparse.Namespace) -> int:
+    """The local model server alone, in the foreground, for workers on other hosts (LM-1)."""
+    import signal
+
+    from controlcenter.localmodel import LocalModelSupervisor, config_from_env
+
+    if args.port is not None:
+        os.environ["CC_LOCAL_MODEL_PORT"] = str(args.port)
+    supervisor = LocalModelSupervisor(config_from_env(host=args.host)).start()
+    print(f"Local model: serving {supervisor.config.model_path.name} on {supervisor.config.base_url}", flush=True)  # noqa: T201
+    stopped = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while not stopped:
+            signal.pause()
+    finally:
+        supervisor.stop()
+    return 0
+
+
+def _with_local_model(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    from controlcenter.localmodel import supervise_if_wanted
+
+    supervisor = supervise_if_wanted()
+    try:
+        return command(args)
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+
+
 def _manage(argv: list[str]) -> int:
     from django.core.management import execute_from_command_line
 
@@ -78,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--hostname", default="")
     for sub in (serve, worker):
         sub.add_argument("--tool-deferral", type=_deferral, default=None, metavar="on|off")
+    local = commands.add_parser("local-model", help="run the local model server (llama.cpp) on its own")
+    local.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 for workers on other hosts)")
+    local.add_argument("--port", type=int, default=None, help="default CC_LOCAL_MODEL_PORT or 8081")
     manage = commands.add_parser("manage", help="run a Django management command", add_help=False)
     manage.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -90,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "manage":
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
         return _manage(args.rest)
+    if args.command == "local-model":
+        return _local_model(args)
     _apply_common(args)
-    return _serve(args) if args.command == "serve" else _worker(args)
+    return _with_local_model(_serve if args.command == "serve" else _worker, args)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from controlcenter.env import (
     env_secret,
     env_str,
 )
+from engine.window import budget_for_window
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CC_VAR_DIR", str(BASE_DIR / "var")))
@@ -101,14 +102,26 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- model provider -------------------------------------------------------------
-CC_PROVIDER = env_choice("CC_PROVIDER", ["offline", "anthropic", "openai"], "offline")
+PROVIDERS = ("offline", "anthropic", "openai", "local")
+CC_PROVIDER = env_choice("CC_PROVIDER", list(PROVIDERS), "offline")
 CC_MODEL = env_str(
-    "CC_MODEL", {"offline": "offline-1", "anthropic": "claude-sonnet-4-5", "openai": "gpt-4o-mini"}[CC_PROVIDER]
+    "CC_MODEL",
+    {
+        "offline": "offline-1",
+        "anthropic": "claude-sonnet-4-5",
+        "openai": "gpt-4o-mini",
+        "local": "smollm2-135m-instruct",
+    }[CC_PROVIDER],
 )
 ANTHROPIC_API_KEY = env_secret("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_http_url("ANTHROPIC_BASE_URL")
 OPENAI_API_KEY = env_secret("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_http_url("OPENAI_BASE_URL")
+# LM-1: "local" is a llama.cpp server that `serve`/`worker` keep running on this port (controlcenter/localmodel.py),
+# or the one `controlcenter local-model` runs on another host (CC_LOCAL_MODEL_URL, then none is started here).
+CC_LOCAL_MODEL_PORT = env_int("CC_LOCAL_MODEL_PORT", 8081, minimum=1)
+CC_LOCAL_MODEL_CONTEXT = env_int("CC_LOCAL_MODEL_CONTEXT", 8192, minimum=512)
+CC_LOCAL_MODEL_URL = env_http_url("CC_LOCAL_MODEL_URL") or f"http://127.0.0.1:{CC_LOCAL_MODEL_PORT}/v1"
 # The models a conversation may pick (its model picker), each served by a provider:
 # "NAME" uses CC_PROVIDER, "NAME=PROVIDER" names another ("offline-1=offline,claude-sonnet-4-5=anthropic").
 # CC_MODEL is the server default and always offered, first.
@@ -116,9 +129,9 @@ CC_MODELS: dict[str, str] = {CC_MODEL: CC_PROVIDER}
 for _item in env_list("CC_MODELS", []):
     _name, _, _provider = (part.strip() for part in _item.partition("="))
     _provider = _provider or CC_PROVIDER
-    if not _name or _provider not in ("offline", "anthropic", "openai"):
+    if not _name or _provider not in PROVIDERS:
         raise ImproperEnvironment(
-            f"CC_MODELS has {_item!r}; write NAME or NAME=PROVIDER with PROVIDER offline, anthropic or openai."
+            f"CC_MODELS has {_item!r}; write NAME or NAME=PROVIDER with PROVIDER offline, anthropic, openai or local."
         )
     if CC_MODELS.setdefault(_name, _provider) != _provider:
         raise ImproperEnvironment(f"CC_MODELS names {_name!r} with two providers; a model has one.")
@@ -138,17 +151,31 @@ CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
 CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
 # Workers refresh a liveness key this often; a run whose worker misses three beats failed.
 CC_WORKER_HEARTBEAT_SECONDS = env_int("CC_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
+# Conversation history (CH-1..CH-10): the model's window; a local model's is the one its server
+# was started with (LM-2).
+CC_CONTEXT_WINDOW_TOKENS = env_int(
+    "CC_CONTEXT_WINDOW_TOKENS", CC_LOCAL_MODEL_CONTEXT if CC_PROVIDER == "local" else 200_000, minimum=1024
+)
+# LM-2: every default below is capped at its share of the window (engine/window.py): a 200K
+# window keeps these figures, an 8K one scales them all down; a variable set here still wins.
+CC_WINDOW_BUDGET = budget_for_window(CC_CONTEXT_WINDOW_TOKENS)
+# The resident tool block takes at most this share of the window; the least used tools are deferred.
+CC_TOOL_WINDOW_PERCENT = env_int("CC_TOOL_WINDOW_PERCENT", 25, minimum=1)
+CC_MAX_OUTPUT_TOKENS = env_int("CC_MAX_OUTPUT_TOKENS", CC_WINDOW_BUDGET.max_output_tokens, minimum=1)
 # TD-12: prune tool output of turns older than the last KEEP_TURNS only when at least
 # MIN_TOKENS would be freed at once, so pruning is a rare rewrite, not a steady cache miss.
 CC_PRUNE_KEEP_TURNS = env_int("CC_PRUNE_KEEP_TURNS", 3, minimum=1)
-CC_PRUNE_MIN_TOKENS = env_int("CC_PRUNE_MIN_TOKENS", 20_000, minimum=1)
-SCRATCHPAD_THRESHOLD_BYTES = env_int("SCRATCHPAD_THRESHOLD_BYTES", 4096, minimum=1)
-# Conversation history (CH-1..CH-10): the model's window and the literal tail the ladder keeps.
-CC_CONTEXT_WINDOW_TOKENS = env_int("CC_CONTEXT_WINDOW_TOKENS", 200_000, minimum=1024)
+CC_PRUNE_MIN_TOKENS = env_int("CC_PRUNE_MIN_TOKENS", CC_WINDOW_BUDGET.prune_min_tokens, minimum=1)
+SCRATCHPAD_THRESHOLD_BYTES = env_int(
+    "SCRATCHPAD_THRESHOLD_BYTES", CC_WINDOW_BUDGET.scratchpad_threshold_bytes, minimum=1
+)
+SCRATCHPAD_SUMMARY_CHARS = env_int("SCRATCHPAD_SUMMARY_CHARS", CC_WINDOW_BUDGET.summary_chars, minimum=16)
 # CH-2: compact proactively when a request would pass AT percent of the window, down to TO percent.
 CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", 80, minimum=1)
 CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", 50, minimum=1)
-CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", 8_000, minimum=256)
+CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", CC_WINDOW_BUDGET.compact_tail_tokens, minimum=256)
+# The side of a snapshot page in pixels (CH-3): one page costs at most 5 % of the window.
+CC_SNAPSHOT_PAGE_PIXELS = env_int("CC_SNAPSHOT_PAGE_PIXELS", CC_WINDOW_BUDGET.page_pixels, minimum=256)
 
 # --- apps -----------------------------------------------------------------------
 INSTALLED_APPS = [

@@ -19,6 +19,7 @@ from controlcenter.errors import Conflict, DomainError
 from conversations import commands, export, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 from engine.context import ladder, transcript
+from engine.context.snapshots import page_for_window
 from toolcatalog.models import Mode
 
 TITLE_MAX = 200
@@ -239,6 +240,7 @@ def conversation_compact(
         target_tokens=target_tokens,
         tail_tokens=settings.CC_COMPACT_TAIL_TOKENS,
         summarize=summarize,
+        shape=page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS),
     )
     compaction = Compaction.objects.create(
         conversation=conversation,

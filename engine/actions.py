@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.providers.protocol import MALFORMED_ARGUMENTS
 from engine.request import text_block, tool_reference
 
 Decision = Literal["approved", "denied"]
@@ -125,6 +126,10 @@ class StepExecutor:
         pending = []
         for tool_step, block in enumerate(tool_uses, start=first_tool_step):
             name = block["name"]
+            malformed = malformed_arguments(name, block.get("input") or {})
+            if malformed is not None:
+                plan.append(("done", malformed))
+                continue
             duplicate = self.guard.check(tool_step, name, block.get("input") or {})
             if duplicate is not None:
                 plan.append(("done", duplicate))
@@ -177,6 +182,18 @@ class StepExecutor:
             return self.toolbox.execute(block["name"], block.get("input") or {})
         except Exception as exc:  # a toolbox bug must not lose the other calls' results
             return {"ok": False, "error": f"{block['name']} failed inside the runtime: {type(exc).__name__}: {exc}"}
+
+
+def malformed_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool error for arguments that were not a JSON object (a model's mistake): nothing runs."""
+    if MALFORMED_ARGUMENTS not in arguments:
+        return None
+    raw = str(arguments[MALFORMED_ARGUMENTS])
+    return {
+        "ok": False,
+        "error": f"The arguments for {name} were not a JSON object: {raw[:200]!r}. "
+        f"Call {name} again with a JSON object that matches its input_schema.",
+    }
 
 
 def tool_result(tool_use_id: str, observation: dict[str, Any]) -> dict[str, Any]:

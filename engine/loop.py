@@ -126,8 +126,14 @@ def run_turn(
     resume: PausedTurn | None = None,
     decisions: dict[str, Decision] | None = None,
     on_prompt_too_long: ReactiveCompaction = reactive_compaction_hook,
+    max_tokens: int = 4096,
+    tool_choice: dict[str, Any] | None = None,
 ) -> TurnOutcome:
-    """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person."""
+    """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person.
+
+    `tool_choice` (Anthropic's shape) applies to the turn's first request only: forcing a
+    call on every step would never let the model answer after it.
+    """
     outcome = TurnOutcome()
     history = [_as_blocks(message) for message in history]
     # The first request of a turn marks the end of the previous turn (TD-13).
@@ -158,7 +164,8 @@ def run_turn(
         if is_cancelled():
             raise TurnCancelled()
         request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
-                                              previous_end, is_cancelled, on_prompt_too_long)  # fmt: skip
+                                              previous_end, is_cancelled, on_prompt_too_long, max_tokens=max_tokens,
+                                              tool_choice=tool_choice if step == first_step else None)  # fmt: skip
         history = request.messages[: len(request.messages) - len(outcome.messages)]
         previous_end = len(request.messages) - 1
         newly = _newly_loaded(request, loaded)
@@ -171,7 +178,7 @@ def run_turn(
         if miss:
             # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
             emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
-        emit("usage", {"step": step, **_usage_dict(done.usage)})
+        emit("usage", {"step": step, **_usage_dict(done.usage), "usage_source": done.usage.source})
         content = done.content
         if continuing:
             # The continuation of a reply cut by max_tokens: one assistant message, as if never cut.
@@ -220,11 +227,17 @@ def run_turn(
     return outcome
 
 
-def _request(provider, model, system, history, outcome, toolbox, emit, step, previous_end, is_cancelled, compact):
+def _request(provider, model, system, history, outcome, toolbox, emit, step, previous_end, is_cancelled, compact,
+             *, max_tokens=4096, tool_choice=None):  # fmt: skip
     """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
     for attempt in (1, 2):
         request = ModelRequestSpec(
-            model=model, system=system, tools=_deferred_last(toolbox.schemas()), messages=[*history, *outcome.messages]
+            model=model,
+            system=system,
+            tools=_deferred_last(toolbox.schemas()),
+            messages=[*history, *outcome.messages],
+            max_tokens=max_tokens,
+            tool_choice=tool_choice,
         )
         resident = getattr(toolbox, "resident_count", None)
         place_breakpoints(request, previous_end=previous_end, resident_count=resident() if callable(resident) else None)

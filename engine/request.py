@@ -52,6 +52,8 @@ class ModelRequestSpec:
     max_tokens: int = 4096
     breakpoints: list[str] = field(default_factory=list)
     cache_points: list[CachePoint] = field(default_factory=list)
+    # Anthropic's shape ({"type": "auto" | "any" | "tool", "name": ...}); None leaves the API's default.
+    tool_choice: dict[str, Any] | None = None
 
     def as_payload(self) -> dict[str, Any]:
         system, tools, messages = self.system, self.tools, self.messages
@@ -70,6 +72,8 @@ class ModelRequestSpec:
         }
         if tools:
             payload["tools"] = tools
+        if self.tool_choice is not None:
+            payload["tool_choice"] = self.tool_choice
         return payload
 
     def serialize(self) -> bytes:

@@ -94,7 +94,10 @@ def put(
     now = now or timezone.now()
     shape = shape_of(content)
     if summary is None:
-        summary = binary_summary(content) if isinstance(content, bytes) else text_summary(content)
+        chars = settings.SCRATCHPAD_SUMMARY_CHARS  # scaled to the window (LM-2)
+        summary = (
+            binary_summary(content) if isinstance(content, bytes) else text_summary(content, head=chars, tail=chars)
+        )
     fields = {
         "turn_id": str(turn_id),
         "run_id": run_id,

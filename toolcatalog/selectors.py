@@ -7,6 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
+from engine.catalog.fit import fit_to_window, resident_tokens
 from engine.catalog.surface import ModeSpec, Surface, ToolRecord, build_surface
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
@@ -66,7 +67,25 @@ def run_surface(*, mode: Mode | None = None, deferral: bool | None = None) -> tu
     """The surface a run gets: the one code path for runs, the Context view and benchmarks (TD-15)."""
     records = catalog_records()
     deferral = settings.CC_SERVER_TOOL_DEFERRAL if deferral is None else deferral
-    return build_surface(records, mode_spec(mode), deferral=deferral), records
+    surface = build_surface(records, mode_spec(mode), deferral=deferral)
+    # LM-2: in a small window the resident block keeps to its share; the least used tools are deferred.
+    budget = settings.CC_CONTEXT_WINDOW_TOKENS * settings.CC_TOOL_WINDOW_PERCENT // 100
+    if surface.deferral and resident_tokens(surface.resident) > budget:
+        surface = fit_to_window(surface, budget_tokens=budget, uses=tool_use_counts())
+    return surface, records
+
+
+def tool_use_counts(recent_events: int = 50_000) -> dict[str, int]:
+    """How often each tool was called in the most recent runs' events: what a small window keeps resident."""
+    # Looked up by name: the catalog does not depend on the runs app, it only reads what runs called.
+    from django.apps import apps
+
+    if not apps.is_installed("agents"):
+        return {}
+    RunEvent = apps.get_model("agents", "RunEvent")  # noqa: N806 - a model class
+    latest = RunEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    calls = RunEvent.objects.filter(pk__gt=latest - recent_events, type="tool_call")
+    return {row["payload__name"]: row["n"] for row in calls.values("payload__name").annotate(n=Count("pk"))}
 
 
 def surface_context(surface: Surface) -> dict[str, Any]:

@@ -7,6 +7,7 @@ what it activated so the service can record it at the turn boundary (TD-15).
 
 from __future__ import annotations
 
+import difflib
 from collections import Counter
 from collections.abc import Callable, Container
 from dataclasses import dataclass
@@ -101,10 +102,13 @@ class CatalogToolBox:
     def execute(self, name: str, arguments: dict[str, Any]) -> Observation:
         tool = self.surface.get(name)
         if tool is None:
-            # TD-8: unknown and mode-denied names answer alike; neither runs.
+            # TD-8: unknown and mode-denied names answer alike; neither runs. Suggestions come
+            # from the admitted names only, so they never reveal what the mode denies.
+            close = difflib.get_close_matches(name, list(self.surface.admitted), n=3, cutoff=0.7)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
             return {
                 "ok": False,
-                "error": f"There is no tool named {name!r} on this run's surface. Use search_tools to find "
+                "error": f"There is no tool named {name!r} on this run's surface.{hint} Use search_tools to find "
                 "the right tool, or call one from the tool list or the name index.",
             }
         # TD-5: a deferred name called directly is loaded here, in the same step; its result loads the schema.

@@ -66,6 +66,12 @@ PAGE_SHAPES: dict[str, PageShape] = {
 }
 
 
+def page_for_window(pixels: int) -> PageShape:
+    """The `area` page, or a smaller square one so a page stays a small share of a small window (LM-2)."""
+    area = PAGE_SHAPES["area"]
+    return area if pixels >= area.width else PageShape(f"area-{pixels}", pixels, pixels)
+
+
 @dataclass(frozen=True)
 class Line:
     text: str

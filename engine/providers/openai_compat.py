@@ -5,6 +5,11 @@ cache points are not sent; what they report is `cached_tokens`, a subset of
 `prompt_tokens` (Anthropic's fields are disjoint), mapped here to the neutral
 record as cache reads plus uncached input.
 
+Usage is asked for in the stream. A server that sends none (llama-cpp-python's does
+not, in streams) is counted with its own tokenizer endpoint where it has one, else
+with our estimate, and the figure says which (`Usage.source`): a request that
+consumed tokens is never recorded as zero.
+
 The chat shape has no deferred tools: a `defer_loading` tool is sent only once a
 `tool_reference` in a tool result has loaded it, appended after the resident tools
 (never merged among them, TD-11), and the reference itself reads as a line of text.
@@ -17,9 +22,11 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 
 from engine.providers.protocol import (
+    MALFORMED_ARGUMENTS,
     MessageDone,
     PromptTooLong,
     ProviderEvent,
@@ -31,8 +38,12 @@ from engine.providers.protocol import (
 )
 from engine.providers.retry import parse_retry_after, transport_errors
 from engine.request import ModelRequestSpec, referenced_tools
+from engine.tokens import estimate_text_tokens
 
-_CONTEXT = re.compile(r"maximum context length is (\d+) tokens.*?resulted in (\d+) tokens", re.DOTALL)
+# OpenAI: "...maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens";
+# vLLM and llama-cpp-python: "...However, you requested 9000 tokens (8900 in the messages, 100 in the completion)".
+_MAXIMUM = re.compile(r"maximum context length is (\d+) tokens")
+_MEASURED = re.compile(r"resulted in (\d+) tokens|\((\d+) in the messages")
 _STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
 
 
@@ -44,22 +55,48 @@ class OpenAICompatProvider:
     # Chat completions has no assistant prefill: a cut stream is replayed instead.
     supports_prefill = False
 
-    def __init__(self, *, api_key: str | None, base_url: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str | None,
+        base_url: str | None = None,
+        timeout: float = 600.0,
+        tool_results_as_text: bool = False,
+    ) -> None:
         # Local servers (Ollama, vLLM) need no key, but the SDK insists on one.
         self._client = openai.OpenAI(api_key=api_key or "unused", base_url=base_url, max_retries=0, timeout=timeout)
+        self._base_url = str(self._client.base_url).rstrip("/")
+        self._stream_options = True
+        # llama-cpp-python's `chatml-function-calling` template drops `tool` messages: the
+        # model would never see a result, so they are sent as user text instead.
+        self._tool_results_as_text = tool_results_as_text
+        self._tokenizer = ServerTokenizer(self._base_url, api_key) if base_url else None
 
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
+        payload = to_chat_payload(request, tool_results_as_text=self._tool_results_as_text)
         try:
-            chunks = self._client.chat.completions.create(
-                **to_chat_payload(request), stream=True, stream_options={"include_usage": True}
-            )
-            yield from self._read(chunks)
+            try:
+                chunks = self._create(payload)
+            except openai.BadRequestError as exc:
+                # A server that does not know `stream_options` is asked again without it (and usage is counted).
+                if not self._stream_options or "stream_options" not in str(exc):
+                    raise
+                self._stream_options = False
+                chunks = self._create(payload)
+            yield from self._read(chunks, payload)
         except openai.APIStatusError as exc:
             raise _map_error(exc) from exc
-        except (openai.APIConnectionError, *transport_errors()) as exc:
-            raise StreamInterrupted(f"connection to the OpenAI-compatible API failed: {exc}") from exc
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            raise StreamInterrupted(f"could not reach the model server at {self._base_url}: {cause}") from exc
+        except transport_errors() as exc:
+            raise StreamInterrupted(f"the model server at {self._base_url} broke off the response: {exc}") from exc
 
-    def _read(self, chunks: Any) -> Iterator[ProviderEvent]:
+    def _create(self, payload: dict[str, Any]) -> Any:
+        options = {"stream_options": {"include_usage": True}} if self._stream_options else {}
+        return self._client.chat.completions.create(**payload, stream=True, **options)
+
+    def _read(self, chunks: Any, payload: dict[str, Any]) -> Iterator[ProviderEvent]:
         text = ""
         calls: dict[int, dict[str, str]] = {}
         finish_reason = ""
@@ -73,11 +110,7 @@ class OpenAICompatProvider:
                     text += delta.content
                     yield TextDelta(delta.content)
                 for call in delta.tool_calls or []:
-                    slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
-                    slot["id"] = call.id or slot["id"]
-                    if call.function is not None:
-                        slot["name"] = call.function.name or slot["name"]
-                        slot["arguments"] += call.function.arguments or ""
+                    _add_call_delta(calls, call)
                 if choice.finish_reason:
                     finish_reason = choice.finish_reason
         if not finish_reason:
@@ -85,20 +118,105 @@ class OpenAICompatProvider:
         content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
         for index in sorted(calls):
             slot = calls[index]
-            block = ToolUseBlock(id=slot["id"], name=slot["name"], input=json.loads(slot["arguments"] or "{}"))
+            block = ToolUseBlock(
+                id=slot["id"] or f"call_{index}", name=slot["name"], input=_arguments(slot["arguments"])
+            )
             yield block
             content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": block.input})
-        yield MessageDone(
-            content=content, stop_reason=_STOP_REASONS.get(finish_reason, finish_reason), usage=usage or Usage()
+        if usage is None or (usage.prompt_tokens == 0 and payload["messages"]):
+            usage = self._counted_usage(payload, text, calls)
+        yield MessageDone(content=content, stop_reason=_STOP_REASONS.get(finish_reason, finish_reason), usage=usage)
+
+    def _counted_usage(self, payload: dict[str, Any], text: str, calls: dict[int, dict[str, str]]) -> Usage:
+        """What the request consumed when the server did not say: its own tokenizer, else our estimate."""
+        prompt = _rendered_prompt(payload)
+        output = text + "".join(f"{slot['name']}\n{slot['arguments']}" for slot in calls.values())
+        if self._tokenizer is not None:
+            counted = self._tokenizer.count(prompt), self._tokenizer.count(output) if output else 0
+            if counted[0] is not None and counted[1] is not None:
+                return Usage(input_tokens=counted[0], output_tokens=counted[1], source="tokenizer")
+        return Usage(
+            input_tokens=estimate_text_tokens(prompt), output_tokens=estimate_text_tokens(output), source="estimate"
         )
+
+
+class ServerTokenizer:
+    """llama-cpp-python's `/extras/tokenize/count`, beside `/v1`; remembered as absent after one miss."""
+
+    def __init__(self, base_url: str, api_key: str | None) -> None:
+        root = base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+        self.url = f"{root}/extras/tokenize/count"
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.available: bool | None = None
+
+    def count(self, text: str) -> int | None:
+        if self.available is False:
+            return None
+        try:
+            response = httpx.post(self.url, json={"input": text}, headers=self._headers, timeout=10.0)
+            count = response.json().get("count") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            count = None
+        if not isinstance(count, int):
+            self.available = False
+            return None
+        self.available = True
+        return count
+
+
+def _rendered_prompt(payload: dict[str, Any]) -> str:
+    """The request in ChatML, the template most local models use: close to what the server tokenizes."""
+    parts = []
+    for message in payload["messages"]:
+        content = message.get("content")
+        if not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False) if content else ""
+        if message.get("tool_calls"):
+            content += "".join(
+                f"functions.{call['function']['name']}:\n{call['function']['arguments']}"
+                for call in message["tool_calls"]
+            )
+        if message["role"] == "system" and payload.get("tools"):
+            content += "".join(
+                f"\nfunctions.{tool['function']['name']}:\n{json.dumps(tool['function']['parameters'])}\n"
+                for tool in payload["tools"]
+            )
+        parts.append(f"<|im_start|>{message['role']}\n{content}<|im_end|>\n")
+    return "".join(parts) + "<|im_start|>assistant\n"
+
+
+def _add_call_delta(calls: dict[int, dict[str, str]], call: Any) -> None:
+    """One streamed piece of a tool call; arguments arrive split across chunks, several calls per step."""
+    index = call.index
+    if index is None:
+        # Some servers send each call whole without an index: a new id starts a new call.
+        known = next((i for i, slot in calls.items() if call.id and slot["id"] == call.id), None)
+        index = known if known is not None else (len(calls) if call.id or not calls else max(calls))
+    slot = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+    slot["id"] = call.id or slot["id"]
+    if call.function is not None:
+        slot["name"] = call.function.name or slot["name"]
+        slot["arguments"] += call.function.arguments or ""
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    """The call's input; a model's malformed arguments are kept as written, for a tool error it will see."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {MALFORMED_ARGUMENTS: raw}
+    return value if isinstance(value, dict) else {MALFORMED_ARGUMENTS: raw}
 
 
 def _usage(usage: Any) -> Usage:
     details = getattr(usage, "prompt_tokens_details", None)
     cached = (getattr(details, "cached_tokens", None) or 0) if details is not None else 0
+    prompt = usage.prompt_tokens or 0
     return Usage(
-        input_tokens=usage.prompt_tokens - cached,
-        cache_read_input_tokens=cached,
+        input_tokens=max(0, prompt - cached),
+        cache_read_input_tokens=min(cached, prompt),
         output_tokens=usage.completion_tokens or 0,
     )
 
@@ -106,15 +224,19 @@ def _usage(usage: Any) -> Usage:
 def _map_error(exc: openai.APIStatusError) -> Exception:
     body = exc.body if isinstance(exc.body, dict) else {}
     error = body.get("error", body) if isinstance(body.get("error", body), dict) else {}
-    message = error.get("message") or str(exc)
-    if error.get("code") == "context_length_exceeded":
-        found = _CONTEXT.search(message)
-        tokens, maximum = (int(found.group(2)), int(found.group(1))) if found else (None, None)
-        return PromptTooLong(message, tokens=tokens, maximum=maximum)
+    message = str(error.get("message") or exc.message or exc)
+    too_long = error.get("code") == "context_length_exceeded" or error.get("type") == "exceed_context_size_error"
+    if too_long or _MAXIMUM.search(message):
+        maximum = _MAXIMUM.search(message)
+        measured = _MEASURED.search(message)
+        # llama.cpp's own server names both figures as fields.
+        tokens = int(next(g for g in measured.groups() if g)) if measured else error.get("n_prompt_tokens")
+        limit = int(maximum.group(1)) if maximum else error.get("n_ctx")
+        return PromptTooLong(message, tokens=tokens, maximum=limit)
     return error_for_status(exc.status_code, message, retry_after=parse_retry_after(exc.response.headers))
 
 
-def to_chat_payload(request: ModelRequestSpec) -> dict[str, Any]:
+def to_chat_payload(request: ModelRequestSpec, *, tool_results_as_text: bool = False) -> dict[str, Any]:
     """The canonical (Anthropic-shaped) request as a chat-completions payload."""
     tools = request.tools
     by_name = {tool["name"]: tool for tool in tools}
@@ -126,7 +248,7 @@ def to_chat_payload(request: ModelRequestSpec) -> dict[str, Any]:
     if system:
         messages.append({"role": "system", "content": system})
     for message in request.messages:
-        messages.extend(_chat_messages(message))
+        messages.extend(_chat_messages(message, tool_results_as_text=tool_results_as_text))
     payload: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": request.max_tokens}
     if offered:
         payload["tools"] = [
@@ -140,10 +262,20 @@ def to_chat_payload(request: ModelRequestSpec) -> dict[str, Any]:
             }
             for tool in offered
         ]
+        # Said outright: OpenAI defaults to "auto" with tools, but llama-cpp-python's
+        # chatml-function-calling leaves the tools out of the prompt without it.
+        payload["tool_choice"] = _tool_choice(request.tool_choice)
     return payload
 
 
-def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+def _tool_choice(choice: dict[str, Any] | None) -> Any:
+    kind = (choice or {}).get("type", "auto")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice["name"]}}  # type: ignore[index]
+    return {"any": "required", "none": "none"}.get(kind, "auto")
+
+
+def _chat_messages(message: dict[str, Any], *, tool_results_as_text: bool = False) -> list[dict[str, Any]]:
     content = message["content"]
     if isinstance(content, str):
         return [{"role": message["role"], "content": content}]
@@ -153,7 +285,7 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "id": block["id"],
                 "type": "function",
-                "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}), sort_keys=True)},
+                "function": {"name": block["name"], "arguments": _call_arguments(block.get("input", {}))},
             }
             for block in content
             if block.get("type") == "tool_use"
@@ -169,11 +301,21 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
         if block.get("type") == "tool_result"
     ]
     parts = [_user_part(block) for block in content if block.get("type") in ("text", "image")]
+    if tool_results_as_text and results:
+        lines = [f"Result of tool call {result['tool_call_id']}:\n{result['content']}" for result in results]
+        results, parts = [], [{"type": "text", "text": "\n\n".join(lines)}, *parts]
     if not parts:
         return results
     if all(part["type"] == "text" for part in parts):
         return [*results, {"role": "user", "content": "\n\n".join(part["text"] for part in parts)}]
     return [*results, {"role": "user", "content": parts}]
+
+
+def _call_arguments(arguments: dict[str, Any]) -> str:
+    # Malformed arguments go back as the model wrote them, so its own mistake is what it sees.
+    if set(arguments) == {MALFORMED_ARGUMENTS}:
+        return str(arguments[MALFORMED_ARGUMENTS])
+    return json.dumps(arguments, sort_keys=True)
 
 
 def _result_text(content: Any) -> str:

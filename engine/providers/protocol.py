@@ -28,6 +28,9 @@ class Usage:
     # two add up to cache_creation_input_tokens when the provider reports them.
     cache_creation_5m_input_tokens: int = 0
     cache_creation_1h_input_tokens: int = 0
+    # Where the figures come from: "reported" by the provider, counted with the model server's own
+    # "tokenizer" (it sent none), or our "estimate" (neither); the last two are shown as estimated.
+    source: str = "reported"
 
     @property
     def prompt_tokens(self) -> int:
@@ -56,6 +59,10 @@ class MessageDone:
 
 
 ProviderEvent = TextDelta | ToolUseBlock | MessageDone
+
+# A tool call whose arguments were not a JSON object carries them, as the model wrote them, under
+# this key alone; the runtime answers it with a tool error the model sees instead of running it.
+MALFORMED_ARGUMENTS = "_malformed_arguments"
 
 
 class ProviderError(Exception):

