@@ -149,6 +149,9 @@ CC_CONTEXT_WINDOW_TOKENS = env_int("CC_CONTEXT_WINDOW_TOKENS", 200_000, minimum=
 CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", 80, minimum=1)
 CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", 50, minimum=1)
 CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", 8_000, minimum=256)
+# CH-11: a pass that frees fewer tokens than this (or than one snapshot page costs) is not
+# recorded: it would rewrite the cached prefix for nothing.
+CC_COMPACT_MIN_FREED_TOKENS = env_int("CC_COMPACT_MIN_FREED_TOKENS", 500, minimum=1)
 
 # --- apps -----------------------------------------------------------------------
 INSTALLED_APPS = [
