@@ -98,6 +98,7 @@ def compaction_pass(
         rung=result.rung,
         tokens_before=result.tokens_before,
         tokens_after=result.tokens_after,
+        target_tokens=target_tokens,
         steps=[step.as_dict() for step in result.steps],
         replaced=result.replaced,
         trigger=trigger,
