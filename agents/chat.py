@@ -143,10 +143,13 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
     if name in ("compact", "shake"):
         # The web process never calls a model (RN-1), so /compact climbs the free rungs and snapshots.
         rungs = ladder.FREE_RUNGS if name == "shake" else ("elide", "drop_images", "snapshot")
-        compaction, _ = conversation_compact(conversation=conversation, rungs=rungs)
+        done = conversation_compact(conversation=conversation, rungs=rungs)
+        if done.compaction is None:
+            return CommandResult(name, f"/{name}: {done.reason}.", {"recorded": False, "freed": done.freed})
+        compaction = done.compaction
         return CommandResult(
             name,
-            f"/{name}: {compaction.tokens_before} -> {compaction.tokens_after} tokens (rung: {compaction.rung}).",
+            f"/{name}: {done.tokens_now} -> {compaction.tokens_after} tokens (rung: {compaction.rung}).",
             compaction_dict(compaction),
         )
     if name == "context":

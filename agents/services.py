@@ -18,9 +18,10 @@ from agents.providers import get_provider
 from agents.subagents import subagents_cancel, subagents_reap_orphans
 from controlcenter.db import reconnecting
 from controlcenter.errors import Conflict, DomainError
-from conversations.models import Conversation, Message
+from conversations.models import Compaction, Conversation, Message
 from engine.actions import ActionLimits, ApprovalNeeded
 from engine.catalog.toolbox import CatalogToolBox
+from engine.context.transcript import overhead_tokens
 from engine.loop import (
     CANCEL_POLL_SECONDS,
     TurnCancelled,
@@ -147,7 +148,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
         scratchpad_services.gc()
         catalog, toolbox = turns.turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode)
         system = turns.turn_system(catalog)
-        history = turns.turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
+        history = turns.turn_history(run, overhead_tokens=overhead_tokens(system, toolbox.schemas()), emit=emit)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
@@ -156,7 +157,7 @@ def run_execute(*, run_id: int, worker: str) -> None:
             toolbox=toolbox,
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
-            **_runtime_options(run, emit),
+            **_runtime_options(run, emit, overhead=lambda: overhead_tokens(system, toolbox.schemas())),
         )
     except ApprovalNeeded as pause:
         try:
@@ -175,6 +176,8 @@ def run_execute(*, run_id: int, worker: str) -> None:
             publisher.publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
         return
     except PromptTooLong as exc:
+        # A pass whose retry was refused too must not become the view later turns send (CH-12).
+        Compaction.objects.filter(run=run, trigger="reactive").delete()
         error = _too_long_message(run, history, exc)
         if _finish(run, Run.Status.FAILED, error):
             publisher.publish("run_finished", {"status": Run.Status.FAILED, "error": error})
@@ -233,13 +236,15 @@ def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Me
 # --- runtime options: approvals, limits, parallel tools, prompt too long (RN-4) -------
 
 
-def _runtime_options(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+def _runtime_options(
+    run: Run, emit: Callable[[str, dict[str, Any]], None], *, overhead: Callable[[], int]
+) -> dict[str, Any]:
     return {
         "limits": ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
         "max_parallel_tools": settings.CC_MAX_PARALLEL_TOOLS,
         "resume": approvals.paused_turn_of(run),
         "decisions": approvals.decisions_for(run),
-        "on_prompt_too_long": turns.reactive_compaction_hook(run, emit),
+        "on_prompt_too_long": turns.reactive_compaction_hook(run, emit, overhead=overhead),
         "max_tokens": settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
     }
 

@@ -18,17 +18,16 @@ from agents import approvals
 from agents.models import Run
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from conversations import export, selectors
+from conversations.compaction import compaction_pass
 from conversations.models import Compaction, Conversation, Message
-from conversations.services import sendable
 from conversations.window import window_budget
 from engine.catalog.toolbox import CatalogToolBox
-from engine.context import ladder, transcript
-from engine.context.snapshots import page_for_window
+from engine.context import transcript
 from engine.loop import ReactiveCompaction
 from engine.providers.protocol import PromptTooLong
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
-from engine.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.tokens import estimate_text_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
@@ -94,63 +93,62 @@ class TurnContext:
 def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = None) -> TurnContext:
     """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
 
-    Compaction runs proactively (CH-2) when the history and `overhead_tokens` (system and
-    tools) pass CC_COMPACT_AT_PERCENT of the context window, down to CC_COMPACT_TO_PERCENT,
-    with the rungs that need no model call. Its view is stored and reused by later turns,
-    so a pass is one rewrite, not a different prefix at every turn.
+    Compaction runs proactively (CH-2) when the whole request (history, system and tools:
+    `overhead_tokens`) passes CC_COMPACT_AT_PERCENT of the context window, down to
+    CC_COMPACT_TO_PERCENT, with the rungs that need no model call. The pass starts from the
+    stored messages, not from the view it replaces (CH-11); its view is stored and reused by
+    later turns, so a pass is one rewrite, not a different prefix at every turn.
     """
     history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
         return TurnContext(history, None)
     target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
-    view, compaction = _compact_view(trigger, history, target, trigger_name="proactive", run=run)  # type: ignore[misc]
-    return TurnContext(view, compaction)
+    done = compaction_pass(
+        conversation_id=trigger.conversation_id,
+        tip_id=trigger.pk,
+        rungs=NO_CALL_RUNGS,
+        target_tokens=target,
+        trigger="proactive",
+        run=run,
+    )
+    return TurnContext(done.view, done.compaction)
+
+
+# Overflow recovery never depends on a model call (CH-2): snapshots are always available.
+NO_CALL_RUNGS = ("elide", "drop_images", "snapshot")
+# Reactive recovery aims this far below the provider's stated maximum: its count was higher than ours once.
+RECOVERY_MARGIN = 0.9
+
+
+def recovery_limit(*, refused: int, estimated: int, maximum: int, fixed_tokens: int) -> int:
+    """The history budget, in our estimate's units, that brings a refused request under the maximum (CH-12).
+
+    The provider measured `refused` tokens where we estimated `estimated`: our count is scaled
+    by that ratio, so the retry is below `maximum` with a margin by the provider's own count.
+    `fixed_tokens` is what the retry sends besides the history (system, tools, this turn).
+    """
+    ratio = max(1.0, refused / estimated) if estimated > 0 else 1.0
+    return int(maximum * RECOVERY_MARGIN / ratio) - fixed_tokens
 
 
 def reactive_compaction(
     *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int, run: Run | None = None
 ) -> tuple[list[dict[str, Any]], Compaction] | None:
-    """After the provider refused the prompt as too long (CH-2): one pass, no model call; None if it cannot fit."""
-    return _compact_view(trigger, history, limit_tokens, trigger_name="reactive", must_fit=True, run=run)
-
-
-# Overflow recovery never depends on a model call (CH-2): snapshots are always available.
-NO_CALL_RUNGS = NO_CALL_RUNGS = ("elide", "drop_images", "snapshot")
-
-
-def _compact_view(
-    trigger: Message,
-    history: list[dict[str, Any]],
-    target: int,
-    *,
-    trigger_name: str,
-    must_fit: bool = False,
-    run: Run | None = None,
-) -> tuple[list[dict[str, Any]], Compaction] | None:
-    result = ladder.compact(
-        history,
-        rungs=NO_CALL_RUNGS,
-        target_tokens=target,
-        tail_tokens=settings.CC_COMPACT_TAIL_TOKENS,
-        shape=page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS),
-    )
-    if must_fit and result.tokens_after > target:
-        return None
-    view = sendable(result.messages)
-    compaction = Compaction.objects.create(
+    """After the provider refused the prompt as too long (CH-2): one pass from the stored messages, no
+    model call; None if it cannot fit under `limit_tokens` or would send the same history again."""
+    done = compaction_pass(
         conversation_id=trigger.conversation_id,
-        tip=trigger,
-        rung=result.rung,
-        tokens_before=result.tokens_before,
-        tokens_after=result.tokens_after,
-        steps=[step.as_dict() for step in result.steps],
-        replaced=result.replaced,
-        trigger=trigger_name,
-        view=view,
+        tip_id=trigger.pk,
+        rungs=NO_CALL_RUNGS,
+        target_tokens=limit_tokens,
+        trigger="reactive",
         run=run,
+        must_fit=True,
     )
-    return view, compaction
+    if done.compaction is None:
+        return None
+    return done.compaction.view, done.compaction
 
 
 def turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
@@ -173,13 +171,24 @@ def compaction_event(compaction: Any) -> dict[str, Any]:
     }
 
 
-def reactive_compaction_hook(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> ReactiveCompaction:
-    """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2)."""
+def reactive_compaction_hook(
+    run: Run, emit: Callable[[str, dict[str, Any]], None], *, overhead: Callable[[], int]
+) -> ReactiveCompaction:
+    """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2).
+
+    `overhead` counts what the request sends besides its messages (system, tools resident
+    and loaded), read when the refusal comes, so the retry's budget leaves room for them.
+    """
 
     def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
         maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
-        # Room for this turn's own messages, and a margin because the estimate was low once already.
-        limit = int(maximum * 0.9) - estimate_json_tokens(turn)
+        fixed = overhead() + transcript.transcript_tokens(turn)
+        history_tokens = transcript.transcript_tokens(history)
+        estimated = fixed + history_tokens
+        refused = error.tokens or estimated
+        limit = recovery_limit(refused=refused, estimated=estimated, maximum=maximum, fixed_tokens=fixed)
+        # Never the same request again: without a measured size, the history must shrink by the margin too.
+        limit = min(limit, int(history_tokens * RECOVERY_MARGIN))
         if limit <= 0:
             return None
         compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit, run=run)

@@ -176,6 +176,9 @@ CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", 50, minimum=1)
 CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", CC_WINDOW_BUDGET.compact_tail_tokens, minimum=256)
 # The side of a snapshot page in pixels (CH-3): one page costs at most 5 % of the window.
 CC_SNAPSHOT_PAGE_PIXELS = env_int("CC_SNAPSHOT_PAGE_PIXELS", CC_WINDOW_BUDGET.page_pixels, minimum=256)
+# CH-11: a pass that frees fewer tokens than this (or than one snapshot page costs) is not
+# recorded: it would rewrite the cached prefix for nothing.
+CC_COMPACT_MIN_FREED_TOKENS = env_int("CC_COMPACT_MIN_FREED_TOKENS", 500, minimum=1)
 
 # --- apps -----------------------------------------------------------------------
 INSTALLED_APPS = [

@@ -153,13 +153,19 @@ class CompactApi(APIView):
         conversation = _conversation(request, conversation_id)
         return Response(CompactionSerializer(selectors.compactions_for(conversation=conversation), many=True).data)
 
-    @extend_schema(request=CompactSerializer, responses={201: CompactionSerializer})
+    @extend_schema(request=CompactSerializer, responses={201: CompactionSerializer, 200: OpenApiTypes.OBJECT})
     def post(self, request: Request, conversation_id: int) -> Response:
         conversation = _conversation(request, conversation_id)
         payload = CompactSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        compaction, _ = services.conversation_compact(conversation=conversation, rungs=payload.validated_data["rungs"])
-        return Response(CompactionSerializer(compaction).data, status=status.HTTP_201_CREATED)
+        done = services.conversation_compact(conversation=conversation, rungs=payload.validated_data["rungs"])
+        if done.compaction is None:
+            # Too little to free (CH-11): nothing recorded, the path sends what it sent before.
+            return Response(
+                {"recorded": False, "detail": done.reason, "tokens_now": done.tokens_now,
+                 "tokens_after": done.result.tokens_after, "freed": done.freed, "required": done.required}
+            )  # fmt: skip
+        return Response(CompactionSerializer(done.compaction).data, status=status.HTTP_201_CREATED)
 
 
 class ExportApi(APIView):

@@ -97,6 +97,8 @@ class Compaction(models.Model):
     rung = models.CharField(max_length=16)
     tokens_before = models.PositiveIntegerField()
     tokens_after = models.PositiveIntegerField()
+    # What the pass aimed at (0: every requested rung), so a pass can be re-run and compared (CH-11).
+    target_tokens = models.PositiveIntegerField(default=0)
     steps = models.JSONField(default=list)
     # Which message blocks the pass replaced, so it can be inspected and undone.
     replaced = models.JSONField(default=list)

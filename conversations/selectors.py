@@ -192,8 +192,12 @@ def as_plain(message: Message | PathMessage) -> dict[str, Any]:
 
 def path_messages(conversation: Conversation) -> list[dict[str, Any]]:
     """The current path as the pure core takes it (ids kept), rewind notes in place: what the ladder compacts."""
-    path = current_path(conversation)
-    notes = rewind_notes(conversation_id=conversation.pk, path=path)
+    return source_of_path(conversation_id=conversation.pk, path=current_path(conversation))
+
+
+def source_of_path(*, conversation_id: int, path: list[PathMessage]) -> list[dict[str, Any]]:
+    """The stored messages of a path with their ids and rewind notes: every compaction pass starts here (CH-11)."""
+    notes = rewind_notes(conversation_id=conversation_id, path=path)
     return [{"id": m.id, **_sendable(m, notes.get(m.id))} for m in path]
 
 

@@ -108,6 +108,7 @@ class CompactionSerializer(serializers.ModelSerializer):
             "tip",
             "tokens_before",
             "tokens_after",
+            "target_tokens",
             "steps",
             "replaced",
             "trigger",

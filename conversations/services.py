@@ -17,9 +17,9 @@ from django.utils import timezone
 
 from controlcenter.errors import Conflict, DomainError
 from conversations import commands, export, selectors
-from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from conversations.compaction import CompactionPass, compaction_pass
+from conversations.models import Checkpoint, Conversation, Message, RewindDigest
 from engine.context import ladder, transcript
-from engine.context.snapshots import page_for_window
 from toolcatalog.models import Mode
 
 TITLE_MAX = 200
@@ -222,40 +222,23 @@ def conversation_compact(
     target_tokens: int = 0,
     summarize: Callable[[str], str] | None = None,
     trigger: str = "command",
-) -> tuple[Compaction, ladder.LadderResult]:
+) -> CompactionPass:
     """Run the ladder over the current path and record the pass (CH-1, CH-10 /compact and /shake).
 
-    Nothing is deleted: the row records what the pass replaced, the tree keeps
-    every original message.
+    Nothing is deleted: the row records what the pass replaced, the tree keeps every
+    original message. A pass that frees too little records nothing (CH-11), so a no-op
+    `/shake` changes nothing.
     """
     unknown = [rung for rung in rungs if rung not in ladder.RUNGS]
     if unknown or not rungs:
         raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
-    path = selectors.path_messages(conversation)
-    if not path:
+    if conversation.tip_id is None:
         raise DomainError("The conversation has no messages yet; there is nothing to compact.")
-    result = ladder.compact(
-        path,
+    return compaction_pass(
+        conversation_id=conversation.pk,
+        tip_id=conversation.tip_id,
         rungs=rungs,
         target_tokens=target_tokens,
-        tail_tokens=settings.CC_COMPACT_TAIL_TOKENS,
         summarize=summarize,
-        shape=page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS),
-    )
-    compaction = Compaction.objects.create(
-        conversation=conversation,
-        tip_id=conversation.tip_id,
-        rung=result.rung,
-        tokens_before=result.tokens_before,
-        tokens_after=result.tokens_after,
-        steps=[step.as_dict() for step in result.steps],
-        replaced=result.replaced,
         trigger=trigger,
-        view=sendable(result.messages),
     )
-    return compaction, result
-
-
-def sendable(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a provider takes them: role and content only (the ladder keeps database ids)."""
-    return [{"role": message["role"], "content": message["content"]} for message in messages]

@@ -100,6 +100,9 @@ def compact(
     tokens_before = transcript_tokens(original, image_rule=image_rule)
     head_end = 1 if original and original[0].get("role") == "user" else 0
     tail_start = max(head_end, trim_for_resume(original[head_end:], budget_tokens=tail_tokens).start + head_end)
+    # The latest prompt and everything after it stay text however large (CH-13): a page must
+    # never hold the only copy of what the model is asked to do now.
+    tail_start = max(head_end, min(tail_start, latest_prompt_index(original)))
     head, middle, tail = original[:head_end], copy.deepcopy(original[head_end:tail_start]), original[tail_start:]
     replacement: Msg | None = None
     steps: list[RungReport] = []
@@ -126,14 +129,19 @@ def compact(
             source = middle
             pages, snapshot_report = snapshots.render(source, shape=shape, image_rule=image_rule)
             candidate = _replacement(source, "snapshot", [page.as_block() for page in pages])
-            if transcript_tokens([candidate], image_rule=image_rule) < transcript_tokens(middle, image_rule=image_rule):
+            # Text becomes pixels only when that saves at least one page's worth of tokens:
+            # a page is harder to read back than the text it replaces.
+            page_cost = snapshot_report.image_tokens_per_page
+            as_text = transcript_tokens(middle, image_rule=image_rule)
+            saving = as_text - transcript_tokens([candidate], image_rule=image_rule)
+            if saving >= page_cost:
                 replacement = candidate
                 report.items = len(pages)
                 report.detail = snapshot_report.as_dict()
                 replaced.append({"kind": "snapshot", "messages": _ids(source), "pages": len(pages)})
             else:
                 pages = []
-                report.note = "the middle is cheaper as text than as pages"
+                report.note = f"pages would save {saving} tokens, less than one page costs ({page_cost})"
         elif rung == "summary" and middle:
             if summarize is None:
                 report.note = "no summarizer is available here (summaries need a model call)"
@@ -148,6 +156,17 @@ def compact(
         report.tokens_after = current
         steps.append(report)
     return LadderResult(view(), tokens_before, current, steps, replaced, pages)
+
+
+def latest_prompt_index(messages: Sequence[Msg]) -> int:
+    """Index of the latest message a person wrote (user text, not tool results); len(messages) if none."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        blocks = message.get("content") or []
+        results = not isinstance(blocks, str) and any(b.get("type") == "tool_result" for b in blocks)
+        if message.get("role") == "user" and not results:
+            return index
+    return len(messages)
 
 
 def _ids(messages: Sequence[Msg]) -> list[Any]:

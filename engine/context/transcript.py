@@ -176,3 +176,25 @@ def text_of(message: Msg) -> str:
 def api_messages(messages: Sequence[Msg]) -> list[Msg]:
     """The messages as a provider takes them: only `role` and `content`."""
     return [{"role": message["role"], "content": message["content"]} for message in messages]
+
+
+def overhead_tokens(system: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> int:
+    """What a request carries besides its messages: the system blocks' text and every tool schema sent."""
+    return sum(estimate_text_tokens(block.get("text", "")) for block in system) + sum(
+        estimate_json_tokens(tool) for tool in tools
+    )
+
+
+def request_tokens(
+    system: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    messages: Sequence[Msg],
+    *,
+    image_rule: str = "area",
+) -> int:
+    """The one estimate of a whole request (CH-12): system, tools, messages, images by the documented rule.
+
+    The trigger, the Context view, reactive recovery and the recorded estimate all use it,
+    so they can never disagree about whether a request fits.
+    """
+    return overhead_tokens(system, tools) + transcript_tokens(messages, image_rule=image_rule)

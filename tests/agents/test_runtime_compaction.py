@@ -93,8 +93,10 @@ def test_a_turn_past_the_threshold_compacts_first_and_later_turns_reuse_the_view
     assert second.status == Run.Status.SUCCEEDED, second.error
     assert Compaction.objects.filter(conversation=conversation).count() == 1  # the view was reused
     assert alice_api.get(f"/api/runs/{second.pk}/").json()["compactions"] == []
-    # /compact from the API belongs to the conversation only: no run caused it.
-    assert alice_api.post(f"/api/conversations/{conversation.pk}/compact/", {}, format="json").json()["run"] is None
+    # /compact from the same stored messages gives the same view: nothing to free, nothing recorded (CH-11).
+    again = alice_api.post(f"/api/conversations/{conversation.pk}/compact/", {}, format="json")
+    assert again.status_code == 200 and again.json()["recorded"] is False, again.json()
+    assert Compaction.objects.filter(conversation=conversation).count() == 1
     reused = ModelRequest.objects.filter(run=second).order_by("step").first()
     assert reused.cache_read_input_tokens > 0  # same prefix as the first turn's requests (TD-11)
 
@@ -114,7 +116,9 @@ def test_a_prompt_the_provider_refuses_as_too_long_is_compacted_once_and_sent_ag
         history=history,
         toolbox=_NoTools(),
         emit=lambda kind, payload: events.append((kind, payload)),
-        on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: events.append((kind, payload))),
+        on_prompt_too_long=_reactive_compaction(
+            run, lambda kind, payload: events.append((kind, payload)), overhead=lambda: 10
+        ),
     )
     assert outcome.stop_reason == "end_turn"
     compaction = Compaction.objects.get(conversation=conversation)
@@ -141,7 +145,7 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
             history=history,
             toolbox=_NoTools(),
             emit=lambda kind, payload: None,
-            on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: None),
+            on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: None, overhead=lambda: 0),
         )
     assert refused.value.tokens > 400 and refused.value.maximum == 400
     assert not Compaction.objects.filter(conversation=conversation).exists()

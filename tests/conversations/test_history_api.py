@@ -71,14 +71,17 @@ def test_branch_edit_fork_checkpoint_rewind_over_the_api(alice_api, explored):
 
 
 @pytest.mark.req("CH-10")
-def test_compact_context_export_and_slash_commands_over_the_api(alice_api, explored):
+def test_compact_context_export_and_slash_commands_over_the_api(alice_api, explored, settings):
+    settings.CC_COMPACT_TAIL_TOKENS = 256
+    add_turn(explored, "Read it.", "Read.", tools=[("read_file", {"ok": True, "text": "z " * 4000})])
+    add_turn(explored, "Again.", "Done.")
     response = alice_api.post(url(explored, "compact/"), {"rungs": ["elide", "drop_images"]}, format="json")
     assert response.status_code == 201 and [s["rung"] for s in response.json()["steps"]] == ["elide", "drop_images"]
     assert len(alice_api.get(url(explored, "compact/")).json()) == 1
     context = alice_api.get(url(explored, "context/")).json()
     assert context["categories"][-1]["name"] == "free"
     exported = alice_api.get(url(explored, "export/json/")).json()
-    assert len(exported["messages"]) == 6
+    assert len(exported["messages"]) == 6 + 6
     markdown = alice_api.get(url(explored, "export/markdown/"))
     assert markdown["Content-Type"].startswith("text/markdown") and b"# History" in markdown.content
     response = alice_api.post(url(explored, "messages/"), {"text": "/tree"}, format="json")

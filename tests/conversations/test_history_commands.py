@@ -86,9 +86,12 @@ def test_every_command_dispatches_to_its_service(explored, settings):
 
     shake = send("/shake")
     assert [s["rung"] for s in shake.data["steps"]] == ["elide", "drop_images"]
+    # The shaken view already holds what elision frees, and imaging so short a middle would save
+    # less than a page costs: /compact records nothing rather than a pass that frees nothing (CH-11).
     compact = send("/compact")
-    assert [s["rung"] for s in compact.data["steps"]] == ["elide", "drop_images", "snapshot"]
-    assert Compaction.objects.count() == 2
+    assert compact.data == {"recorded": False, "freed": compact.data["freed"]} and compact.data["freed"] < 500
+    assert "nothing was recorded" in compact.detail
+    assert Compaction.objects.count() == 1
 
     context = send("/context")
     names = [c["name"] for c in context.data["categories"]]

@@ -261,7 +261,8 @@ def test_compact_service_records_the_pass_and_keeps_every_message(conversation, 
             conversation, f"Step {index}", f"Done {index}", tools=[("read_file", {"ok": True, "text": PROSE * 30})]
         )
     stored = list(Message.objects.filter(conversation=conversation).values_list("id", "content"))
-    compaction, result = services.conversation_compact(conversation=conversation, rungs=ladder.FREE_RUNGS)
+    done = services.conversation_compact(conversation=conversation, rungs=ladder.FREE_RUNGS)
+    compaction, result = done.compaction, done.result
     row = Compaction.objects.get()
     assert row.pk == compaction.pk and row.rung == "elide" and row.tip_id == conversation.tip_id
     assert row.tokens_before > row.tokens_after == result.tokens_after
