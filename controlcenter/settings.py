@@ -320,6 +320,17 @@ LOGGING = {
 # Bytes of stdout and of stderr kept per bash call; the rest is counted, not kept.
 CC_BASH_OUTPUT_CAP_BYTES = env_int("CC_BASH_OUTPUT_CAP_BYTES", 1_000_000, minimum=1024)
 CC_BASH_MAX_TIMEOUT_SECONDS = env_int("CC_BASH_MAX_TIMEOUT_SECONDS", 1800, minimum=1)
+# --- the tool sandbox (SB-1..3, docs/security.md): per-call limits of every program a tool runs.
+CC_SANDBOX_NETWORK = env_choice("CC_SANDBOX_NETWORK", ["off", "on"], "off")
+CC_SANDBOX_CPU_SECONDS = env_int("CC_SANDBOX_CPU_SECONDS", 600, minimum=1)
+CC_SANDBOX_MEMORY_MB = env_int("CC_SANDBOX_MEMORY_MB", 2048, minimum=64)
+CC_SANDBOX_PROCESSES = env_int("CC_SANDBOX_PROCESSES", 256, minimum=8)
+CC_SANDBOX_FILE_SIZE_MB = env_int("CC_SANDBOX_FILE_SIZE_MB", 512, minimum=1)
+CC_SANDBOX_TMP_MB = env_int("CC_SANDBOX_TMP_MB", 64, minimum=1)
+# The host uid a root worker drops to before starting bubblewrap (a non-root worker runs it as itself).
+CC_SANDBOX_UID = env_int("CC_SANDBOX_UID", 65534, minimum=1)
+# Disk quota of one user over all their workspaces; a write past it fails and is undone.
+CC_WORKSPACE_QUOTA_MB = env_int("CC_WORKSPACE_QUOTA_MB", 1024, minimum=1)
 CC_FETCH_MAX_BYTES = env_int("CC_FETCH_MAX_BYTES", 2_000_000, minimum=1024)
 # CIDRs fetch_url may reach although they are loopback/private/link-local (e.g. "10.1.0.0/16").
 CC_FETCH_ALLOWED_NETWORKS = env_list("CC_FETCH_ALLOWED_NETWORKS", [])

@@ -42,10 +42,11 @@ def test_bash_runs_in_the_workspace_and_reports_exit_code_and_streams(box, tmp_p
     (tmp_path / "sub").mkdir()
     done = box.execute("bash", {"command": "pwd; echo oops >&2; touch made.txt"})
     assert done["ok"] is True and done["exit_code"] == 0
-    assert done["stdout"] == f"{tmp_path.resolve()}\n"
+    # The workspace is mounted at a fixed path in the sandbox (SB-1).
+    assert done["stdout"] == "/workspace\n"
     assert done["stderr"] == "oops\n"
     assert (tmp_path / "made.txt").exists()
-    assert box.execute("bash", {"command": "pwd", "cwd": "sub"})["stdout"] == f"{tmp_path.resolve() / 'sub'}\n"
+    assert box.execute("bash", {"command": "pwd", "cwd": "sub"})["stdout"] == "/workspace/sub\n"
     failed = box.execute("bash", {"command": "exit 3"})
     assert failed["ok"] is False and failed["exit_code"] == 3 and "code 3" in failed["error"]
 

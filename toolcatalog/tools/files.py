@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from toolcatalog import quota
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 
 DEFAULT_READ_LIMIT = 2000
@@ -88,8 +89,9 @@ def write_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
     if mode == "create_only" and target.exists():
         raise ToolFailure(f"{relative!r} already exists and mode is create_only.")
     existed = target.exists()
-    target.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8")
+    quota.check_write(context, len(data) - (target.stat().st_size if existed and mode != "append" else 0))
+    target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("ab" if mode == "append" else "wb") as handle:
         handle.write(data)
     return {
@@ -124,6 +126,7 @@ def edit_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
             "or set replace_all."
         )
     updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+    quota.check_write(context, len(updated.encode("utf-8")) - len(text.encode("utf-8")))
     with target.open("w", encoding="utf-8", newline="") as handle:
         handle.write(updated)
     diff = list(

@@ -1,123 +1,122 @@
-"""bash: run a command in the workspace with a timeout and an output cap (RN-5).
+"""bash: run a command in the workspace's OS sandbox, with limits and an output cap (RN-5, SB-1..3).
 
-The command runs in its own process group so a timeout kills everything it started,
-with a scrubbed environment (no secrets of the server leak into a model's shell),
-and stdout/stderr are read concurrently and kept up to a cap; what is cut is counted
-and said, never silently dropped. Large kept output goes to the scratchpad (SP-1).
+The command runs under bubblewrap (toolcatalog/sandbox.py): the workspace at /workspace, the
+system read-only, no network by default, an allow-listed environment, per-call CPU, memory,
+process, file-size and wall-clock limits, and nothing left running when the call ends.
+stdout/stderr are kept up to a cap; what is cut is counted and said, never silently dropped.
+Large kept output goes to the scratchpad (SP-1).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import threading
-import time
-from typing import IO, Any
+from typing import Any
 
 from django.conf import settings
 
+from toolcatalog import quota, sandbox
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 
 DEFAULT_TIMEOUT_SECONDS = 120
-_READ_CHUNK = 65536
-_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class _CappedReader(threading.Thread):
-    def __init__(self, stream: IO[bytes] | Any, cap: int) -> None:
-        super().__init__(daemon=True)
-        self.stream, self.cap = stream, cap
-        self.kept = bytearray()
-        self.total = 0
-
-    def run(self) -> None:
-        while chunk := self.stream.read1(_READ_CHUNK):
-            self.total += len(chunk)
-            room = self.cap - len(self.kept)
-            if room > 0:
-                self.kept.extend(chunk[:room])
-
-    def text(self) -> str:
-        return self.kept.decode("utf-8", errors="replace")
-
-
-def shell_environment(context: ToolContext) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", _DEFAULT_PATH),
-        "HOME": str(context.root),
-        "PWD": str(context.root),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "TERM": "dumb",
-    }
+# What a limit looks like from outside, and what to tell the model about it.
+_SIGNALS = {
+    signal.SIGXCPU: "it used more than its CPU-time limit of {cpu} s (CC_SANDBOX_CPU_SECONDS)",
+    signal.SIGXFSZ: "it wrote a file past the file-size limit ({fsize} bytes)",
+}
+_STDERR_HINTS = {
+    "fork: retry": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
+    "Resource temporarily unavailable": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
+    "MemoryError": "it hit the memory limit of {memory} MB (CC_SANDBOX_MEMORY_MB)",
+    "Cannot allocate memory": "it hit the memory limit of {memory} MB (CC_SANDBOX_MEMORY_MB)",
+    "memory exhausted": "it hit the memory limit of {memory} MB (CC_SANDBOX_MEMORY_MB)",
+    "File size limit exceeded": "it wrote a file past the file-size limit ({fsize} bytes)",
+    "No space left on device": "it filled the sandbox's /tmp ({tmp} MB, CC_SANDBOX_TMP_MB)",
+}
 
 
 def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
     command = arguments["command"]
     if not command.strip():
         raise ToolFailure("command is empty.")
+    if "\x00" in command:
+        raise ToolFailure("command contains a NUL byte.")
     timeout = min(arguments.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS), settings.CC_BASH_MAX_TIMEOUT_SECONDS)
     cwd = context.path(arguments.get("cwd", "."), what="cwd")
     if not cwd.is_dir():
         raise ToolFailure(f"cwd {arguments.get('cwd')!r} is not a directory in the workspace.")
+    if sandbox.bwrap_path() is None:
+        raise ToolFailure(
+            "The sandbox is not available: bubblewrap (bwrap) is not installed on the worker, and no "
+            "command runs outside it. An operator must install Debian's `bubblewrap` package."
+        )
+    limits = sandbox.Limits.from_settings(wall_seconds=timeout)
+    others = quota.others_bytes(context)
+    remaining = quota.quota_bytes() - others - quota.tree_bytes(context.root)
+    if remaining <= 0:
+        raise ToolFailure(f"{quota.describe(quota.quota_bytes() - remaining)}; the command did not run. Delete files.")
+    fsize = min(limits.file_size_mb * 1024 * 1024, remaining)
+
+    def over_quota() -> str | None:
+        used = others + quota.tree_bytes(context.root)
+        return f"{quota.describe(used)} and it was killed" if used > quota.quota_bytes() else None
+
     cap = settings.CC_BASH_OUTPUT_CAP_BYTES
-    started = time.monotonic()
-    process = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's purpose
+    result = sandbox.run(
+        context.root,
         ["bash", "-c", command],
-        cwd=cwd,
-        env=shell_environment(context),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+        limits=limits,
+        output_cap=cap,
+        cwd=context.relative(cwd),
+        key=context.conversation_id if context.conversation_id is not None else ("user", context.user_id),
+        file_size_bytes=fsize,
+        watchdog=over_quota,
     )
-    readers = [_CappedReader(process.stdout, cap), _CappedReader(process.stderr, cap)]
-    for reader in readers:
-        reader.start()
-    timed_out = False
-    try:
-        exit_code = process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(process)
-        exit_code = process.wait()
-    finally:
-        # A background child that kept the pipes open is killed with the group.
-        for reader in readers:
-            reader.join(timeout=2)
-        if any(reader.is_alive() for reader in readers):
-            _kill_group(process)
-            for reader in readers:
-                reader.join(timeout=2)
-    stdout, stderr = readers
+    if result.stopped_by is None and (late := over_quota()):
+        result.stopped_by = late
     observation: Observation = {
-        "ok": exit_code == 0 and not timed_out,
-        "exit_code": exit_code,
-        "stdout": stdout.text(),
-        "stderr": stderr.text(),
-        "duration_ms": int((time.monotonic() - started) * 1000),
+        "ok": result.exit_code == 0 and not result.timed_out and result.stopped_by is None,
+        "exit_code": result.exit_code,
+        "stdout": result.stdout.text(),
+        "stderr": result.stderr.text(),
+        "duration_ms": result.duration_ms,
         "cwd": context.relative(cwd),
     }
-    for name, reader in (("stdout", stdout), ("stderr", stderr)):
+    for name, reader in (("stdout", result.stdout), ("stderr", result.stderr)):
         if reader.total > len(reader.kept):
             observation[f"{name}_bytes_omitted"] = reader.total - len(reader.kept)
             observation["_note"] = (
                 f"Output above {cap} bytes per stream was cut; the counts of omitted bytes are given. "
                 "Redirect to a file in the workspace and read it in pages to see all of it."
             )
-    if timed_out:
+    if result.timed_out:
         observation["timed_out"] = True
-        observation["error"] = f"The command did not finish within {timeout} s and was killed."
-    elif exit_code != 0:
-        observation["error"] = f"The command exited with code {exit_code}."
+        observation["error"] = (
+            f"The command did not finish within {timeout} s and was killed, with every process it started."
+        )
+    elif result.killed:
+        observation["error"] = "The command was cancelled and killed, with every process it started."
+    elif result.stopped_by is not None:
+        observation["error"] = f"The command went past the disk quota: {result.stopped_by}."
+    elif result.exit_code != 0:
+        observation["error"] = f"The command exited with code {result.exit_code}{_limit_hit(result, limits, fsize)}."
     return observation
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+def _limit_hit(result: sandbox.Result, limits: sandbox.Limits, fsize: int) -> str:
+    values = {
+        "cpu": limits.cpu_seconds,
+        "memory": limits.memory_mb,
+        "processes": limits.processes,
+        "fsize": fsize,
+        "tmp": limits.tmp_mb,
+    }
+    if result.signal in _SIGNALS:
+        return "; " + _SIGNALS[signal.Signals(result.signal)].format(**values)
+    stderr = result.stderr.text()
+    for needle, hint in _STDERR_HINTS.items():
+        if needle in stderr:
+            return "; " + hint.format(**values)
+    return ""
 
 
 TOOLS = [builtin("bash", bash)]

@@ -1,0 +1,433 @@
+"""The OS sandbox every program a tool runs goes through (SB-1, SB-2, SB-3).
+
+A program runs under bubblewrap in fresh user, PID, IPC, UTS, cgroup and mount namespaces
+(and a fresh, empty network namespace unless `CC_SANDBOX_NETWORK=on`). It sees its workspace
+read-write at `/workspace`, the system directories read-only, a `/etc` of a few files, its own
+`/proc`, `/dev` and a small `/tmp`; nothing else of the host. bwrap itself is started with the
+allow-listed environment, so the sandbox's PID 1 holds nothing of the worker's either.
+
+Lifetimes: the program is PID 2 of its own PID namespace under bwrap's init, which ends the
+namespace (every process in it, detached or not) when the program exits; `--die-with-parent`
+does the same when the worker dies, and `Sandboxed.kill()` when a call times out or is cancelled.
+
+Identity: a non-root worker runs the sandbox as itself. A root worker first drops to
+`CC_SANDBOX_UID` (the kernel ignores RLIMIT_NPROC for root, so a fork bomb could not be bounded
+otherwise) and hands the workspace to that uid. Inside, the uid is 1000 with no capabilities,
+no setuid (no_new_privs) and no nested user namespaces.
+
+The API is small on purpose: `start()` for a long-lived program on pipes (an MCP stdio server),
+`run()` for a command with a timeout and output caps (the bash tool), `kill_running()` for cancel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from django.conf import settings
+
+WORKSPACE = "/workspace"
+INNER_UID = 1000
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_READ_CHUNK = 65536
+# Host /etc entries a shell and the usual tools need to start (dynamic linker, alternatives,
+# certificates, time zone); nothing with accounts, credentials or host configuration.
+_ETC = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "localtime",
+    "mime.types",
+    "protocols",
+    "services",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+)
+_SYSTEM = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap is missing or cannot create namespaces here; nothing runs unsandboxed instead."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-call limits; every field is a setting (`CC_SANDBOX_*`)."""
+
+    cpu_seconds: int
+    memory_mb: int
+    processes: int
+    file_size_mb: int
+    wall_seconds: float
+    tmp_mb: int
+
+    @classmethod
+    def from_settings(cls, *, wall_seconds: float | None = None) -> Limits:
+        return cls(
+            cpu_seconds=settings.CC_SANDBOX_CPU_SECONDS,
+            memory_mb=settings.CC_SANDBOX_MEMORY_MB,
+            processes=settings.CC_SANDBOX_PROCESSES,
+            file_size_mb=settings.CC_SANDBOX_FILE_SIZE_MB,
+            wall_seconds=wall_seconds if wall_seconds is not None else settings.CC_BASH_MAX_TIMEOUT_SECONDS,
+            tmp_mb=settings.CC_SANDBOX_TMP_MB,
+        )
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap", path=PATH)
+
+
+def check() -> None:
+    """Raise SandboxUnavailable with what to do when the sandbox cannot run on this host."""
+    if bwrap_path() is None:
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed; install Debian's `bubblewrap` package "
+            "(apt-get install bubblewrap). Tools that run programs refuse to run without it."
+        )
+    probe = subprocess.run(  # noqa: S603 - a fixed argv
+        [bwrap_path() or "bwrap", *bwrap_options(None), "--", "true"],
+        env=environment(),
+        capture_output=True,
+        timeout=30,
+        preexec_fn=_dropper(sandbox_uid()),  # noqa: PLW1509 - setuid must happen between fork and exec
+        check=False,
+    )
+    if probe.returncode != 0:
+        raise SandboxUnavailable(
+            "bubblewrap cannot create its namespaces here: "
+            f"{probe.stderr.decode(errors='replace').strip()}. Unprivileged user namespaces must be "
+            "enabled (kernel.unprivileged_userns_clone=1; in Docker, a seccomp/AppArmor profile that "
+            "allows them, see docs/security.md)."
+        )
+
+
+def environment() -> dict[str, str]:
+    """The whole environment of the sandbox, bwrap's own included: the short allow-list."""
+    return {"PATH": PATH, "HOME": WORKSPACE, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
+
+
+def sandbox_uid() -> int | None:
+    """The host uid the sandbox runs as when the worker is root; None when it runs as the worker."""
+    return settings.CC_SANDBOX_UID if os.geteuid() == 0 else None
+
+
+def _dropper(uid: int | None) -> Any:
+    """A preexec step becoming `uid` (computed before the fork: nothing but syscalls runs after it)."""
+
+    def drop() -> None:
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+
+    return drop
+
+
+def _etc_files() -> dict[str, str]:
+    return {
+        "passwd": f"sandbox:x:{INNER_UID}:{INNER_UID}:sandbox:{WORKSPACE}:/bin/bash\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+        "group": f"sandbox:x:{INNER_UID}:\nnogroup:x:65534:\n",
+        "hostname": "sandbox\n",
+        "hosts": "127.0.0.1 localhost sandbox\n::1 localhost\n",
+    }
+
+
+def bwrap_options(
+    workspace_fd: int | None,
+    *,
+    cwd: str = ".",
+    network: bool = False,
+    tmp_mb: int = 64,
+    data_fds: dict[str, int] | None = None,
+) -> list[str]:
+    """bwrap's options for a sandbox whose workspace is the open directory `workspace_fd` (None: a probe).
+
+    The workspace goes in as a file descriptor opened by the worker, so a root worker's sandbox
+    uid needs no access to the directories above it (var/ may be 0700).
+    """
+    options = [
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--uid",
+        str(INNER_UID),
+        "--gid",
+        str(INNER_UID),
+        "--hostname",
+        "sandbox",
+    ]
+    if not network:
+        options.append("--unshare-net")
+    for name in _SYSTEM:
+        host = Path("/") / name
+        if host.is_symlink():
+            options += ["--symlink", str(host.readlink()), f"/{name}"]
+        elif host.is_dir():
+            options += ["--ro-bind", str(host), f"/{name}"]
+    for name in [*_ETC, "resolv.conf"] if network else _ETC:
+        if (Path("/etc") / name).exists():
+            options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for name, fd in (data_fds or {}).items():
+        options += ["--ro-bind-data", str(fd), f"/etc/{name}"]
+    options += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    if workspace_fd is None:
+        return [*options, "--chdir", "/"]
+    inside = WORKSPACE if cwd in ("", ".") else f"{WORKSPACE}/{cwd}"
+    return [*options, "--bind-fd", str(workspace_fd), WORKSPACE, "--chdir", inside]
+
+
+def _hand_over(workspace: Path, uid: int) -> None:
+    """Give the workspace to the sandbox uid (root worker only): files the worker wrote stay writable inside.
+
+    bwrap opens the workspace as that uid, so each directory above it must let others search
+    it; a root worker adds the search bit (x, never read) where it is missing.
+    """
+    for parent in reversed(workspace.parents):
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    for path in [workspace, *workspace.rglob("*")]:
+        with contextlib.suppress(FileNotFoundError):
+            if path.lstat().st_uid != uid:
+                os.lchown(path, uid, uid)
+
+
+def _limits_preexec(limits: Limits, file_size_bytes: int, uid: int | None) -> Any:
+    drop = _dropper(uid)
+
+    def apply() -> None:
+        mb = 1024 * 1024
+        for kind, value in (
+            (resource.RLIMIT_CPU, limits.cpu_seconds),
+            (resource.RLIMIT_AS, limits.memory_mb * mb),
+            (resource.RLIMIT_NPROC, limits.processes),
+            (resource.RLIMIT_FSIZE, max(file_size_bytes, 0)),
+            (resource.RLIMIT_CORE, 0),
+        ):
+            resource.setrlimit(kind, (value, value))
+        drop()
+
+    return apply
+
+
+def _pipe_of(data: bytes) -> int:
+    """A pipe's read end already holding `data` (well under the 64 KiB a pipe buffers)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+@dataclass(eq=False)
+class Sandboxed:
+    """A running sandbox: `kill()` ends every process in it (its PID namespace dies with bwrap)."""
+
+    process: subprocess.Popen[bytes]
+    key: Any = None
+    _killed: bool = field(default=False, repr=False)
+
+    def kill(self) -> None:
+        self._killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+
+    @property
+    def killed(self) -> bool:
+        return self._killed
+
+
+_running: dict[Any, set[Sandboxed]] = {}
+_running_lock = threading.Lock()
+
+
+def kill_running(key: Any) -> int:
+    """Kill every sandbox started with this key (a cancel); returns how many were running."""
+    with _running_lock:
+        victims = list(_running.get(key, ()))
+    for sandboxed in victims:
+        sandboxed.kill()
+    return len(victims)
+
+
+def start(
+    workspace: Path,
+    command: Sequence[str],
+    *,
+    limits: Limits,
+    cwd: str = ".",
+    key: Any = None,
+    file_size_bytes: int | None = None,
+    stdin: Any = subprocess.DEVNULL,
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.PIPE,
+) -> Sandboxed:
+    """Start `command` in the sandbox of `workspace`; the caller waits and must `finish()` it."""
+    if bwrap_path() is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed; install Debian's `bubblewrap` package.")
+    uid = sandbox_uid()
+    if uid is not None:
+        _hand_over(workspace, uid)
+    fsize = limits.file_size_mb * 1024 * 1024 if file_size_bytes is None else file_size_bytes
+    data = _etc_files()
+    fds: dict[str, int] = {}
+    try:
+        for name, text in data.items():
+            fds[name] = _pipe_of(text.encode())
+        fds["workspace"] = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        data_fds = {name: fd for name, fd in fds.items() if name in data}
+        options = bwrap_options(
+            fds["workspace"],
+            cwd=cwd,
+            network=settings.CC_SANDBOX_NETWORK == "on",
+            tmp_mb=limits.tmp_mb,
+            data_fds=data_fds,
+        )
+        # The options go through a pipe so the sandbox's /proc/1/cmdline does not show host paths.
+        fds["args"] = _pipe_of(b"".join(option.encode() + b"\0" for option in options))
+        process = subprocess.Popen(  # noqa: S603 - running the caller's program in the sandbox is the point
+            [bwrap_path() or "bwrap", "--args", str(fds["args"]), "--", *command],
+            env=environment(),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            pass_fds=tuple(fds.values()),
+            preexec_fn=_limits_preexec(limits, fsize, uid),  # noqa: PLW1509 - limits and setuid between fork and exec
+        )
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    sandboxed = Sandboxed(process, key)
+    with _running_lock:
+        _running.setdefault(key, set()).add(sandboxed)
+    return sandboxed
+
+
+def finish(sandboxed: Sandboxed) -> None:
+    """Make sure nothing of the sandbox is left and forget it."""
+    if sandboxed.process.poll() is None:
+        sandboxed.kill()
+        sandboxed.process.wait()
+    with _running_lock:
+        same = _running.get(sandboxed.key)
+        if same is not None:
+            same.discard(sandboxed)
+            if not same:
+                del _running[sandboxed.key]
+
+
+class _CappedReader(threading.Thread):
+    def __init__(self, stream: IO[bytes] | Any, cap: int) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.cap = stream, cap
+        self.kept = bytearray()
+        self.total = 0
+
+    def run(self) -> None:
+        while chunk := self.stream.read1(_READ_CHUNK):
+            self.total += len(chunk)
+            room = self.cap - len(self.kept)
+            if room > 0:
+                self.kept.extend(chunk[:room])
+
+    def text(self) -> str:
+        return self.kept.decode("utf-8", errors="replace")
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: _CappedReader
+    stderr: _CappedReader
+    duration_ms: int
+    timed_out: bool = False
+    killed: bool = False
+    signal: int | None = None
+    stopped_by: str | None = None
+
+
+def run(
+    workspace: Path,
+    command: Sequence[str],
+    *,
+    limits: Limits,
+    output_cap: int,
+    cwd: str = ".",
+    key: Any = None,
+    file_size_bytes: int | None = None,
+    watchdog: Any = None,
+) -> Result:
+    """Run `command` to its end, its timeout or a kill; stdout/stderr kept up to `output_cap` each.
+
+    `watchdog`, if given, is called about twice a second while the command runs; a string it
+    returns kills the sandbox and becomes `stopped_by` (the disk quota uses it).
+    """
+    started = time.monotonic()
+    sandboxed = start(workspace, command, limits=limits, cwd=cwd, key=key, file_size_bytes=file_size_bytes)
+    process = sandboxed.process
+    readers = [_CappedReader(process.stdout, output_cap), _CappedReader(process.stderr, output_cap)]
+    for reader in readers:
+        reader.start()
+    timed_out, stopped_by = False, None
+    deadline = started + limits.wall_seconds
+    try:
+        while True:
+            try:
+                process.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    sandboxed.kill()
+                elif watchdog is not None and (stopped_by := watchdog()):
+                    sandboxed.kill()
+    finally:
+        finish(sandboxed)
+        for reader in readers:
+            reader.join(timeout=2)
+    exit_code = process.returncode
+    return Result(
+        exit_code=exit_code,
+        stdout=readers[0],
+        stderr=readers[1],
+        duration_ms=int((time.monotonic() - started) * 1000),
+        timed_out=timed_out,
+        killed=sandboxed.killed and not timed_out and stopped_by is None,
+        signal=_program_signal(exit_code),
+        stopped_by=stopped_by,
+    )
+
+
+def _program_signal(code: int) -> int | None:
+    # bwrap exits with the program's status: a program killed by signal N shows as 128+N, and
+    # bwrap itself killed (timeout, cancel) as -N.
+    if code < 0:
+        return -code
+    if code > 128 and code - 128 < 65:
+        return code - 128
+    return None
