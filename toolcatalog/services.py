@@ -407,6 +407,14 @@ def mcp_server_save(
     return candidate, result
 
 
+def mcp_server_delete(*, server: McpServer) -> None:
+    """Remove a server and its tools; a call of one of them later says it was removed."""
+    with transaction.atomic():
+        Tool.objects.filter(server=server).delete()
+        ToolGroup.objects.filter(heading=server.name, tools__isnull=True).delete()
+        server.delete()
+
+
 @dataclass(frozen=True)
 class McpFileOutcome:
     name: str
