@@ -301,6 +301,7 @@ CC_MCP_SESSION_IDLE_SECONDS = env_int("CC_MCP_SESSION_IDLE_SECONDS", 1800, minim
 # server unused for CC_MCP_IDLE_SECONDS is stopped (started again on the next call).
 CC_MCP_CALL_TIMEOUT_SECONDS = env_int("CC_MCP_CALL_TIMEOUT_SECONDS", 60, minimum=1)
 CC_MCP_IMPORT_TIMEOUT_SECONDS = env_int("CC_MCP_IMPORT_TIMEOUT_SECONDS", 30, minimum=1)
+CC_MCP_START_TIMEOUT_SECONDS = env_int("CC_MCP_START_TIMEOUT_SECONDS", 30, minimum=1)
 CC_MCP_IDLE_SECONDS = env_int("CC_MCP_IDLE_SECONDS", 600, minimum=1)
 # --- tool search (TD-6): bm25, or hybrid = BM25 + sentence embeddings (needs the `semantic` extra).
 CC_TOOL_SEARCH_RANKER = env_choice("CC_TOOL_SEARCH_RANKER", ["bm25", "hybrid"], "bm25")

@@ -210,10 +210,10 @@ class _Connection:
     def _client(self) -> tuple[Client, httpx2.AsyncClient | None]:
         timeout = self.spec.timeout_seconds
         if self.spec.transport == "stdio":
-            return Client(_stdio_transport(self.spec, self._stdio), message_handler=self._notified), None
+            return Client(_stdio_transport(self.spec, self._stdio), mode="legacy", message_handler=self._notified), None
         http = httpx2.AsyncClient(headers=self.spec.headers, timeout=timeout, trust_env=False)
         transport = streamable_http_client(self.spec.url, http_client=http)
-        return Client(transport, message_handler=self._notified), http
+        return Client(transport, mode="legacy", message_handler=self._notified), http
 
     async def _hold(self) -> None:
         http = None
@@ -235,6 +235,8 @@ class _Connection:
 
     async def close(self) -> None:
         self._stop.set()
+        if self._task is not None and not self.ready.is_set():
+            self._task.cancel()  # still starting: nothing to say goodbye to
         if self._task is not None:
             with suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(self._task), _STOP_GRACE_SECONDS * 4)
@@ -273,7 +275,7 @@ class McpConnections:
         future = asyncio.run_coroutine_threadsafe(self._call(spec, tool, arguments), loop)
         try:
             # The call bounds itself; this only guards against a wedged loop.
-            return future.result(timeout=spec.timeout_seconds * 3 + 10)
+            return future.result(timeout=spec.timeout_seconds * 3 + settings.CC_MCP_START_TIMEOUT_SECONDS + 10)
         except TimeoutError as exc:
             future.cancel()
             raise McpCallError(f"MCP server {spec.name!r} did not answer in time.") from exc
@@ -311,14 +313,15 @@ class McpConnections:
                 conn = _Connection(spec, self.on_tools_changed)
                 self._connections[spec.name] = conn
                 conn.start()
+            start_timeout = max(spec.timeout_seconds, settings.CC_MCP_START_TIMEOUT_SECONDS)
             try:
-                await asyncio.wait_for(conn.ready.wait(), spec.timeout_seconds)
+                await asyncio.wait_for(conn.ready.wait(), start_timeout)
             except TimeoutError:
                 self._connections.pop(spec.name, None)
                 await conn.close()
                 raise McpCallError(
-                    f"MCP server {spec.name!r} did not start within {spec.timeout_seconds:g} s."
-                    + _stderr_note(conn, spec),
+                    f"MCP server {spec.name!r} did not start within {start_timeout:g} s "
+                    "(CC_MCP_START_TIMEOUT_SECONDS)." + _stderr_note(conn, spec),
                     unavailable=True,
                 ) from None
             if conn.client is None:
@@ -413,7 +416,27 @@ def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _refresh_catalog(name: str) -> None:
+    """The server said its tool list changed (MC-4): import it again, as a refresh would."""
+    from django.db import close_old_connections
+    from django.db import connections as databases
+
+    from toolcatalog.models import McpServer
+    from toolcatalog.services import McpServerImportFailed, mcp_server_import
+
+    close_old_connections()
+    try:
+        server = McpServer.objects.filter(name=name, enabled=True).first()
+        if server is not None:
+            logger.info("MCP server %s changed its tools: %s", name, mcp_server_import(server=server).summary())
+    except McpServerImportFailed as exc:
+        logger.warning("MCP server %s changed its tools, and listing them failed: %s", name, exc.message)
+    finally:
+        databases.close_all()
+
+
 connections = McpConnections()
+connections.on_tools_changed = _refresh_catalog
 atexit.register(connections.close)
 
 
