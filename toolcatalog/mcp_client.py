@@ -46,7 +46,7 @@ from controlcenter.redact import redact_text, register_secrets
 from engine.actions import ATTACHED_IMAGES
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
-from toolcatalog.mcp_import import McpServerSpec
+from toolcatalog.mcp_import import ImportedTool, McpServerSpec, list_tools_of
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _fingerprint(spec: McpServerSpec) -> str:
 class _Connection:
     """A server's client session, held open by one task on the connections' loop."""
 
-    def __init__(self, spec: McpServerSpec, on_tools_changed: Callable[[str], None] | None) -> None:
+    def __init__(self, spec: McpServerSpec, on_tools_changed: Callable[[str, list[ImportedTool]], None] | None) -> None:
         self.spec = spec
         self.fingerprint = _fingerprint(spec)
         self.client: Client | None = None
@@ -204,8 +204,24 @@ class _Connection:
 
     async def _notified(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification) and self._on_tools_changed is not None:
-            # The catalog refresh talks to the database: not on this loop.
-            threading.Thread(target=self._on_tools_changed, args=(self.spec.name,), daemon=True).start()
+            # Listed on this very connection: a new process would not know what this one added.
+            # Not awaited here: the notification arrives on the session's own receive path.
+            asyncio.get_running_loop().create_task(self._relist())
+
+    async def _relist(self) -> None:
+        client = self.client
+        if client is None or self._on_tools_changed is None:
+            return
+        try:
+            with anyio.fail_after(self.spec.timeout_seconds):
+                listed = await list_tools_of(client, self.spec.name)
+        except Exception as exc:  # noqa: BLE001 - a failed refresh leaves the catalog as it was
+            logger.warning(
+                "MCP server %s changed its tools; listing them failed: %s", self.spec.name, describe(exc, self.spec)
+            )
+            return
+        # The catalog is written with the ORM: not on this loop.
+        threading.Thread(target=self._on_tools_changed, args=(self.spec.name, listed), daemon=True).start()
 
     def _client(self) -> tuple[Client, httpx2.AsyncClient | None]:
         timeout = self.spec.timeout_seconds
@@ -256,7 +272,7 @@ class McpConnections:
         self._guard = threading.Lock()
         self._connections: dict[str, _Connection] = {}
         self._opening: dict[str, asyncio.Lock] = {}
-        self.on_tools_changed: Callable[[str], None] | None = None
+        self.on_tools_changed: Callable[[str, list[ImportedTool]], None] | None = None
 
     # The loop thread is started lazily, so importing this module costs nothing.
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -416,21 +432,20 @@ def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _refresh_catalog(name: str) -> None:
-    """The server said its tool list changed (MC-4): import it again, as a refresh would."""
+def _refresh_catalog(name: str, listed: list[ImportedTool]) -> None:
+    """The server said its tool list changed (MC-4): the catalog takes the new list, as a refresh would."""
     from django.db import close_old_connections
     from django.db import connections as databases
 
     from toolcatalog.models import McpServer
-    from toolcatalog.services import McpServerImportFailed, mcp_server_import
+    from toolcatalog.services import mcp_server_apply_listing
 
     close_old_connections()
     try:
         server = McpServer.objects.filter(name=name, enabled=True).first()
         if server is not None:
-            logger.info("MCP server %s changed its tools: %s", name, mcp_server_import(server=server).summary())
-    except McpServerImportFailed as exc:
-        logger.warning("MCP server %s changed its tools, and listing them failed: %s", name, exc.message)
+            result = mcp_server_apply_listing(server=server, listed=listed)
+            logger.info("MCP server %s changed its tools: %s", name, result.summary())
     finally:
         databases.close_all()
 

@@ -299,6 +299,12 @@ def mcp_server_import(*, server: McpServer) -> McpImportResult:
         return _apply_listing(server, listed)
 
 
+def mcp_server_apply_listing(*, server: McpServer, listed: list[ImportedTool]) -> McpImportResult:
+    """Take a tool list the server just sent (its list_changed notification, MC-4) into the catalog."""
+    with transaction.atomic():
+        return _apply_listing(server, listed)
+
+
 def _apply_listing(server: McpServer, listed: list[ImportedTool]) -> McpImportResult:
     refused: list[str] = []
     valid: dict[str, ImportedTool] = {}
