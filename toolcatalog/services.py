@@ -356,7 +356,7 @@ def _apply_listing(server: McpServer, listed: list[ImportedTool]) -> McpImportRe
             tool.server_missing, tool.enabled = True, False
             tool.save(update_fields=["server_missing", "enabled", "updated_at"])
             removed.append(name)
-    return McpImportResult(added, changed_names, unchanged, removed, refused)
+    return McpImportResult(sorted(added), sorted(changed_names), unchanged, sorted(removed), refused)
 
 
 # --- configuring servers (admin, API, mcpServers files) ---------------------------------
