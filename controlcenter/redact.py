@@ -51,13 +51,24 @@ def configured_secrets() -> list[str]:
     return sorted({value for value in values if value and len(value) >= 8}, key=len, reverse=True)
 
 
+_known: list[str] = []
+
+
+def register_secrets(values: Iterable[str]) -> None:
+    """Secrets learnt at run time (an MCP server's env and header values): hidden from every later log line."""
+    fresh = {value for value in values if value and len(value) >= 4} - set(_known)
+    if fresh:
+        _known[:] = sorted({*_known, *fresh}, key=len, reverse=True)
+
+
 def install_log_redaction(secrets: Iterable[str]) -> None:
     """Make every log record created from now on carry its message, arguments and traceback redacted.
 
     An argument is replaced by its redacted text only when redaction changes it; otherwise it
     stays as it was (an object, a number), for the handler to format as usual.
     """
-    known = list(secrets)
+    known = _known
+    known[:] = sorted(set(secrets), key=len, reverse=True)
     previous = logging.getLogRecordFactory()
     if getattr(previous, "redacts", False):
         previous = previous.wrapped  # settings reloaded: replace, never stack

@@ -338,6 +338,12 @@ CC_FETCH_ALLOWED_NETWORKS = env_list("CC_FETCH_ALLOWED_NETWORKS", [])
 CC_TOOL_AUTO_APPROVE = env_list("CC_TOOL_AUTO_APPROVE", [])
 # --- MCP endpoint (TD-9): an MCP session's action-limit counts end after this much idleness.
 CC_MCP_SESSION_IDLE_SECONDS = env_int("CC_MCP_SESSION_IDLE_SECONDS", 1800, minimum=1)
+# --- MCP client (MC-2): a call of an imported tool fails as a tool error after this long; a stdio
+# server unused for CC_MCP_IDLE_SECONDS is stopped (started again on the next call).
+CC_MCP_CALL_TIMEOUT_SECONDS = env_int("CC_MCP_CALL_TIMEOUT_SECONDS", 60, minimum=1)
+CC_MCP_IMPORT_TIMEOUT_SECONDS = env_int("CC_MCP_IMPORT_TIMEOUT_SECONDS", 30, minimum=1)
+CC_MCP_START_TIMEOUT_SECONDS = env_int("CC_MCP_START_TIMEOUT_SECONDS", 30, minimum=1)
+CC_MCP_IDLE_SECONDS = env_int("CC_MCP_IDLE_SECONDS", 600, minimum=1)
 # --- tool search (TD-6): bm25, or hybrid = BM25 + sentence embeddings (the model ships in engine/catalog/models).
 CC_TOOL_SEARCH_RANKER = env_choice("CC_TOOL_SEARCH_RANKER", ["bm25", "hybrid"], "bm25")
 CC_TOOL_EMBEDDINGS_DIR = Path(env_str("CC_TOOL_EMBEDDINGS_DIR", str(VAR_DIR / "tool-embeddings")))

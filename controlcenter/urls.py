@@ -70,6 +70,16 @@ api_patterns = [
     path("api/models/", conversations_api.ModelListApi.as_view(), name="api-models"),
     path("api/groups/", toolcatalog_api.ToolGroupListApi.as_view(), name="api-groups"),
     path("api/mcp-servers/", toolcatalog_api.McpServerListApi.as_view(), name="api-mcp-servers"),
+    path(
+        "api/mcp-servers/<int:server_id>/",
+        toolcatalog_api.McpServerDetailApi.as_view(),
+        name="api-mcp-server",
+    ),
+    path(
+        "api/mcp-servers/<int:server_id>/refresh/",
+        toolcatalog_api.McpServerRefreshApi.as_view(),
+        name="api-mcp-server-refresh",
+    ),
     # A run's entries are listed under the run's owner check, which lives with runs.
     path(
         "api/scratchpad/runs/<id:run_id>/entries/",

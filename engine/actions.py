@@ -28,6 +28,10 @@ Emit = Callable[[str, dict[str, Any]], None]
 # `tool_reference` blocks after the observation's text, so the schema enters the prompt where
 # it was loaded and the cached prefix before it is untouched (TD-11). Never shown to the model.
 LOADS_TOOLS = "_loads_tools"
+# Images a tool returned (MCP image content): Anthropic image blocks that follow the observation's
+# text in its tool_result, so the model sees them; never part of the observation's JSON text.
+ATTACHED_IMAGES = "_images"
+_NOT_TEXT = (LOADS_TOOLS, ATTACHED_IMAGES)
 
 
 @dataclass(frozen=True)
@@ -199,8 +203,11 @@ def malformed_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any] 
 def tool_result(tool_use_id: str, observation: dict[str, Any]) -> dict[str, Any]:
     text = json.dumps(without_loads(observation), sort_keys=True, ensure_ascii=False)
     loads = observation.get(LOADS_TOOLS) or []
+    images = observation.get(ATTACHED_IMAGES) or []
     # Without loads the content stays a plain string: the same bytes as before deferral (TD-10).
-    content: str | list[dict[str, Any]] = [text_block(text), *map(tool_reference, loads)] if loads else text
+    content: str | list[dict[str, Any]] = (
+        [text_block(text), *images, *map(tool_reference, loads)] if loads or images else text
+    )
     return {
         "type": "tool_result",
         "tool_use_id": tool_use_id,
@@ -227,9 +234,9 @@ def result_as_text(block: dict[str, Any]) -> str:
 
 
 def without_loads(observation: dict[str, Any]) -> dict[str, Any]:
-    if LOADS_TOOLS not in observation:
+    if not any(key in observation for key in _NOT_TEXT):
         return observation
-    return {key: value for key, value in observation.items() if key != LOADS_TOOLS}
+    return {key: value for key, value in observation.items() if key not in _NOT_TEXT}
 
 
 def tool_uses_of(message: dict[str, Any]) -> list[dict[str, Any]]:

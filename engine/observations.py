@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from engine.actions import LOADS_TOOLS, without_loads
+from engine.actions import ATTACHED_IMAGES, LOADS_TOOLS, without_loads
 from engine.loop import ToolBox
 from engine.scratchpad import read_tool as scratchpad_tool
 from engine.scratchpad.offload import jsonable_observation, needs_offload
@@ -79,12 +79,14 @@ class ScratchpadToolBox:
             except UnresolvableReference as exc:
                 return self._keep(step, {"ok": False, "error": f"{name} was not run: {exc}"})
         observation = self.inner.execute(name, arguments)
-        loads = observation.get(LOADS_TOOLS)
-        if needs_offload(observation, self.threshold):
-            stored = without_loads(observation)
+        stored = without_loads(observation)
+        # Loaded schemas and attached images travel beside the text, offloaded or not: the
+        # model sees an image itself, so its bytes do not count towards the threshold.
+        beside = {key: observation[key] for key in (LOADS_TOOLS, ATTACHED_IMAGES) if observation.get(key)}
+        if needs_offload(stored, self.threshold):
             synthetic = self.store.offload(step=step, tool=name, observation=stored)
             self._offloaded[step] = synthetic["scratchpad_id"]
-            return {**synthetic, LOADS_TOOLS: loads} if loads else synthetic
+            return {**synthetic, **beside}
         return self._keep(step, observation)
 
     def _keep(self, step: int, observation: dict[str, Any]) -> dict[str, Any]:

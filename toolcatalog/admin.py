@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from toolcatalog.mcp_config import HIDDEN_VALUE, hidden
 from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
 from toolcatalog.services import McpServerImportFailed, mcp_server_import, tools_set_resident
 
@@ -57,23 +61,72 @@ class ModeAdmin(admin.ModelAdmin):
     readonly_fields = ["resident_add", "resident_remove", "version"]
 
 
+class McpServerForm(forms.ModelForm):
+    """env and headers are write-only (MC-3): shown as "***" (or their ${VAR} reference); "***" keeps a value."""
+
+    class Meta:
+        model = McpServer
+        fields = ["name", "transport", "command", "args", "env", "cwd", "url", "headers", "enabled"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.initial["env"] = hidden(self.instance.env)
+            self.initial["headers"] = hidden(self.instance.headers)
+        for field in ("args", "env", "headers"):
+            self.fields[field].required = False
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        stored = McpServer.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
+        for field in ("env", "headers"):
+            given = data.get(field) or {}
+            if isinstance(given, dict):
+                previous = getattr(stored, field, None) or {}
+                data[field] = {k: previous.get(k, "") if v == HIDDEN_VALUE else v for k, v in given.items()}
+        for field, default in (("args", []), ("env", {}), ("headers", {})):
+            if data.get(field) in (None, ""):
+                data[field] = default
+        return data
+
+    def _post_clean(self) -> None:
+        # The model's clean sees the merged secrets, not the "***" the form showed.
+        for field in ("env", "headers", "args"):
+            if field in self.cleaned_data:
+                setattr(self.instance, field, self.cleaned_data[field])
+        super()._post_clean()
+
+
 @admin.register(McpServer)
 class McpServerAdmin(admin.ModelAdmin):
-    list_display = ["name", "transport", "command", "url", "enabled"]
+    form = McpServerForm
+    list_display = ["name", "transport", "command", "enabled", "tool_count"]
     list_filter = ["transport", "enabled"]
-    search_fields = ["name", "command", "url"]
+    search_fields = ["name", "command"]
     actions = ["import_tools"]
 
-    @admin.action(description="Import the tools of the selected servers")
+    @admin.display(description="tools")
+    def tool_count(self, server: McpServer) -> int:
+        return server.tools.filter(enabled=True).count()
+
+    def save_model(self, request: HttpRequest, obj: McpServer, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if obj.enabled:
+            self._import(request, obj)
+
+    @admin.action(description="Import (refresh) the tools of the selected servers")
     def import_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
-            try:
-                result = mcp_server_import(server=server)
-            except McpServerImportFailed as exc:
-                self.message_user(request, exc.message, messages.ERROR)
-                continue
-            level = messages.WARNING if result.refused else messages.SUCCESS
-            self.message_user(request, f"{server.name}: {result.summary()}", level)
+            self._import(request, server)
+
+    def _import(self, request: HttpRequest, server: McpServer) -> None:
+        try:
+            result = mcp_server_import(server=server)
+        except McpServerImportFailed as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+            return
+        level = messages.WARNING if result.refused else messages.SUCCESS
+        self.message_user(request, f"{server.name}: {result.summary()}", level)
 
 
 @admin.register(ToolActivation)

@@ -1,12 +1,24 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.permissions import IsAdminUser, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from toolcatalog import selectors
-from toolcatalog.serializers import McpServerSerializer, ModeSerializer, ToolGroupSerializer, ToolSerializer
+from controlcenter.errors import NotFound
+from toolcatalog import selectors, services
+from toolcatalog.models import McpServer
+from toolcatalog.serializers import (
+    McpServerConfigSerializer,
+    McpServerInputSerializer,
+    McpServerSavedSerializer,
+    McpServerSerializer,
+    ModeSerializer,
+    ToolGroupSerializer,
+    ToolSerializer,
+)
 
 
 class ToolListApi(APIView):
@@ -28,6 +40,66 @@ class ToolGroupListApi(APIView):
 
 
 class McpServerListApi(APIView):
-    @extend_schema(responses=McpServerSerializer(many=True))
+    """Every user lists the servers; operators (staff) see their configuration and add servers (MC-1)."""
+
+    def get_permissions(self) -> list:
+        return [IsAuthenticated()] if self.request.method == "GET" else [IsAdminUser()]
+
+    @extend_schema(responses=McpServerConfigSerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(McpServerSerializer(selectors.mcp_servers_list(), many=True).data)
+        servers = selectors.mcp_servers_list()
+        if request.user.is_staff:
+            return Response(McpServerConfigSerializer(servers, many=True).data)
+        return Response(McpServerSerializer(servers, many=True).data)
+
+    @extend_schema(request=McpServerInputSerializer, responses={201: McpServerSavedSerializer})
+    def post(self, request: Request) -> Response:
+        given = McpServerInputSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        server, result = services.mcp_server_save(config=dict(given.validated_data))
+        return Response(_saved(server, result), status=status.HTTP_201_CREATED)
+
+
+class McpServerDetailApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(responses=McpServerConfigSerializer)
+    def get(self, request: Request, server_id: int) -> Response:
+        return Response(McpServerConfigSerializer(_server(server_id)).data)
+
+    @extend_schema(request=McpServerInputSerializer, responses=McpServerSavedSerializer)
+    def patch(self, request: Request, server_id: int) -> Response:
+        server = _server(server_id)
+        given = McpServerInputSerializer(data=request.data, partial=True)
+        given.is_valid(raise_exception=True)
+        server, result = services.mcp_server_save(config=dict(given.validated_data), server=server)
+        return Response(_saved(server, result))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, server_id: int) -> Response:
+        services.mcp_server_delete(server=_server(server_id))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class McpServerRefreshApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses=McpServerSavedSerializer)
+    def post(self, request: Request, server_id: int) -> Response:
+        server = _server(server_id)
+        result = services.mcp_server_import(server=server)
+        return Response(_saved(server, result))
+
+
+def _server(server_id: int) -> McpServer:
+    server = McpServer.objects.filter(pk=server_id).first()
+    if server is None:
+        raise NotFound(f"MCP server {server_id} does not exist.")
+    return server
+
+
+def _saved(server: McpServer, result: services.McpImportResult | None) -> dict:
+    return {
+        "server": McpServerConfigSerializer(server).data,
+        "imported": result.as_dict() if result is not None else None,
+    }

@@ -62,27 +62,33 @@ def _client(spec: McpServerSpec) -> tuple[Client, httpx2.AsyncClient | None]:
     raise McpImportError(f"MCP server {spec.name!r}: unknown transport {spec.transport!r} (use stdio or http).")
 
 
+async def list_tools_of(client: Client, server: str) -> list[ImportedTool]:
+    """Every tool a connected client's server lists, all pages."""
+    tools: list[ImportedTool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(
+            ImportedTool(
+                name=tool.name,
+                description=tool.description or "",
+                input_schema=dict(tool.input_schema or {"type": "object"}),
+                server=server,
+            )
+            for tool in page.tools
+        )
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tools
+
+
 async def list_server_tools_async(spec: McpServerSpec) -> list[ImportedTool]:
     client, http = _client(spec)
-    tools: list[ImportedTool] = []
     try:
         with anyio.fail_after(spec.timeout_seconds * 2):
             async with client:
-                cursor: str | None = None
-                for _ in range(_MAX_PAGES):
-                    page = await client.list_tools(cursor=cursor)
-                    tools.extend(
-                        ImportedTool(
-                            name=tool.name,
-                            description=tool.description or "",
-                            input_schema=dict(tool.input_schema or {"type": "object"}),
-                            server=spec.name,
-                        )
-                        for tool in page.tools
-                    )
-                    cursor = page.next_cursor
-                    if not cursor:
-                        break
+                tools = await list_tools_of(client, spec.name)
     except McpImportError:
         raise
     except TimeoutError as exc:

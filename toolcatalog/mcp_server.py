@@ -4,7 +4,9 @@
 - `search_tool_bm25` ranks it with the catalog's own BM25 index and only describes
   matches (TD-7); it never loads or activates anything: `rank_tools()`.
 - `tools/call` runs a tool in the caller's own MCP workspace through the run's
-  CatalogToolBox: same validation, approval rule and action limits (per MCP session).
+  CatalogToolBox: same validation, approval rule and action limits (per MCP session);
+  imported MCP tools are forwarded to their servers (MC-2); an unknown name is a
+  JSON-RPC error (MC-5).
 
 Transport: the official `mcp` SDK's low-level `Server` behind its
 `StreamableHTTPSessionManager` in stateless JSON mode, so any web process can answer
@@ -25,12 +27,13 @@ import mcp_types as types
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections, connections
+from mcp import MCPError
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from engine.actions import ATTACHED_IMAGES, LOADS_TOOLS
 from engine.catalog.ranking import ToolIndex, index_for
-from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.surface import ModeSpec, ToolRecord, build_surface
 from engine.catalog.toolbox import CallLimiter, CatalogToolBox, Observation, search_tool_bm25
 from toolcatalog.selectors import catalog_records, mcp_catalog_records
@@ -172,6 +175,10 @@ def _session_limiter(user_id: int, session_key: str | None) -> CallLimiter:
     return take
 
 
+class UnknownMcpTool(LookupError):
+    """The name is not on the MCP surface: the protocol answers a JSON-RPC error, not a tool result (MC-5)."""
+
+
 def mcp_execute(
     *, user_id: int, name: str, arguments: dict[str, Any], session_key: str | None = None
 ) -> dict[str, Any]:
@@ -179,21 +186,14 @@ def mcp_execute(
 
     Action limits (`max_calls_per_run`) count per MCP session (the Mcp-Session-Id of a
     handshake-era client; otherwise one implicit session per user that ends when idle).
-    Always an observation.
+    Imported MCP tools are forwarded to their servers like in a run (MC-2). An observation,
+    or UnknownMcpTool for a name that is not listed.
     """
     if name == SEARCH_TOOL:
         return search_observation(arguments)
     records = mcp_catalog_records()
-    tool = next((record for record in records if record.name == name), None)
-    if tool is None:
-        return {"ok": False, "error": f"There is no tool named {name!r} on this MCP server; tools/list shows them."}
-    if tool.source == "mcp":
-        server = name.partition(NAMESPACE_SEPARATOR)[0]
-        return {
-            "ok": False,
-            "error": f"{name} is listed from the MCP server {server!r}; this installation does not relay calls "
-            "to other MCP servers, so it cannot run here. Call it on that server directly.",
-        }
+    if not any(record.name == name for record in records):
+        raise UnknownMcpTool(f"Unknown tool: {name!r}; tools/list shows the tools of this server.")
     toolbox = CatalogToolBox(
         surface=build_surface(records, ModeSpec(), deferral=False),
         index=lambda: index_for(records),
@@ -240,13 +240,23 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
     if user_id is None:
         observation = {"ok": False, "error": "This call carries no authenticated user."}
     else:
-        observation = await sync_to_async(_call_in_thread, thread_sensitive=False)(
-            user_id, scope.get(SESSION_SCOPE_KEY), params.name, dict(params.arguments or {})
-        )
+        try:
+            observation = await sync_to_async(_call_in_thread, thread_sensitive=False)(
+                user_id, scope.get(SESSION_SCOPE_KEY), params.name, dict(params.arguments or {})
+            )
+        except UnknownMcpTool as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+    images = observation.pop(ATTACHED_IMAGES, None) or []
+    observation.pop(LOADS_TOOLS, None)
+    content: list[Any] = [
+        types.TextContent(type="text", text=json.dumps(observation, sort_keys=True, ensure_ascii=False))
+    ]
+    content += [
+        types.ImageContent(type="image", data=image["source"]["data"], mime_type=image["source"]["media_type"])
+        for image in images
+    ]
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=json.dumps(observation, sort_keys=True, ensure_ascii=False))],
-        structured_content=observation,
-        is_error=observation.get("ok") is False,
+        content=content, structured_content=observation, is_error=observation.get("ok") is False
     )
 
 

@@ -24,6 +24,13 @@ class ToolGroup(models.Model):
 
 
 class McpServer(models.Model):
+    """An external MCP server, configured the way Claude Desktop's `mcpServers` entries are (MC-1).
+
+    `env` and `headers` values are write-only (MC-3): the admin and the API show their
+    names only. A value may be a reference to the worker's environment, `${GITHUB_TOKEN}`,
+    so that no secret needs to be stored here at all.
+    """
+
     class Transport(models.TextChoices):
         STDIO = "stdio"
         HTTP = "http"
@@ -31,8 +38,12 @@ class McpServer(models.Model):
     # Part of the qualified names of its tools, so it follows the tool-name alphabet.
     name = models.SlugField(max_length=40, unique=True)
     transport = models.CharField(max_length=8, choices=Transport.choices)
-    command = models.TextField(blank=True, help_text="stdio: the command line that starts the server.")
+    command = models.TextField(blank=True, help_text="stdio: the executable that starts the server.")
+    args = models.JSONField(default=list, blank=True, help_text='stdio: its arguments, e.g. ["mcp-server-git"].')
+    env = models.JSONField(default=dict, blank=True, help_text="stdio: extra environment variables (write-only).")
+    cwd = models.CharField(max_length=500, blank=True, help_text="stdio: the working directory (optional).")
     url = models.URLField(blank=True, help_text="http: the Streamable HTTP endpoint.")
+    headers = models.JSONField(default=dict, blank=True, help_text="http: request headers (write-only).")
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -44,12 +55,20 @@ class McpServer(models.Model):
         return self.name
 
     def clean(self) -> None:
-        if "__" in self.name:
-            raise ValidationError({"name": "A server name cannot contain '__' (it separates server and tool)."})
-        if self.transport == self.Transport.STDIO and not self.command.strip():
-            raise ValidationError({"command": "A stdio server needs the command that starts it."})
-        if self.transport == self.Transport.HTTP and not self.url:
-            raise ValidationError({"url": "An http server needs its URL."})
+        from toolcatalog.mcp_config import config_problems
+
+        errors = config_problems(
+            name=self.name,
+            transport=self.transport,
+            command=self.command,
+            args=self.args,
+            env=self.env,
+            cwd=self.cwd,
+            url=self.url,
+            headers=self.headers,
+        )
+        if errors:
+            raise ValidationError(errors)
 
 
 class Tool(models.Model):

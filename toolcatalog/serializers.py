@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlcenter.redact import redact_text
+from toolcatalog.mcp_config import hidden
 from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 
 
@@ -44,7 +46,65 @@ class ToolGroupSerializer(serializers.ModelSerializer):
 
 
 class McpServerSerializer(serializers.ModelSerializer):
+    """What every signed-in user sees of a server: no command, URL or secret."""
+
     class Meta:
         model = McpServer
-        # The command line and URL may carry credentials: operators read them in the admin.
         fields = ["id", "name", "transport", "enabled", "created_at"]
+
+
+class McpServerConfigSerializer(serializers.ModelSerializer):
+    """An operator's view: the whole configuration, with env and header values hidden (MC-3).
+
+    A value shows as "***", or as its `${VAR}` reference when it is one; sending "***"
+    back in an update keeps the stored value.
+    """
+
+    env = serializers.SerializerMethodField()
+    headers = serializers.SerializerMethodField()
+    url = serializers.SerializerMethodField()
+    tools = serializers.SerializerMethodField()
+
+    class Meta:
+        model = McpServer
+        fields = ["id", "name", "transport", "command", "args", "env", "cwd", "url", "headers", "enabled"]
+        fields += ["created_at", "tools"]
+
+    def get_env(self, server: McpServer) -> dict[str, str]:
+        return hidden(server.env)
+
+    def get_headers(self, server: McpServer) -> dict[str, str]:
+        return hidden(server.headers)
+
+    def get_url(self, server: McpServer) -> str:
+        return redact_text(server.url)
+
+    def get_tools(self, server: McpServer) -> list[str]:
+        return [tool.qualified_name for tool in server.tools.filter(enabled=True).order_by("name")]
+
+
+class McpServerInputSerializer(serializers.Serializer):
+    """A server's configuration, as in an `mcpServers` entry; checked again by the service."""
+
+    name = serializers.CharField(max_length=40, required=False)
+    transport = serializers.ChoiceField(choices=McpServer.Transport.choices, required=False)
+    command = serializers.CharField(required=False, allow_blank=True)
+    args = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    cwd = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    url = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    headers = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    enabled = serializers.BooleanField(required=False)
+
+
+class McpImportResultSerializer(serializers.Serializer):
+    added = serializers.ListField(child=serializers.CharField())
+    changed = serializers.ListField(child=serializers.CharField())
+    unchanged = serializers.IntegerField()
+    removed = serializers.ListField(child=serializers.CharField())
+    refused = serializers.ListField(child=serializers.CharField())
+
+
+class McpServerSavedSerializer(serializers.Serializer):
+    server = McpServerConfigSerializer()
+    imported = McpImportResultSerializer(allow_null=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,6 +17,13 @@ from controlcenter.errors import DomainError
 from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
 from engine.catalog.toolbox import Activation
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
+from toolcatalog.mcp_config import (
+    HIDDEN_VALUE,
+    McpConfigError,
+    config_problems,
+    parse_servers_file,
+    resolve_references,
+)
 from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
 from toolcatalog.models import (
     McpCallCount,
@@ -248,32 +254,75 @@ class McpServerImportFailed(DomainError):
 
 @dataclass(frozen=True)
 class McpImportResult:
-    created: int
-    updated: int
+    """What a (re-)import changed, by tool name (MC-1)."""
+
+    added: list[str]
+    changed: list[str]
     unchanged: int
-    disabled: int
+    removed: list[str]
     refused: list[str]
 
+    @property
+    def created(self) -> int:
+        return len(self.added)
+
+    @property
+    def updated(self) -> int:
+        return len(self.changed)
+
+    @property
+    def disabled(self) -> int:
+        return len(self.removed)
+
     def summary(self) -> str:
-        text = (
-            f"{self.created} tools created, {self.updated} updated, {self.unchanged} unchanged, "
-            f"{self.disabled} disabled (no longer listed by the server)"
+        def named(label: str, names: list[str]) -> str:
+            return f"{len(names)} {label}" + (f" ({', '.join(names)})" if names else "")
+
+        text = ", ".join(
+            [
+                named("tools added", self.added),
+                named("changed", self.changed),
+                f"{self.unchanged} unchanged",
+                named("removed (no longer listed by the server; disabled)", self.removed),
+            ]
         )
         if self.refused:
             text += f"; {len(self.refused)} refused:\n" + "\n".join(self.refused)
         return text + "."
 
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "added": self.added,
+            "changed": self.changed,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+            "refused": self.refused,
+        }
 
-def mcp_server_spec(server: McpServer) -> McpServerSpec:
+
+def mcp_server_spec(server: McpServer, *, timeout_seconds: float | None = None) -> McpServerSpec:
+    """How to reach `server`, with `${VAR}` references resolved from this process's environment.
+
+    Raises McpConfigError when a reference names a variable that is not set.
+    """
+    timeout = timeout_seconds if timeout_seconds is not None else settings.CC_MCP_CALL_TIMEOUT_SECONDS
     if server.transport == McpServer.Transport.STDIO:
-        try:
-            words = shlex.split(server.command)
-        except ValueError as exc:
-            raise McpServerImportFailed(f"MCP server {server.name!r}: cannot parse the command: {exc}.") from exc
-        if not words:
-            raise McpServerImportFailed(f"MCP server {server.name!r}: a stdio server needs a command.")
-        return McpServerSpec(name=server.name, transport="stdio", command=words[0], args=words[1:])
-    return McpServerSpec(name=server.name, transport="http", url=server.url)
+        return McpServerSpec(
+            name=server.name,
+            transport="stdio",
+            command=server.command,
+            args=list(server.args or []),
+            env=resolve_references(server.name, "env", dict(server.env or {})),
+            cwd=server.cwd or None,
+            timeout_seconds=timeout,
+        )
+    return McpServerSpec(
+        name=server.name,
+        transport="http",
+        url=server.url,
+        headers=resolve_references(server.name, "header", dict(server.headers or {})),
+        timeout_seconds=timeout,
+    )
 
 
 def _imported_problem(server: McpServer, tool: ImportedTool) -> str | None:
@@ -281,6 +330,13 @@ def _imported_problem(server: McpServer, tool: ImportedTool) -> str | None:
     if problem is None and NAMESPACE_SEPARATOR in tool.name:
         problem = f"tool name {tool.name!r} contains '__', which separates server and tool."
     return problem or schema_problem(tool.input_schema)
+
+
+def _listed_tools(server: McpServer) -> list[ImportedTool]:
+    try:
+        return list_server_tools(mcp_server_spec(server, timeout_seconds=settings.CC_MCP_IMPORT_TIMEOUT_SECONDS))
+    except (McpImportError, McpConfigError) as exc:
+        raise McpServerImportFailed(f"{exc} Nothing was changed.") from exc
 
 
 def mcp_server_import(*, server: McpServer) -> McpImportResult:
@@ -293,10 +349,18 @@ def mcp_server_import(*, server: McpServer) -> McpImportResult:
     names, descriptions and schemas; the operator owns everything else (resident,
     approval, limits, group, enabled), which a re-import leaves alone. Idempotent.
     """
-    try:
-        listed = list_server_tools(mcp_server_spec(server))
-    except McpImportError as exc:
-        raise McpServerImportFailed(f"{exc} Nothing was changed.") from exc
+    listed = _listed_tools(server)
+    with transaction.atomic():
+        return _apply_listing(server, listed)
+
+
+def mcp_server_apply_listing(*, server: McpServer, listed: list[ImportedTool]) -> McpImportResult:
+    """Take a tool list the server just sent (its list_changed notification, MC-4) into the catalog."""
+    with transaction.atomic():
+        return _apply_listing(server, listed)
+
+
+def _apply_listing(server: McpServer, listed: list[ImportedTool]) -> McpImportResult:
     refused: list[str] = []
     valid: dict[str, ImportedTool] = {}
     for tool in listed:
@@ -307,45 +371,140 @@ def mcp_server_import(*, server: McpServer) -> McpImportResult:
         else:
             valid[tool.name] = tool
     listed_names = {tool.name for tool in listed}
-    created = updated = unchanged = disabled = 0
+    added: list[str] = []
+    changed_names: list[str] = []
+    removed: list[str] = []
+    unchanged = 0
+    group = ToolGroup.objects.filter(heading=server.name).first()
+    existing = {tool.name: tool for tool in Tool.objects.select_for_update().filter(server=server)}
+    if group is None and (valid.keys() - existing.keys()):
+        last = ToolGroup.objects.order_by("-order").values_list("order", flat=True).first()
+        group = ToolGroup.objects.create(heading=server.name, order=(last or 0) + 1)
+    for name, imported in valid.items():
+        tool = existing.get(name)
+        if tool is None:
+            Tool.objects.create(
+                name=name,
+                group=group,
+                description=imported.description,
+                input_schema=imported.input_schema,
+                source=Tool.Source.MCP,
+                server=server,
+            )
+            added.append(name)
+            continue
+        changed = []
+        for field, value in (("description", imported.description), ("input_schema", imported.input_schema)):
+            if getattr(tool, field) != value:
+                setattr(tool, field, value)
+                changed.append(field)
+        if tool.server_missing:
+            tool.server_missing, tool.enabled = False, True
+            changed += ["server_missing", "enabled"]
+        if changed:
+            tool.save(update_fields=[*changed, "updated_at"])
+            changed_names.append(name)
+        else:
+            unchanged += 1
+    for name, tool in existing.items():
+        if name not in listed_names and not tool.server_missing:
+            tool.server_missing, tool.enabled = True, False
+            tool.save(update_fields=["server_missing", "enabled", "updated_at"])
+            removed.append(name)
+    return McpImportResult(sorted(added), sorted(changed_names), unchanged, sorted(removed), refused)
+
+
+# --- configuring servers (admin, API, mcpServers files) ---------------------------------
+
+
+class McpServerInvalid(DomainError):
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
+
+
+_CONFIG_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "enabled")
+
+
+def _merged_secrets(previous: dict[str, str], given: dict[str, str]) -> dict[str, str]:
+    # Write-only values come back from forms and GETs as HIDDEN_VALUE: that means "keep it".
+    return {key: previous.get(key, "") if value == HIDDEN_VALUE else value for key, value in given.items()}
+
+
+def mcp_server_save(
+    *, config: dict[str, Any], server: McpServer | None = None, import_tools: bool = True
+) -> tuple[McpServer, McpImportResult | None]:
+    """Create or update a server from `config` and import its tools: all or nothing (MC-1).
+
+    Nothing is stored unless the configuration is valid and (for an enabled server, when
+    `import_tools`) the server answers tools/list; the error says why.
+    """
+    values = {field: config[field] for field in _CONFIG_FIELDS if field in config}
+    name = config.get("name", server.name if server is not None else "")
+    if server is not None:
+        for field in ("env", "headers"):
+            if field in values and isinstance(values[field], dict):
+                values[field] = _merged_secrets(getattr(server, field) or {}, values[field])
+        current = {field: getattr(server, field) for field in _CONFIG_FIELDS}
+        values = {**current, **values}
+    values.setdefault("transport", "")
+    errors = config_problems(name=name, **{k: v for k, v in values.items() if k != "enabled"})
+    duplicate = McpServer.objects.filter(name=name).exclude(pk=server.pk if server is not None else None)
+    if not errors and duplicate.exists():
+        errors["name"] = f"There is already an MCP server named {name!r}."
+    if errors:
+        raise McpServerInvalid(errors)
+    candidate = server or McpServer(name=name)
+    candidate.name = name
+    for field, value in values.items():
+        setattr(candidate, field, value)
+    for field, default in (("args", []), ("env", {}), ("headers", {}), ("cwd", ""), ("command", ""), ("url", "")):
+        if getattr(candidate, field) is None:
+            setattr(candidate, field, default)
+    listed = _listed_tools(candidate) if import_tools and candidate.enabled else None
     with transaction.atomic():
-        group = ToolGroup.objects.filter(heading=server.name).first()
-        existing = {tool.name: tool for tool in Tool.objects.select_for_update().filter(server=server)}
-        if group is None and (valid.keys() - existing.keys()):
-            last = ToolGroup.objects.order_by("-order").values_list("order", flat=True).first()
-            group = ToolGroup.objects.create(heading=server.name, order=(last or 0) + 1)
-        for name, imported in valid.items():
-            tool = existing.get(name)
-            if tool is None:
-                Tool.objects.create(
-                    name=name,
-                    group=group,
-                    description=imported.description,
-                    input_schema=imported.input_schema,
-                    source=Tool.Source.MCP,
-                    server=server,
-                )
-                created += 1
-                continue
-            changed = []
-            for field, value in (("description", imported.description), ("input_schema", imported.input_schema)):
-                if getattr(tool, field) != value:
-                    setattr(tool, field, value)
-                    changed.append(field)
-            if tool.server_missing:
-                tool.server_missing, tool.enabled = False, True
-                changed += ["server_missing", "enabled"]
-            if changed:
-                tool.save(update_fields=[*changed, "updated_at"])
-                updated += 1
-            else:
-                unchanged += 1
-        for name, tool in existing.items():
-            if name not in listed_names and not tool.server_missing:
-                tool.server_missing, tool.enabled = True, False
-                tool.save(update_fields=["server_missing", "enabled", "updated_at"])
-                disabled += 1
-    return McpImportResult(created, updated, unchanged, disabled, refused)
+        candidate.save()
+        result = _apply_listing(candidate, listed) if listed is not None else None
+    return candidate, result
+
+
+def mcp_server_delete(*, server: McpServer) -> None:
+    """Remove a server and its tools; a call of one of them later says it was removed."""
+    with transaction.atomic():
+        Tool.objects.filter(server=server).delete()
+        ToolGroup.objects.filter(heading=server.name, tools__isnull=True).delete()
+        server.delete()
+
+
+@dataclass(frozen=True)
+class McpFileOutcome:
+    name: str
+    created: bool = False
+    result: McpImportResult | None = None
+    error: str = ""
+
+
+def mcp_servers_import_file(*, text: str) -> list[McpFileOutcome]:
+    """Configure every server of a Claude-Desktop-style `{"mcpServers": {...}}` file.
+
+    Each server is imported all-or-nothing on its own: one that is invalid or cannot be
+    reached is reported with its reason and changes nothing, the others go ahead.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise McpConfigError(f"The file is not JSON: {exc}.") from exc
+    configs, problems = parse_servers_file(data)
+    outcomes = [McpFileOutcome(name=name, error=problem) for name, problem in problems.items()]
+    for name, config in configs.items():
+        existing = McpServer.objects.filter(name=name).first()
+        try:
+            _, result = mcp_server_save(config=config, server=existing)
+        except (McpServerInvalid, McpServerImportFailed) as exc:
+            outcomes.append(McpFileOutcome(name=name, error=exc.message))
+            continue
+        outcomes.append(McpFileOutcome(name=name, created=existing is None, result=result))
+    return sorted(outcomes, key=lambda outcome: outcome.name)
 
 
 # --- per-session action limits of the MCP endpoint ------------------------------------

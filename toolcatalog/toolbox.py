@@ -39,11 +39,15 @@ def builtin_names() -> frozenset[str]:
 
 
 def builtin_executor(workspace: Path, conversation_id: int | None = None, user_id: int | None = None) -> Executor:
+    """Runs the built-in tools, and forwards the imported MCP tools to their servers (MC-2)."""
+    from toolcatalog.mcp_client import mcp_executor
+
     context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id)
+    forward = mcp_executor()
 
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
         tool = BUILTINS.get(name)
-        return None if tool is None else tool.call(arguments, context)
+        return forward(name, arguments) if tool is None else tool.call(arguments, context)
 
     return execute
 

@@ -28,6 +28,10 @@ ApprovalGate = Callable[[ToolRecord, dict[str, Any]], Observation | None]
 CallLimiter = Callable[[str, int], bool]
 
 DISCOVERY_TOOLS = ("search_tools", "describe_tool", "list_tool_groups")
+# Set on an observation when the tool cannot run at all here (no implementation, its MCP server
+# unreachable or the tool removed): a deferred tool called directly is then not loaded, so the
+# model is not handed the schema of a tool it cannot use.
+UNAVAILABLE = "_unavailable"
 
 
 def approval_pending(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | None:
@@ -112,9 +116,12 @@ class CatalogToolBox:
                 "the right tool, or call one from the tool list or the name index.",
             }
         # TD-5: a deferred name called directly is loaded here, in the same step; its result loads the schema.
+        observation = self._run(tool, name, arguments)
+        if observation.pop(UNAVAILABLE, False):
+            return observation
         if self._activate(name, "direct"):
-            return {**self._run(tool, name, arguments), LOADS_TOOLS: [name]}
-        return self._run(tool, name, arguments)
+            return {**observation, LOADS_TOOLS: [name]}
+        return observation
 
     def _run(self, tool: ToolRecord, name: str, arguments: dict[str, Any]) -> Observation:
         if problem := arguments_problem(tool.input_schema, arguments):
@@ -135,7 +142,11 @@ class CatalogToolBox:
             return getattr(self, f"_{name}")(arguments)
         observation = self._executor(name, arguments)
         if observation is None:
-            return {"ok": False, "error": f"{name} is in the catalog but has no implementation in this installation."}
+            return {
+                "ok": False,
+                "error": f"{name} is in the catalog but has no implementation in this installation.",
+                UNAVAILABLE: True,
+            }
         return observation
 
     # -- discovery tools -----------------------------------------------------------------

@@ -31,9 +31,20 @@ _SHELL_REQUEST = re.compile(r"\brun\s+`([^`]+)`", re.IGNORECASE)
 
 # "in parallel: run `a`; run `b`" fans out one subagent per task (TD-14).
 _SPAWN_REQUEST = re.compile(r"\bin parallel:\s*(.+)", re.IGNORECASE | re.DOTALL)
+# "call `time__get_current_time {"timezone": "UTC"}`" calls any tool by name (LM-3): deferred and
+# imported ones too, which are not in the request's tool list until they are loaded.
+_CALL_REQUEST = re.compile(r"\bcall\s+`([A-Za-z0-9_.:-]+)(?:\s+(\{.*?\}))?\s*`", re.IGNORECASE | re.DOTALL)
 
 
 def _choose_tool(prompt: str, offered: set[str]) -> tuple[str, dict[str, Any]] | None:
+    call = _CALL_REQUEST.search(prompt)
+    if call:
+        try:
+            arguments = json.loads(call.group(2)) if call.group(2) else {}
+        except json.JSONDecodeError:
+            arguments = None
+        # Arguments that are not a JSON object are sent as they are, for the toolbox to refuse clearly.
+        return call.group(1), arguments if isinstance(arguments, dict) else {"_unparsed": call.group(2)}
     spawn = _SPAWN_REQUEST.search(prompt)
     if spawn and "spawn_agents" in offered:
         tasks = [task.strip() for task in spawn.group(1).split(";") if task.strip()]
@@ -140,6 +151,9 @@ class OfflineProvider:
                 names = [entry["name"] for entry in observation["entries"]]
                 listing = ", ".join(names) if names else "nothing yet"
                 parts.append(f"the workspace holds {len(names)} entries: {listing}")
+            elif observation.get("text") or "structured_content" in observation:
+                said = observation.get("text") or json.dumps(observation["structured_content"], sort_keys=True)
+                parts.append(f"the tool answered: {said[:300]}")
             else:
                 parts.append("the tool answered")
         return "I am the offline model. I ran the tool and " + "; ".join(parts) + "."

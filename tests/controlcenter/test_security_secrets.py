@@ -91,7 +91,11 @@ def test_no_secret_appears_in_logs_events_stored_errors_or_error_messages(tmp_pa
         name="closed", transport="http", url=f"http://user:{url_token}@127.0.0.1:{free_port()}/mcp"
     )
     McpServer.objects.create(
-        name="stdio", transport="stdio", command=f"/nonexistent/mcp-server --token {command_token}"
+        name="stdio",
+        transport="stdio",
+        command="/nonexistent/mcp-server",
+        args=["--stdio"],
+        env={"MCP_TOKEN": command_token},
     )
 
     with EmulatorServer(emulator) as server:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -19,18 +18,22 @@ pytestmark = pytest.mark.django_db
 SERVERS = Path(__file__).parent.parent / "support" / "mcp_servers"
 
 
-def _command(script: str, *extra: str) -> str:
-    return shlex.join([sys.executable, str(SERVERS / script), *extra])
+def _args(script: str, *extra: str) -> list[str]:
+    return [str(SERVERS / script), *extra]
 
 
 @pytest.fixture
 def weather() -> McpServer:
-    return McpServer.objects.create(name="weather", transport="stdio", command=_command("weather_server.py"))
+    return McpServer.objects.create(
+        name="weather", transport="stdio", command=sys.executable, args=_args("weather_server.py")
+    )
 
 
 @pytest.fixture
 def almanac() -> McpServer:
-    return McpServer.objects.create(name="almanac", transport="stdio", command=_command("almanac_server.py"))
+    return McpServer.objects.create(
+        name="almanac", transport="stdio", command=sys.executable, args=_args("almanac_server.py")
+    )
 
 
 def _snapshot() -> list[tuple]:
@@ -77,14 +80,14 @@ def test_importing_twice_changes_nothing_and_keeps_the_operators_choices(weather
 def test_a_tool_the_server_dropped_is_disabled_not_deleted_and_comes_back(almanac):
     first = mcp_server_import(server=almanac)
     assert first.created == 2
-    almanac.command = _command("almanac_server.py", "--without", "moon_phase")
+    almanac.args = _args("almanac_server.py", "--without", "moon_phase")
     almanac.save()
     dropped = mcp_server_import(server=almanac)
     assert (dropped.disabled, dropped.unchanged) == (1, 1)
     moon = Tool.objects.get(server=almanac, name="moon_phase")
     assert moon.enabled is False and moon.server_missing is True
     assert "almanac__moon_phase" not in {record.name for record in catalog_records()}
-    almanac.command = _command("almanac_server.py")
+    almanac.args = _args("almanac_server.py")
     almanac.save()
     back = mcp_server_import(server=almanac)
     assert (back.updated, back.unchanged, back.disabled) == (1, 1, 0)
@@ -105,13 +108,13 @@ def test_a_tool_with_an_invalid_name_is_refused_by_name_and_the_others_are_impor
 def test_an_unreachable_server_is_a_clear_error_and_changes_nothing(weather):
     mcp_server_import(server=weather)
     before = _snapshot()
-    weather.command = "/nonexistent/weather-server --stdio"
+    weather.command, weather.args = "/nonexistent/weather-server", ["--stdio"]
     weather.save()
     with pytest.raises(McpServerImportFailed, match="weather.*Nothing was changed"):
         mcp_server_import(server=weather)
     assert _snapshot() == before
-    weather.command = 'python "unbalanced'
-    with pytest.raises(McpServerImportFailed, match="cannot parse the command"):
+    weather.command, weather.args, weather.env = sys.executable, _args("weather_server.py"), {"T": "${CC_UNSET_VAR}"}
+    with pytest.raises(McpServerImportFailed, match=r"weather.*CC_UNSET_VAR.*not set"):
         mcp_server_import(server=weather)
     assert _snapshot() == before
 
@@ -135,9 +138,10 @@ def test_equal_names_from_two_servers_stay_distinct_and_are_ranked_as_distinct_t
 @pytest.mark.req("TD-1")
 def test_the_import_mcp_command_imports_and_names_unknown_servers(weather, capsys):
     call_command("catalog", "import-mcp", "weather")
-    assert "weather: 2 tools created, 0 updated, 0 unchanged, 0 disabled" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "weather: 2 tools added (get_forecast, read_file), 0 changed, 0 unchanged, 0 removed" in out
     call_command("catalog", "import-mcp", "weather")
-    assert "0 tools created, 0 updated, 2 unchanged" in capsys.readouterr().out
+    assert "0 tools added, 0 changed, 2 unchanged, 0 removed" in capsys.readouterr().out
     with pytest.raises(CommandError, match="no MCP server named 'ghost'.*weather"):
         call_command("catalog", "import-mcp", "ghost")
     weather.command = "/nonexistent/weather-server"
@@ -155,6 +159,6 @@ def test_the_admin_action_imports_the_selected_servers(admin_client, weather, al
     )
     assert response.status_code == 200
     text = response.content.decode().lower()  # the admin capitalises messages
-    assert "weather: 2 tools created" in text
-    assert "almanac: 2 tools created" in text and "tide.table" in text
+    assert "weather: 2 tools added" in text
+    assert "almanac: 2 tools added" in text and "tide.table" in text
     assert Tool.objects.filter(source=Tool.Source.MCP).count() == 4

@@ -6,7 +6,7 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from rest_framework.authtoken.models import Token
 
@@ -144,10 +144,16 @@ def test_tools_call_runs_builtins_in_the_callers_own_mcp_workspace(
 
 
 @pytest.mark.req("RN-4")
+@pytest.mark.req("MC-5")
 def test_tools_call_keeps_the_approval_rule_and_refuses_unknown_tools(server_url, alice_token, workspaces, settings):
     async def steps(client):
         shell = await client.call_tool("bash", {"command": "touch ran.txt"})
-        unknown = await client.call_tool("drop_database", {})
+        # MC-5: an unknown tool is a protocol error (JSON-RPC), not a tool result.
+        try:
+            await client.call_tool("drop_database", {})
+            unknown = None
+        except MCPError as exc:
+            unknown = exc
         invalid = await client.call_tool("write_file", {"path": "x.txt"})
         return shell, unknown, invalid
 
@@ -155,7 +161,7 @@ def test_tools_call_keeps_the_approval_rule_and_refuses_unknown_tools(server_url
     assert shell.is_error is True and shell.structured_content["approval_required"] is True
     assert "CC_TOOL_AUTO_APPROVE" in shell.structured_content["error"]
     assert not any(workspaces.rglob("ran.txt"))
-    assert unknown.is_error is True and "no tool named 'drop_database'" in unknown.structured_content["error"]
+    assert unknown is not None and unknown.code == -32602 and "Unknown tool: 'drop_database'" in unknown.message
     assert invalid.is_error is True and "content" in invalid.structured_content["error"]
 
 

@@ -94,7 +94,9 @@ def test_a_run_records_what_it_loaded_and_which_search_found_nothing(alice, cata
     conversation = conversation_create(owner=alice, title="c")
     _, run = message_send(conversation=conversation, text="hello")
     toolbox = run_toolbox(workspace=tmp_path)
-    toolbox.execute("git_log", {})
+    # git_log has no implementation here: calling it loads nothing (its schema would be of no use).
+    assert "no implementation" in toolbox.execute("git_log", {})["error"] and not toolbox.activations
+    toolbox.execute("describe_tool", {"names": ["git_log"]})
     toolbox.execute("search_tools", {"query": "assign a ticket to someone"})
     toolbox.execute("search_tools", {"query": "zzqx wobblefrump"})
     activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
@@ -194,7 +196,7 @@ def test_a_mode_cannot_deny_its_own_output_action_and_servers_need_an_address():
 def test_groups_and_mcp_servers_are_listed_without_the_servers_command_lines(alice_api, catalog):
     from toolcatalog.models import McpServer
 
-    McpServer.objects.create(name="weather", transport="stdio", command="weather-server --token s3cret")
+    McpServer.objects.create(name="weather", transport="stdio", command="weather-server", env={"TOKEN": "s3cret"})
     groups = alice_api.get("/api/groups/").json()
     headings = [group["heading"] for group in groups]
     assert "Files and shell" in headings and "Tickets and projects" in headings

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from toolcatalog.mcp_config import McpConfigError
 from toolcatalog.models import McpServer
 from toolcatalog.services import (
     CatalogFileInvalid,
@@ -13,6 +14,7 @@ from toolcatalog.services import (
     catalog_export,
     catalog_import,
     mcp_server_import,
+    mcp_servers_import_file,
 )
 
 
@@ -28,12 +30,22 @@ class Command(BaseCommand):
         importing.add_argument("file")
         exporting = sub.add_parser("export", help="write the catalog as JSON to stdout or --output FILE")
         exporting.add_argument("--output", "-o", default="")
-        from_mcp = sub.add_parser("import-mcp", help="list the MCP server NAME's tools and upsert them (idempotent)")
-        from_mcp.add_argument("name", help="the name of an MCP server configured in the admin")
+        from_mcp = sub.add_parser(
+            "import-mcp",
+            help="configure the servers of a Claude-Desktop-style --config FILE and import their tools, "
+            "or refresh the tools of the configured server NAME (idempotent)",
+        )
+        from_mcp.add_argument("name", nargs="?", default="", help="the name of a configured MCP server")
+        from_mcp.add_argument("--config", default="", help='a JSON file {"mcpServers": {NAME: {...}}}')
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] == "import-mcp":
-            self._import_mcp(options["name"])
+            if bool(options["name"]) == bool(options["config"]):
+                raise CommandError("import-mcp takes either a server NAME or --config FILE.")
+            if options["config"]:
+                self._import_mcp_file(Path(options["config"]))
+            else:
+                self._import_mcp(options["name"])
             return
         if options["action"] == "import":
             path = Path(options["file"])
@@ -66,3 +78,24 @@ class Command(BaseCommand):
         except McpServerImportFailed as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(f"{server.name}: {result.summary()}")
+
+    def _import_mcp_file(self, path: Path) -> None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"cannot read {path}: {exc}") from exc
+        try:
+            outcomes = mcp_servers_import_file(text=text)
+        except McpConfigError as exc:
+            raise CommandError(f"{path}: {exc}") from exc
+        failed = [outcome for outcome in outcomes if outcome.error]
+        for outcome in outcomes:
+            if outcome.error:
+                self.stderr.write(f"{outcome.name}: not imported, nothing changed: {outcome.error}")
+            elif outcome.result is None:
+                self.stdout.write(f"{outcome.name}: saved (disabled, tools not imported).")
+            else:
+                verb = "added" if outcome.created else "updated"
+                self.stdout.write(f"{outcome.name}: server {verb}; {outcome.result.summary()}")
+        if failed:
+            raise CommandError(f"{len(failed)} of {len(outcomes)} servers in {path} were not imported.")

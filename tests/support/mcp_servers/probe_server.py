@@ -1,0 +1,121 @@
+"""An MCP server that logs every call, for the forwarding tests (MC-2, MC-4).
+
+stdio by default; `--http PORT --token TOKEN` serves Streamable HTTP and refuses any request
+without `Authorization: Bearer TOKEN`. Every call appends one JSON line to $PROBE_CALL_LOG
+with the tool, its arguments and this process's pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+
+import anyio
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context, Image
+from mcp.server.mcpserver.exceptions import ToolError
+
+# A 1x1 red PNG.
+PIXEL = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+
+server = MCPServer("probe")
+
+
+def _log(tool: str, arguments: dict) -> None:
+    path = os.environ.get("PROBE_CALL_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"tool": tool, "arguments": arguments, "pid": os.getpid()}) + "\n")
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Repeat the text back, prefixed with echo:."""
+    _log("echo", {"text": text})
+    return f"echo: {text}"
+
+
+@server.tool()
+def whoami() -> dict:
+    """This server's process id and how long the secret it was given is."""
+    _log("whoami", {})
+    return {"pid": os.getpid(), "secret_length": len(os.environ.get("PROBE_SECRET", ""))}
+
+
+@server.tool()
+def picture() -> Image:
+    """A one-pixel PNG."""
+    _log("picture", {})
+    return Image(data=PIXEL, format="png")
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Always fails with the given reason."""
+    _log("fail", {"reason": reason})
+    raise ToolError(f"refused on purpose: {reason}")
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Answer after the given number of seconds."""
+    _log("slow", {"seconds": seconds})
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool()
+def crash() -> str:
+    """Kill this server process."""
+    _log("crash", {})
+    os._exit(3)
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool named NAME and tell the client that the tool list changed."""
+    _log("grow", {"name": name})
+
+    def added() -> str:
+        return f"{name} answers"
+
+    server.add_tool(added, name=name, description=f"A tool added at run time: {name}.")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
+
+
+def _http(port: int, token: str) -> None:
+    import uvicorn
+
+    app = server.streamable_http_app()
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization", b"").decode() != f"Bearer {token}":
+                await send({"type": "http.response.start", "status": 401, "headers": []})
+                await send({"type": "http.response.body", "body": b"bad token"})
+                return
+        await app(scope, receive, send)
+
+    uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int, default=0)
+    parser.add_argument("--token", default="")
+    parser.add_argument("--without", nargs="*", default=[])
+    options = parser.parse_args()
+    for name in options.without:
+        server.remove_tool(name)
+    if options.http:
+        _http(options.http, options.token)
+    else:
+        server.run()
+    sys.exit(0)

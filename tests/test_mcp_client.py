@@ -1,0 +1,332 @@
+"""Imported MCP tools really run on their servers (MC-1..5, LM-3).
+
+Real servers only: the reference servers from PyPI (mcp-server-time, mcp-server-git, both
+stdio) and our own SDK server with a call log (tests/mcp_servers/probe_server.py), over
+stdio and over Streamable HTTP with a bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from django.core.management import CommandError, call_command
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from agents.chat import message_send
+from agents.models import Run, RunEvent
+from agents.services import run_execute
+from conversations.services import conversation_create
+from engine.actions import tool_result
+from tests.mcp_servers import fixtures as live
+from toolcatalog.mcp_client import connections
+from toolcatalog.models import McpServer, Tool
+from toolcatalog.toolbox import run_toolbox
+from toolcatalog.workspace import workspace_root
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROBE = Path(__file__).parent / "mcp_servers" / "probe_server.py"
+BIN = Path(sys.executable).parent
+CANARY_ENV = "canary-env-value-7c1f"
+CANARY_HEADER = "canary-header-value-93ab"
+
+server_url = live.server_url
+workspaces = live.workspaces
+
+
+@pytest.fixture(autouse=True)
+def _fresh_connections():
+    # Each test's servers are its own: no process or session carries over.
+    connections.close()
+    yield
+    connections.close()
+
+
+def _servers_file(tmp_path: Path, servers: dict) -> Path:
+    path = tmp_path / "servers.json"
+    path.write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
+    return path
+
+
+def _reference_servers(call_log: Path | None = None) -> dict:
+    probe_env = {"PROBE_SECRET": CANARY_ENV, **({"PROBE_CALL_LOG": str(call_log)} if call_log else {})}
+    return {
+        "time": {"command": str(BIN / "mcp-server-time")},
+        "git": {"command": str(BIN / "mcp-server-git")},
+        "probe": {"command": sys.executable, "args": [str(PROBE)], "env": probe_env},
+    }
+
+
+def _calls(call_log: Path) -> list[dict]:
+    if not call_log.exists():
+        return []
+    return [json.loads(line) for line in call_log.read_text().splitlines()]
+
+
+def _tool_results(run: Run) -> list[dict]:
+    return [event.payload for event in RunEvent.objects.filter(run=run, type="tool_result").order_by("seq")]
+
+
+def _staff_api(django_user_model) -> APIClient:
+    staff = django_user_model.objects.create_user(username="op", password="op-password-1", is_staff=True)
+    client = APIClient()
+    client.force_authenticate(staff)
+    return client
+
+
+@pytest.mark.req("MC-1")
+def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_reports_changes(tmp_path, capsys):
+    servers = {
+        **_reference_servers(),
+        "broken": {"command": "/nonexistent/mcp-server", "args": ["--stdio"]},
+        "confused": {"url": "ftp://example.com/mcp"},
+    }
+    with pytest.raises(CommandError, match="2 of 5 servers"):
+        call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, servers)))
+    out, err = capsys.readouterr()
+    assert "time: server added; 2 tools added (convert_time, get_current_time)" in out
+    assert "git: server added;" in out and "git_status" in out and "probe: server added;" in out
+    assert "broken: not imported, nothing changed: MCP server 'broken': cannot start the server command" in err
+    assert "confused: not imported, nothing changed: url: An http server needs its http(s):// URL." in err
+    assert set(McpServer.objects.values_list("name", flat=True)) == {"time", "git", "probe"}
+    probe = McpServer.objects.get(name="probe")
+    assert (probe.command, probe.args, probe.env["PROBE_SECRET"]) == (sys.executable, [str(PROBE)], CANARY_ENV)
+    names = {tool.qualified_name for tool in Tool.objects.select_related("server")}
+    assert {"time__get_current_time", "git__git_status", "probe__echo", "probe__crash"} <= names
+
+    # The same servers again, the probe now without two tools: only the differences are reported.
+    servers = _reference_servers()
+    servers["probe"]["args"] = [str(PROBE), "--without", "crash", "grow"]
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, servers)))
+    out = capsys.readouterr().out
+    assert "time: server updated; 0 tools added, 0 changed, 2 unchanged, 0 removed" in out
+    assert "probe: server updated; 0 tools added, 0 changed, 5 unchanged, 2 removed" in out and "(crash, grow)" in out
+    assert not Tool.objects.get(server__name="probe", name="crash").enabled
+
+    (tmp_path / "bad.json").write_text('{"servers": {}}')
+    with pytest.raises(CommandError, match='"mcpServers" object'):
+        call_command("catalog", "import-mcp", "--config", str(tmp_path / "bad.json"))
+
+
+@pytest.mark.req("MC-2")
+@pytest.mark.req("LM-3")
+def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_path, settings, workspaces):
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    conversation = conversation_create(owner=alice, title="mcp")
+
+    _, run = message_send(conversation=conversation, text='call `time__get_current_time {"timezone": "UTC"}`')
+    before = datetime.now(UTC)
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    [result] = _tool_results(run)
+    assert result["name"] == "time__get_current_time" and result["output"]["ok"] is True
+    # The server's own answer, loaded like any deferred tool (tool_reference in the result).
+    answered = datetime.fromisoformat(result["output"]["structured_content"]["datetime"])
+    assert abs((answered - before).total_seconds()) < 120
+    assert result["loads_tools"] == ["time__get_current_time"]
+
+    repo = workspace_root(conversation.pk) / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "notes.txt").write_text("hello")
+    arguments = json.dumps({"repo_path": str(repo)})
+    _, run = message_send(conversation=conversation, text=f"call `git__git_status {arguments}`")
+    run_execute(run_id=run.pk, worker="test")
+    [result] = _tool_results(Run.objects.get(pk=run.pk))
+    assert result["output"]["ok"] is True
+    assert "Untracked files" in result["output"]["text"] and "notes.txt" in result["output"]["text"]
+    reply = conversation.messages.order_by("-id").first()
+    assert "notes.txt" in reply.content[0]["text"]  # the offline model read the real status
+
+
+@pytest.mark.req("MC-2")
+@pytest.mark.req("MC-5")
+def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_path, server_url):
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    token = Token.objects.create(user=alice).key
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "plan.md").write_text("x")
+
+    async def steps():
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        async with http, Client(streamable_http_client(server_url, http_client=http)) as client:
+            listed = {tool.name for tool in (await client.list_tools()).tools}
+            now = await client.call_tool("time__get_current_time", {"timezone": "UTC"})
+            status = await client.call_tool("git__git_status", {"repo_path": str(repo)})
+            return listed, now, status
+
+    listed, now, status = anyio.run(steps)
+    assert {"time__get_current_time", "git__git_status", "probe__echo"} <= listed
+    assert now.is_error is False and "datetime" in now.structured_content["structured_content"]
+    assert status.is_error is False and "plan.md" in status.structured_content["text"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _HttpProbe:
+    """The probe server over Streamable HTTP, as a process that can be killed and started again."""
+
+    def __init__(self, token: str, call_log: Path) -> None:
+        self.port, self.token, self.call_log = _free_port(), token, call_log
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        command = [sys.executable, str(PROBE), "--http", str(self.port), "--token", self.token]
+        env = {"PATH": "/usr/bin:/bin", "PROBE_CALL_LOG": str(self.call_log)}
+        self.process = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"http://127.0.0.1:{self.port}/", timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("the probe HTTP server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.mark.req("MC-1")
+@pytest.mark.req("MC-2")
+@pytest.mark.req("MC-3")
+def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
+    django_user_model, tmp_path, settings, monkeypatch, caplog
+):
+    call_log = tmp_path / "calls.jsonl"
+    probe = _HttpProbe(CANARY_HEADER, call_log)
+    probe.start()
+    try:
+        monkeypatch.setenv("PROBE_TOKEN", CANARY_HEADER)
+        api = _staff_api(django_user_model)
+        headers = {"Authorization": "Bearer ${PROBE_TOKEN}"}
+        config = {"name": "remote", "transport": "http", "url": probe.url, "headers": headers}
+        created = api.post("/api/mcp-servers/", config, format="json")
+        assert created.status_code == 201, created.content
+        assert "remote__picture" in created.json()["server"]["tools"]
+        assert "remote__echo" in created.json()["imported"]["added"]
+        server_id = created.json()["server"]["id"]
+
+        settings.CC_MCP_CALL_TIMEOUT_SECONDS = 2
+        toolbox = run_toolbox(workspace=tmp_path, deferral=False)
+        picture = toolbox.execute("remote__picture", {})
+        assert picture["ok"] is True and picture["images"] == [{"media_type": "image/png"}]
+        # The model sees the image itself: an image block in the tool_result.
+        blocks = tool_result("toolu_1", picture)["content"]
+        assert blocks[1]["type"] == "image" and blocks[1]["source"]["media_type"] == "image/png"
+        failed = toolbox.execute("remote__fail", {"reason": "quota"})
+        assert (
+            failed["ok"] is False and "remote__fail reported an error" in failed["error"] and "quota" in failed["error"]
+        )
+        started = time.monotonic()
+        slow = toolbox.execute("remote__slow", {"seconds": 30})
+        assert slow["ok"] is False and "did not answer within 2 s" in slow["error"]
+        assert time.monotonic() - started < 10
+        assert toolbox.execute("remote__echo", {"text": "still here"})["text"] == "echo: still here"
+
+        crashed = toolbox.execute("remote__crash", {})
+        assert crashed["ok"] is False and "MCP server 'remote'" in crashed["error"]
+        probe.stop()
+        probe.start()  # the server comes back and has forgotten our session
+        assert toolbox.execute("remote__echo", {"text": "again"})["text"] == "echo: again"
+        assert [call["tool"] for call in _calls(call_log)] == ["picture", "fail", "slow", "echo", "crash", "echo"]
+
+        # A wrong literal token: a clear error that never repeats the token.
+        wrong = api.patch(
+            f"/api/mcp-servers/{server_id}/",
+            {"headers": {"Authorization": f"Bearer {CANARY_HEADER}-no"}},
+            format="json",
+        )
+        assert wrong.status_code == 400 and "remote" in wrong.json()["error"]["message"]
+        assert CANARY_HEADER not in wrong.content.decode()
+        # Write-only: the answer shows names and references, never a value; "***" keeps a value.
+        shown = api.get(f"/api/mcp-servers/{server_id}/").json()
+        assert shown["headers"] == {"Authorization": "***"}
+        kept = api.patch(f"/api/mcp-servers/{server_id}/", {"headers": {"Authorization": "***"}}, format="json")
+        assert kept.status_code == 200, kept.content
+        assert McpServer.objects.get(pk=server_id).headers == {"Authorization": "Bearer ${PROBE_TOKEN}"}
+        refreshed = api.post(f"/api/mcp-servers/{server_id}/refresh/")
+        assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 7
+        listed = api.get("/api/mcp-servers/").content.decode()
+        assert CANARY_HEADER not in listed and "PROBE_TOKEN" in listed
+        assert APIClient().post("/api/mcp-servers/", {}, format="json").status_code in (401, 403)
+
+        assert api.delete(f"/api/mcp-servers/{server_id}/").status_code == 204
+        assert not Tool.objects.filter(server__name="remote").exists()
+    finally:
+        probe.stop()
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert CANARY_HEADER not in logged
+
+
+@pytest.mark.req("MC-2")
+@pytest.mark.req("MC-4")
+def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_reach_the_catalog(tmp_path, settings):
+    call_log = tmp_path / "calls.jsonl"
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers(call_log))))
+    Tool.objects.filter(server__name="probe", name="echo").update(max_calls_per_run=2)
+    toolbox = run_toolbox(workspace=tmp_path, deferral=False)
+
+    first = toolbox.execute("probe__whoami", {})["text"]
+    again = toolbox.execute("probe__whoami", {})["text"]
+    assert (
+        json.loads(first) == json.loads(again) == {"pid": _calls(call_log)[0]["pid"], "secret_length": len(CANARY_ENV)}
+    )
+    # Action limits hold for imported tools: the third call never reaches the server.
+    assert [toolbox.execute("probe__echo", {"text": str(n)})["ok"] for n in range(3)] == [True, True, False]
+    assert len([call for call in _calls(call_log) if call["tool"] == "echo"]) == 2
+
+    assert "stopped during the call" in toolbox.execute("probe__crash", {})["error"]
+    restarted = json.loads(toolbox.execute("probe__whoami", {})["text"])
+    assert restarted["pid"] != json.loads(first)["pid"]
+
+    # The server announces a new tool: the catalog learns it (deferred, like any new tool).
+    toolbox.execute("probe__grow", {"name": "sprout"})
+    deadline = time.monotonic() + 30
+    while not Tool.objects.filter(server__name="probe", name="sprout").exists():
+        assert time.monotonic() < deadline, "the list_changed notification did not refresh the catalog"
+        time.sleep(0.2)
+    assert Tool.objects.get(server__name="probe", name="sprout").resident is False
+    # A tool its server dropped answers a clear error in a run that still lists it.
+    Tool.objects.filter(server__name="probe", name="whoami").update(server_missing=True, enabled=False)
+    removed = toolbox.execute("probe__whoami", {})
+    assert "this tool was removed from server probe" in removed["error"]
+
+    settings.CC_MCP_IDLE_SECONDS = 1
+    deadline = time.monotonic() + 15
+    while "probe" in connections.running():
+        assert time.monotonic() < deadline, "an idle server was not stopped"
+        time.sleep(0.2)
+
+
+@pytest.mark.req("MC-2")
+def test_a_server_that_never_starts_is_a_clear_error_and_its_schema_is_not_loaded(tmp_path):
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    McpServer.objects.filter(name="time").update(command="/nonexistent/mcp-server-time")
+    toolbox = run_toolbox(workspace=tmp_path, deferral=True)
+    assert "time__get_current_time" in toolbox.surface.deferred_names
+    failed = toolbox.execute("time__get_current_time", {"timezone": "UTC"})
+    assert failed["ok"] is False and "MCP server 'time' could not be started" in failed["error"]
+    assert "_loads_tools" not in failed and "time__get_current_time" not in toolbox.activated

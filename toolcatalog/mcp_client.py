@@ -1,0 +1,545 @@
+"""Calls of imported MCP tools, forwarded to their servers (MC-2).
+
+One `McpConnections` per process (the worker's, the web server's for /mcp) keeps one
+live connection per configured server on a private event loop thread:
+
+- a stdio server is started on first use (`spawn_stdio_process`, the ONE place a server
+  process is created, so a sandbox can wrap it), reused across calls and runs, restarted
+  after it died, and stopped when idle (CC_MCP_IDLE_SECONDS) and at process exit;
+- an HTTP session is reused, and opened again when the server forgot it (a restart);
+- every call is bounded by CC_MCP_CALL_TIMEOUT_SECONDS; whatever goes wrong comes back as a
+  tool error naming the server, with the server's secrets hidden (MC-3).
+
+`mcp_executor()` is the catalog Executor for imported tools; results are mapped to
+observations here (`observation_of`), images as image blocks the model can see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx2
+import mcp_types as types
+from django.conf import settings
+from mcp import Client, MCPError
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
+
+from controlcenter.redact import redact_text, register_secrets
+from engine.actions import ATTACHED_IMAGES
+from engine.catalog.schemas import NAMESPACE_SEPARATOR
+from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
+from toolcatalog.mcp_import import ImportedTool, McpServerSpec, list_tools_of
+
+logger = logging.getLogger(__name__)
+
+_STDERR_LINES = 20
+_STOP_GRACE_SECONDS = 2.0
+
+
+class McpCallError(Exception):
+    """The call did not reach the tool or got no usable answer; the message is safe to show.
+
+    `unavailable`: the server could not be started or reached at all, so the tool cannot run.
+    """
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+
+
+# --- starting a stdio server ------------------------------------------------------------------
+
+
+async def spawn_stdio_process(argv: list[str], env: dict[str, str], cwd: str | None) -> anyio.abc.Process:
+    """Start a stdio MCP server: the one place its process is created (the sandbox wraps `argv` here).
+
+    Its own process group, so stopping it stops whatever it started too.
+    """
+    return await anyio.open_process(
+        argv,
+        env=env,
+        cwd=cwd or None,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+@dataclass
+class _StdioState:
+    process: anyio.abc.Process | None = None
+    stderr: collections.deque[str] | None = None
+
+
+@asynccontextmanager
+async def _stdio_transport(spec: McpServerSpec, state: _StdioState) -> AsyncIterator[Any]:
+    """Newline-delimited JSON-RPC over the server's stdin/stdout (the MCP stdio transport)."""
+    env = {**get_default_environment(), **spec.env}
+    process = await spawn_stdio_process([spec.command, *spec.args], env, spec.cwd)
+    state.process, state.stderr = process, collections.deque(maxlen=_STDERR_LINES)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](16)
+
+    async def read_stdout() -> None:
+        assert process.stdout is not None
+        buffer = b""
+        async with read_writer:
+            with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                async for chunk in process.stdout:
+                    *lines, buffer = (buffer + chunk).split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        try:
+                            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                        except ValueError as exc:
+                            await read_writer.send(exc)
+                            continue
+                        await read_writer.send(SessionMessage(message))
+
+    async def read_stderr() -> None:
+        assert process.stderr is not None and state.stderr is not None
+        buffer = b""
+        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async for chunk in process.stderr:
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                state.stderr.extend(line.decode("utf-8", "replace") for line in lines if line.strip())
+
+    async def write_stdin() -> None:
+        assert process.stdin is not None
+        async with write_reader:
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                async for message in write_reader:
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send(data.encode() + b"\n")
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_stdout)
+            group.start_soon(read_stderr)
+            group.start_soon(write_stdin)
+            try:
+                yield read_stream, write_stream
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await _stop_process(process)
+
+
+async def _stop_process(process: anyio.abc.Process) -> None:
+    # The MCP shutdown sequence: close stdin, give it a moment, then signal the whole group.
+    if process.stdin is not None:
+        with suppress(Exception):
+            await process.stdin.aclose()
+    for sig in (None, signal.SIGTERM, signal.SIGKILL):
+        if sig is not None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, sig)
+        with anyio.move_on_after(_STOP_GRACE_SECONDS):
+            while process.returncode is None:
+                await anyio.sleep(0.02)
+        if process.returncode is not None:
+            break
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            with suppress(Exception):
+                await stream.aclose()
+
+
+# --- one live connection ----------------------------------------------------------------------
+
+
+def _fingerprint(spec: McpServerSpec) -> str:
+    raw = json.dumps([spec.transport, spec.command, spec.args, spec.env, spec.cwd, spec.url, spec.headers])
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class _Connection:
+    """A server's client session, held open by one task on the connections' loop."""
+
+    def __init__(self, spec: McpServerSpec, on_tools_changed: Callable[[str, list[ImportedTool]], None] | None) -> None:
+        self.spec = spec
+        self.fingerprint = _fingerprint(spec)
+        self.client: Client | None = None
+        self.failure: BaseException | None = None
+        self.ready = asyncio.Event()
+        self.closed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stdio = _StdioState()
+        self._on_tools_changed = on_tools_changed
+        self._task: asyncio.Task | None = None
+        self.in_flight = 0
+        self.last_used = time.monotonic()
+        self.broken = False
+
+    @property
+    def alive(self) -> bool:
+        if self.broken or self.closed.is_set():
+            return False
+        process = self._stdio.process
+        return process is None or process.returncode is None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._hold())
+
+    async def _notified(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification) and self._on_tools_changed is not None:
+            # Listed on this very connection: a new process would not know what this one added.
+            # Not awaited here: the notification arrives on the session's own receive path.
+            asyncio.get_running_loop().create_task(self._relist())
+
+    async def _relist(self) -> None:
+        client = self.client
+        if client is None or self._on_tools_changed is None:
+            return
+        try:
+            with anyio.fail_after(self.spec.timeout_seconds):
+                listed = await list_tools_of(client, self.spec.name)
+        except Exception as exc:  # noqa: BLE001 - a failed refresh leaves the catalog as it was
+            logger.warning(
+                "MCP server %s changed its tools; listing them failed: %s", self.spec.name, describe(exc, self.spec)
+            )
+            return
+        # The catalog is written with the ORM: not on this loop.
+        threading.Thread(target=self._on_tools_changed, args=(self.spec.name, listed), daemon=True).start()
+
+    def _client(self) -> tuple[Client, httpx2.AsyncClient | None]:
+        timeout = self.spec.timeout_seconds
+        if self.spec.transport == "stdio":
+            return Client(_stdio_transport(self.spec, self._stdio), mode="legacy", message_handler=self._notified), None
+        http = httpx2.AsyncClient(headers=self.spec.headers, timeout=timeout, trust_env=False)
+        transport = streamable_http_client(self.spec.url, http_client=http)
+        return Client(transport, mode="legacy", message_handler=self._notified), http
+
+    async def _hold(self) -> None:
+        http = None
+        try:
+            client, http = self._client()
+            async with client:
+                self.client = client
+                self.ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # noqa: BLE001 - reported to the callers waiting on it
+            self.failure = exc
+        finally:
+            self.client = None
+            if http is not None:
+                with suppress(Exception):
+                    await http.aclose()
+            self.closed.set()
+            self.ready.set()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None and not self.ready.is_set():
+            self._task.cancel()  # still starting: nothing to say goodbye to
+        if self._task is not None:
+            with suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(self._task), _STOP_GRACE_SECONDS * 4)
+
+    def stderr_tail(self) -> str:
+        lines = list(self._stdio.stderr or ())
+        return " | ".join(lines[-3:])
+
+
+# --- the process's connections ----------------------------------------------------------------
+
+
+class McpConnections:
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+        self._connections: dict[str, _Connection] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self.on_tools_changed: Callable[[str, list[ImportedTool]], None] | None = None
+
+    # The loop thread is started lazily, so importing this module costs nothing.
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._guard:
+            if self._loop is None or not self._thread or not self._thread.is_alive():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="cc-mcp-client", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+                asyncio.run_coroutine_threadsafe(self._reap_idle(), loop)
+            return self._loop
+
+    def call_tool(self, spec: McpServerSpec, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Call `tool` on `spec`'s server, starting or reopening its connection as needed. Raises McpCallError."""
+        loop = self._ensure_loop()
+        future = asyncio.run_coroutine_threadsafe(self._call(spec, tool, arguments), loop)
+        try:
+            # The call bounds itself; this only guards against a wedged loop.
+            return future.result(timeout=spec.timeout_seconds * 3 + settings.CC_MCP_START_TIMEOUT_SECONDS + 10)
+        except TimeoutError as exc:
+            future.cancel()
+            raise McpCallError(f"MCP server {spec.name!r} did not answer in time.") from exc
+
+    def running(self) -> dict[str, int | None]:
+        """Server name -> pid of its live stdio process (None for HTTP): for tests and the operator."""
+        return {
+            name: (conn._stdio.process.pid if conn._stdio.process is not None else None)
+            for name, conn in list(self._connections.items())
+            if conn.alive
+        }
+
+    def close(self, name: str | None = None) -> None:
+        """Stop one server's connection (or all): its process ends, the next call starts it again."""
+        if self._loop is None or not self._loop.is_running():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._close(name), self._loop)
+        with suppress(Exception):
+            future.result(timeout=_STOP_GRACE_SECONDS * 8)
+
+    async def _close(self, name: str | None) -> None:
+        names = [name] if name is not None else list(self._connections)
+        closing = [self._connections.pop(n) for n in names if n in self._connections]
+        await asyncio.gather(*(conn.close() for conn in closing), return_exceptions=True)
+
+    async def _connection(self, spec: McpServerSpec) -> _Connection:
+        lock = self._opening.setdefault(spec.name, asyncio.Lock())
+        async with lock:  # parallel first calls start one process, not several
+            conn = self._connections.get(spec.name)
+            if conn is not None and (conn.fingerprint != _fingerprint(spec) or not conn.alive):
+                self._connections.pop(spec.name, None)
+                await conn.close()
+                conn = None
+            if conn is None:
+                conn = _Connection(spec, self.on_tools_changed)
+                self._connections[spec.name] = conn
+                conn.start()
+            start_timeout = max(spec.timeout_seconds, settings.CC_MCP_START_TIMEOUT_SECONDS)
+            try:
+                await asyncio.wait_for(conn.ready.wait(), start_timeout)
+            except TimeoutError:
+                self._connections.pop(spec.name, None)
+                await conn.close()
+                raise McpCallError(
+                    f"MCP server {spec.name!r} did not start within {start_timeout:g} s "
+                    "(CC_MCP_START_TIMEOUT_SECONDS)." + _stderr_note(conn, spec),
+                    unavailable=True,
+                ) from None
+            if conn.client is None:
+                self._connections.pop(spec.name, None)
+                raise McpCallError(
+                    f"MCP server {spec.name!r} could not be started or reached: {describe(conn.failure, spec)}."
+                    + _stderr_note(conn, spec),
+                    unavailable=True,
+                )
+            return conn
+
+    async def _call(self, spec: McpServerSpec, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        for attempt in (1, 2):
+            conn = await self._connection(spec)
+            conn.in_flight += 1
+            try:
+                assert conn.client is not None
+                with anyio.fail_after(spec.timeout_seconds):
+                    return await conn.client.call_tool(tool, arguments, read_timeout_seconds=spec.timeout_seconds)
+            except TimeoutError:
+                raise McpCallError(
+                    f"{spec.name}{NAMESPACE_SEPARATOR}{tool} did not answer within {spec.timeout_seconds:g} s "
+                    f"(CC_MCP_CALL_TIMEOUT_SECONDS); the call was abandoned."
+                ) from None
+            except MCPError as exc:
+                if exc.code == types.REQUEST_TIMEOUT:
+                    raise McpCallError(
+                        f"{spec.name}{NAMESPACE_SEPARATOR}{tool} did not answer within {spec.timeout_seconds:g} s "
+                        "(CC_MCP_CALL_TIMEOUT_SECONDS); the call was abandoned."
+                    ) from None
+                if exc.code != types.CONNECTION_CLOSED and conn.alive:
+                    # The server answered with a JSON-RPC error: it is up, the call was refused.
+                    raise McpCallError(
+                        f"MCP server {spec.name!r} refused the call of {tool!r}: {describe(exc, spec)}"
+                    ) from None
+                conn.broken = True
+                failure: BaseException = exc
+            except Exception as exc:  # noqa: BLE001 - transport failures of every kind become tool errors
+                conn.broken = True
+                failure = exc
+            finally:
+                conn.in_flight -= 1
+                conn.last_used = time.monotonic()
+            # The connection is gone. An HTTP server that restarted forgot our session before it
+            # ran anything, so one retry on a new session is safe; a stdio server that died may
+            # have been in the middle of the call, so it is reported and restarted on the next call.
+            if spec.transport == "http" and attempt == 1:
+                continue
+            raise McpCallError(
+                f"MCP server {spec.name!r} stopped during the call of {tool!r}: {describe(failure, spec)}. "
+                "It will be started again on the next call." + _stderr_note(conn, spec)
+            )
+        raise AssertionError("unreachable")
+
+    async def _reap_idle(self) -> None:
+        while True:
+            idle = settings.CC_MCP_IDLE_SECONDS
+            await asyncio.sleep(max(0.2, min(idle / 4, 30)))
+            cutoff = time.monotonic() - idle
+            for name, conn in list(self._connections.items()):
+                if conn.in_flight == 0 and (conn.last_used < cutoff or not conn.alive):
+                    if self._connections.get(name) is conn:
+                        del self._connections[name]
+                    await conn.close()
+
+
+def _stderr_note(conn: _Connection, spec: McpServerSpec) -> str:
+    tail = conn.stderr_tail()
+    return f" Its last output: {redact_text(tail, secrets_of(spec))[:500]}" if tail else ""
+
+
+def secrets_of(spec: McpServerSpec) -> list[str]:
+    """The resolved env and header values of a server: never shown, whatever message carries them."""
+    return sorted(
+        {value for value in [*spec.env.values(), *spec.headers.values()] if value and len(value) >= 4},
+        key=len,
+        reverse=True,
+    )
+
+
+def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
+    if exc is None:
+        return "no reason given"
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return f"cannot start the server command: {exc.strerror or exc}"
+    text = str(exc)
+    # Bearer tokens sent as headers may come back inside an error's text, and so may env values.
+    bare = [secret.split(" ", 1)[-1] for secret in secrets_of(spec)]
+    text = redact_text(text, [*secrets_of(spec), *bare])
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _refresh_catalog(name: str, listed: list[ImportedTool]) -> None:
+    """The server said its tool list changed (MC-4): the catalog takes the new list, as a refresh would."""
+    from django.db import close_old_connections
+    from django.db import connections as databases
+
+    from toolcatalog.models import McpServer
+    from toolcatalog.services import mcp_server_apply_listing
+
+    close_old_connections()
+    try:
+        server = McpServer.objects.filter(name=name, enabled=True).first()
+        if server is not None:
+            result = mcp_server_apply_listing(server=server, listed=listed)
+            logger.info("MCP server %s changed its tools: %s", name, result.summary())
+    finally:
+        databases.close_all()
+
+
+connections = McpConnections()
+connections.on_tools_changed = _refresh_catalog
+atexit.register(connections.close)
+
+
+# --- results -> observations ------------------------------------------------------------------
+
+
+def observation_of(server: str, tool: str, result: types.CallToolResult) -> Observation:
+    """An MCP tool result as the model sees it: text, structured content, resources, images, isError."""
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    resources: list[dict[str, Any]] = []
+    other: list[str] = []
+    for block in result.content:
+        if isinstance(block, types.TextContent):
+            texts.append(block.text)
+        elif isinstance(block, types.ImageContent):
+            images.append(
+                {"type": "image", "source": {"type": "base64", "media_type": block.mime_type, "data": block.data}}
+            )
+        elif isinstance(block, types.EmbeddedResource):
+            item: dict[str, Any] = {"uri": str(block.resource.uri)}
+            if block.resource.mime_type:
+                item["mime_type"] = block.resource.mime_type
+            if isinstance(block.resource, types.TextResourceContents):
+                item["text"] = block.resource.text
+            else:
+                item["blob_base64_chars"] = len(getattr(block.resource, "blob", ""))
+            resources.append(item)
+        elif isinstance(block, types.ResourceLink):
+            resources.append({"uri": str(block.uri), "name": block.name, "link": True})
+        else:
+            other.append(getattr(block, "type", type(block).__name__))
+    observation: Observation = {"ok": not result.is_error, "server": server, "tool": tool}
+    text = "\n".join(texts)
+    if result.is_error:
+        observation["error"] = f"{server}{NAMESPACE_SEPARATOR}{tool} reported an error: {text or 'no details given'}"
+    elif texts:
+        observation["text"] = text
+    if result.structured_content is not None:
+        observation["structured_content"] = result.structured_content
+    if resources:
+        observation["resources"] = resources
+    if images:
+        observation["images"] = [{"media_type": image["source"]["media_type"]} for image in images]
+        observation[ATTACHED_IMAGES] = images
+    if other:
+        observation["unsupported_content"] = other
+    return observation
+
+
+# --- the catalog executor ---------------------------------------------------------------------
+
+
+def _unavailable(message: str) -> Observation:
+    return {"ok": False, "error": message, UNAVAILABLE: True}
+
+
+def forward(name: str, arguments: dict[str, Any]) -> Observation | None:
+    """Run an imported tool `SERVER__tool` on its server; None when `name` belongs to no configured server."""
+    from toolcatalog.mcp_config import McpConfigError
+    from toolcatalog.models import McpServer, Tool
+    from toolcatalog.services import mcp_server_spec
+
+    server_name, separator, tool_name = name.partition(NAMESPACE_SEPARATOR)
+    if not separator:
+        return None
+    server = McpServer.objects.filter(name=server_name).first()
+    if server is None:
+        return None
+    tool = Tool.objects.filter(server=server, name=tool_name).first()
+    if tool is None or tool.server_missing:
+        return _unavailable(f"{name}: this tool was removed from server {server_name}; it cannot be called any more.")
+    if not server.enabled or not tool.enabled:
+        return _unavailable(f"{name}: the MCP server {server_name} or this tool is disabled by an operator.")
+    try:
+        spec = mcp_server_spec(server, timeout_seconds=settings.CC_MCP_CALL_TIMEOUT_SECONDS)
+    except McpConfigError as exc:
+        return _unavailable(str(exc))
+    register_secrets(secrets_of(spec))
+    try:
+        result = connections.call_tool(spec, tool_name, arguments)
+    except McpCallError as exc:
+        logger.warning("MCP call failed: %s", exc)
+        failed: Observation = {"ok": False, "error": str(exc), "server": server_name, "tool": tool_name}
+        return {**failed, UNAVAILABLE: True} if exc.unavailable else failed
+    return observation_of(server_name, tool_name, result)
+
+
+def mcp_executor() -> Executor:
+    """The Executor for imported MCP tools (None for any other name)."""
+    return forward

@@ -1,0 +1,140 @@
+"""MCP server configuration (MC-1, MC-3): checking it, reading `mcpServers` files, resolving secrets.
+
+One shape whatever the way in (admin, API, a Claude-Desktop-style file): stdio servers have
+`command`, `args`, `env`, `cwd`; Streamable HTTP servers have `url` and `headers`. Values of
+`env` and `headers` are secrets: they are never shown back, and may be `${VAR}` references
+to the worker's environment, resolved only when the server is reached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from engine.catalog.schemas import NAMESPACE_SEPARATOR
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HIDDEN_VALUE = "***"
+
+
+class McpConfigError(ValueError):
+    """A server's configuration is unusable; the message names the server and the field."""
+
+
+def config_problems(
+    *,
+    name: str,
+    transport: str,
+    command: str = "",
+    args: Any = (),
+    env: Any = None,
+    cwd: str = "",
+    url: str = "",
+    headers: Any = None,
+) -> dict[str, str]:
+    """Field -> why it is refused; empty when the server can be saved."""
+    errors: dict[str, str] = {}
+    if not _NAME.match(name or ""):
+        errors["name"] = "1-40 letters, digits, '-' or '_' (it prefixes the names of the server's tools)."
+    elif NAMESPACE_SEPARATOR in name:
+        errors["name"] = "A server name cannot contain '__' (it separates server and tool)."
+    if transport == "stdio":
+        if not isinstance(command, str) or not command.strip():
+            errors["command"] = "A stdio server needs the command that starts it."
+        if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
+            errors["args"] = 'A list of strings, e.g. ["-m", "my_server"].'
+        if problem := _mapping_problem(env, _ENV_NAME, "environment variable"):
+            errors["env"] = problem
+        if url or headers:
+            errors["url"] = "A stdio server has no url or headers; use transport http for a remote server."
+    elif transport == "http":
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            errors["url"] = "An http server needs its http(s):// URL."
+        if problem := _mapping_problem(headers, _HEADER_NAME, "header"):
+            errors["headers"] = problem
+        if command or args or env or cwd:
+            errors["command"] = "An http server has no command, args, env or cwd; use transport stdio for those."
+    else:
+        errors["transport"] = "Use stdio (command, args, env, cwd) or http (url, headers)."
+    return errors
+
+
+def _mapping_problem(value: Any, key_pattern: re.Pattern[str], what: str) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, dict):
+        return f"An object of {what} names to string values."
+    for key, item in value.items():
+        if not isinstance(key, str) or not key_pattern.match(key):
+            return f"{key!r} is not a valid {what} name."
+        if not isinstance(item, str):
+            return f"The value of {what} {key!r} must be a string."
+    return None
+
+
+def resolve_references(server: str, field: str, values: dict[str, str]) -> dict[str, str]:
+    """`values` with every `${VAR}` replaced from this process's environment; a missing one is an error."""
+    resolved = {}
+    for key, value in values.items():
+
+        def lookup(match: re.Match[str], key: str = key) -> str:
+            variable = match.group(1)
+            if variable not in os.environ:
+                raise McpConfigError(
+                    f"MCP server {server!r}: {field} {key!r} refers to ${{{variable}}}, which is not set in the "
+                    "environment of this worker."
+                )
+            return os.environ[variable]
+
+        resolved[key] = _REFERENCE.sub(lookup, value)
+    return resolved
+
+
+def hidden(values: dict[str, str] | None) -> dict[str, str]:
+    """What the admin and the API show of write-only values: the names, and whether each is a reference."""
+    return {key: value if _REFERENCE.fullmatch(value or "") else HIDDEN_VALUE for key, value in (values or {}).items()}
+
+
+def parse_servers_file(data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """A Claude-Desktop-style `{"mcpServers": {NAME: {...}}}` document -> (configs, problems by server).
+
+    Each config is ready for an `McpServer` row (transport inferred: `url` means http).
+    A server with a problem is left out of the configs and named in the problems.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("mcpServers"), dict):
+        raise McpConfigError('The file must be a JSON object with an "mcpServers" object: {"mcpServers": {...}}.')
+    configs: dict[str, dict[str, Any]] = {}
+    problems: dict[str, str] = {}
+    for name, entry in data["mcpServers"].items():
+        if not isinstance(entry, dict):
+            problems[name] = "its entry must be an object with command/args/env or url/headers."
+            continue
+        known = {"command", "args", "env", "cwd", "url", "headers", "type", "transport", "disabled"}
+        if unknown := sorted(set(entry) - known):
+            problems[name] = f"unknown keys {', '.join(unknown)} (expected command, args, env, cwd or url, headers)."
+            continue
+        transport = "http" if "url" in entry else "stdio"
+        declared = entry.get("type") or entry.get("transport")
+        if declared not in (None, transport, "streamable-http", "http" if transport == "http" else "stdio"):
+            problems[name] = f"type {declared!r} is not supported (stdio, or http for Streamable HTTP)."
+            continue
+        config = {
+            "name": name,
+            "transport": transport,
+            "command": entry.get("command", ""),
+            "args": entry.get("args", []),
+            "env": entry.get("env", {}),
+            "cwd": entry.get("cwd", ""),
+            "url": entry.get("url", ""),
+            "headers": entry.get("headers", {}),
+        }
+        if errors := config_problems(**config):
+            problems[name] = "; ".join(f"{field}: {message}" for field, message in errors.items())
+            continue
+        config["enabled"] = not entry.get("disabled", False)
+        configs[name] = config
+    return configs, problems
