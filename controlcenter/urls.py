@@ -33,6 +33,7 @@ api_patterns = [
         for route, view, name in [
             ("messages/<int:message_id>/", conversations_api.MessageDetailApi, "api-message"),
             ("messages/<int:message_id>/edit/", agents_api.MessageEditApi, "api-message-edit"),
+            ("messages/<int:message_id>/regenerate/", agents_api.MessageRegenerateApi, "api-message-regenerate"),
             ("branch/", conversations_api.BranchApi, "api-conversation-branch"),
             ("fork/", conversations_api.ForkApi, "api-conversation-fork"),
             ("checkpoints/", conversations_api.CheckpointListApi, "api-conversation-checkpoints"),
@@ -77,6 +78,11 @@ api_patterns = [
 urlpatterns = [
     path("", agents_views.conversation_list, name="conversation-list"),
     path("conversations/<int:conversation_id>/", agents_views.conversation_detail, name="conversation-detail"),
+    path(
+        "conversations/<int:conversation_id>/messages/",
+        agents_views.conversation_messages,
+        name="conversation-messages",
+    ),
     path("conversations/<int:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
     path(
         "conversations/<int:conversation_id>/tree/rows/",
