@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -78,17 +79,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def embedded_server(tmp_path):
+@contextlib.contextmanager
+def _embedded(directory: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     # Keep any PYTHONPATH the caller set (after this tree, which must win).
     pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.update(CC_VAR_DIR=str(tmp_path / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=pythonpath)
+    env.update(CC_VAR_DIR=str(directory / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=pythonpath)
     controlcenter = [sys.executable, "-m", "controlcenter.cli"]
     setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert setup.returncode == 0, setup.stderr
     port = _free_port()
-    log = (tmp_path / "server.log").open("wb")
+    log = (directory / "server.log").open("wb")
     server = subprocess.Popen(
         [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
     )
@@ -102,8 +103,23 @@ def embedded_server(tmp_path):
             time.sleep(0.2)
     else:
         server.kill()
-        pytest.fail((tmp_path / "server.log").read_text())
-    yield base, tmp_path / "server.log"
-    server.terminate()
-    server.wait(timeout=10)
-    log.close()
+        pytest.fail((directory / "server.log").read_text())
+    try:
+        yield base, directory / "server.log"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
+def embedded_server(tmp_path):
+    with _embedded(tmp_path) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def embedded_server_module(tmp_path_factory):
+    """One embedded server for a module's browser journeys (each works in its own conversation)."""
+    with _embedded(tmp_path_factory.mktemp("embedded")) as started:
+        yield started
