@@ -173,6 +173,24 @@ class MessageEditApi(APIView):
         )
 
 
+class MessageRegenerateApi(APIView):
+    """Answer a reply's prompt again; the new reply is a sibling of the old one (UX-2)."""
+
+    @extend_schema(
+        request=None,
+        responses={
+            201: inline_serializer("MessageRegenerated", {"message": MessageSerializer(), "run": RunSerializer()})
+        },
+    )
+    def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
+        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        sent = chat.message_regenerate(conversation=conversation, message_id=message_id)
+        return Response(
+            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
+            status=status.HTTP_201_CREATED,
+        )
+
+
 class ContextApi(APIView):
     @extend_schema(responses=inline_serializer("ContextView", {"used_tokens": serializers.IntegerField()}))
     def get(self, request: Request, conversation_id: int) -> Response:

@@ -114,6 +114,29 @@ def message_edit(*, conversation: Conversation, message_id: int, text: str) -> M
     return MessageSent(message, run)
 
 
+def message_regenerate(*, conversation: Conversation, message_id: int) -> MessageSent:
+    """Answer a reply's prompt again (UX-2): the tip goes back to the prompt and a new run answers
+    it, so the new reply is a sibling of the old one and both stay reachable (CH-7)."""
+    reply = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
+    if reply.role != Message.Role.ASSISTANT:
+        raise DomainError(f"Message {message_id} is not a reply; regenerate a reply, or edit a prompt.")
+    prompt = reply.parent
+    # A turn is prompt, then replies and tool results: the prompt is the nearest person's message above.
+    while prompt is not None and (
+        prompt.role != Message.Role.USER or transcript.tool_result_ids(selectors.as_plain(prompt))
+    ):
+        prompt = prompt.parent
+    if prompt is None:
+        raise DomainError(f"Message {message_id} answers no prompt of yours; there is nothing to regenerate.")
+    with transaction.atomic():
+        locked = conversation_locked(conversation)
+        locked.tip = prompt
+        locked.save(update_fields=["tip", "updated_at"])
+        run = run_start(conversation=locked, trigger=prompt)
+    conversation.refresh_from_db()
+    return MessageSent(prompt, run)
+
+
 def conversation_retry(*, conversation: Conversation) -> Run:
     """Re-run the unanswered prompt at the tip (CH-5).
 

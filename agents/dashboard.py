@@ -29,7 +29,8 @@ CATEGORIES = (
     ("cache_read", "cache_read_input_tokens", "Cache reads"),
     ("output", "output_tokens", "Output"),
 )
-IN_FLIGHT = (Run.Status.QUEUED, Run.Status.RUNNING)
+# Waiting for a person's approval is in flight too: the run holds its conversation (UX-4).
+IN_FLIGHT = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING)
 
 
 def cache_ratio(*, uncached: int, cache_write: int, cache_read: int) -> float | None:

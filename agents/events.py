@@ -30,6 +30,8 @@ _sender_lock = threading.Lock()
 # Deltas closer together than this are sent as one event: a model streams tokens far
 # faster than a person reads, and every event costs a database row and a broadcast.
 DELTA_COALESCE_SECONDS = 0.03
+# The events after which a run's owner's dashboards get fresh figures (runs in flight, waiting).
+DASHBOARD_EVENTS = frozenset({"run_started", "approval_requested", "approval_decided", "run_finished"})
 
 
 def register_server_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -136,9 +138,20 @@ class RunEventPublisher:
         except Exception:
             # The event is in the log; a live viewer catches up from there.
             logger.exception("could not broadcast event %s of run %s", self.seq, self.run.pk)
-        if event_type == "run_finished":
-            # However a run ends (succeeded, failed, cancelled, reaped), its owner's dashboards move.
+        if event_type in DASHBOARD_EVENTS:
+            # A run starting, waiting, resuming or ending (however it ends) moves its owner's dashboards.
             publish_dashboard_update(user_id=self.run.conversation.owner_id)
+
+
+def publish_conversation_changed(*, conversation_id: int, reason: str) -> None:
+    """Tell every tab on a conversation that its messages changed (a prompt sent from another
+    tab or the API, a retry): they fetch the messages fragment again (UX-4). Not stored: a tab
+    that reconnects refetches the fragment anyway."""
+    event = {"type": "conversation_changed", "conversation_id": conversation_id, "reason": reason}
+    try:
+        broadcast([conversation_group(conversation_id)], {"type": "run.event", "event": event})
+    except Exception:
+        logger.exception("could not announce a change of conversation %s", conversation_id)
 
 
 # --- the observability dashboard ------------------------------------------------------

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import approvals, turns
-from agents.events import RunEventPublisher
+from agents.events import RunEventPublisher, publish_conversation_changed
 from agents.models import ModelRequest, Run
 from agents.providers import get_provider
 from agents.subagents import subagents_cancel, subagents_reap_orphans
@@ -54,6 +54,8 @@ def run_start(*, conversation: Conversation, trigger: Message) -> Run:
         model=model,
         mode_id=conversation.mode_id,
     )
+    # Announced before the run is handed out, so every tab draws the prompt before its reply (UX-4).
+    transaction.on_commit(lambda: publish_conversation_changed(conversation_id=conversation.pk, reason="run_queued"))
     transaction.on_commit(lambda: enqueue_run(run.pk))
     return run
 

@@ -14,10 +14,11 @@ from django.views.decorators.http import require_http_methods
 from agents import chat, selectors, turns
 from agents.dashboard import dashboard_snapshot
 from agents.models import Run
+from agents.rendering import markdown_html
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors as conversation_selectors
 from conversations import services as conversation_services
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from conversations.views import owned_conversation
 from engine.actions import result_as_text
 from toolcatalog.selectors import modes_list
@@ -120,7 +121,8 @@ def _compact(raw: Any) -> str:
 
 def _present(path: list[conversation_selectors.PathMessage], run_by_trigger: dict[int, int]) -> list[dict[str, Any]]:
     """The path as the page shows it: each tool call carries its result, so a message
-    holding only tool results is folded into the call that asked for them."""
+    holding only tool results is folded into the call that asked for them; text is rendered
+    Markdown (UX-1)."""
     results: dict[str, dict[str, Any]] = {}
     for message in path:
         for block in message.content:
@@ -132,7 +134,8 @@ def _present(path: list[conversation_selectors.PathMessage], run_by_trigger: dic
         for block in message.content:
             kind = block.get("type")
             if kind == "text":
-                blocks.append({"type": "text", "text": block.get("text", "")})
+                text = block.get("text", "")
+                blocks.append({"type": "text", "html": markdown_html(text), "raw": text})
             elif kind == "tool_use":
                 result = results.get(block.get("id", ""))
                 blocks.append(
@@ -147,8 +150,81 @@ def _present(path: list[conversation_selectors.PathMessage], run_by_trigger: dic
             elif kind == "image":
                 blocks.append({"type": "image"})
         if blocks:
-            shown.append({"message": message, "blocks": blocks, "run_id": run_by_trigger.get(message.pk)})
+            # A reply stopping on a tool call is mid-turn: no branching to it, no regenerating from it.
+            mid_turn = any(block["type"] == "tool" for block in blocks) and message.role == Message.Role.ASSISTANT
+            shown.append(
+                {"message": message, "blocks": blocks, "run_id": run_by_trigger.get(message.pk), "mid_turn": mid_turn}
+            )
     return shown
+
+
+def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
+    """Everything the messages fragment draws: the same on the first load and on every refresh."""
+    runs = {run.trigger_id: run for run in Run.objects.filter(conversation=conversation).order_by("id")}
+    path = conversation_selectors.current_path(conversation)
+    # Presented whole, then cut, so a call shown on the page always has its result.
+    shown = _present(path, {trigger: run.pk for trigger, run in runs.items()})
+    earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
+    shown = shown[earlier:]
+    # The latest run of each prompt on the path that has no stored reply yet: in flight (the page
+    # replays its event log into it) or ended without one (failed or cancelled: its card and Retry).
+    active_run = None
+    for index, item in enumerate(shown):
+        run = runs.get(item["message"].pk)
+        answered = index + 1 < len(shown) and shown[index + 1]["message"].role == Message.Role.ASSISTANT
+        if run is None or answered:
+            continue
+        if not run.is_finished:
+            item["live_run"] = run
+            active_run = run
+        elif run.retryable:
+            item["ended_run"] = run
+            item["retry"] = conversation.tip_id == item["message"].pk
+    if active_run is None:
+        # A run whose prompt is off the current path (someone branched away) can still be cancelled.
+        active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()
+    _siblings(conversation, shown)
+    return {"messages": shown, "earlier": earlier, "active_run": active_run}
+
+
+def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:
+    """‹ i/n › on a message with siblings of its role (regenerated answers, edited prompts, UX-2).
+
+    Each arrow moves the tip to the newest end of that sibling's branch, so switching shows the
+    whole conversation that continued from it. Two queries, the second only when a message has
+    siblings at all.
+    """
+    parents = {item["message"].parent_id for item in shown}
+    rows = Message.objects.filter(conversation=conversation)
+    groups: dict[tuple[int | None, str], list[int]] = {}
+    query = rows.filter(parent_id__in=[p for p in parents if p is not None])
+    if None in parents:
+        query = query | rows.filter(parent_id__isnull=True)
+    for pk, parent_id, role in query.order_by("id").values_list("id", "parent_id", "role"):
+        groups.setdefault((parent_id, role), []).append(pk)
+    if not any(len(group) > 1 for group in groups.values()):
+        return
+    children: dict[int, list[int]] = {}
+    for pk, parent_id in rows.order_by("id").values_list("id", "parent_id"):
+        if parent_id is not None:
+            children.setdefault(parent_id, []).append(pk)
+
+    def newest_end(pk: int) -> int:
+        while pk in children:
+            pk = children[pk][-1]
+        return pk
+
+    for item in shown:
+        message = item["message"]
+        group = groups.get((message.parent_id, message.role), [])
+        if len(group) > 1 and message.pk in group:
+            index = group.index(message.pk)
+            item["siblings"] = {
+                "index": index + 1,
+                "count": len(group),
+                "previous": newest_end(group[index - 1]) if index > 0 else None,
+                "next": newest_end(group[index + 1]) if index + 1 < len(group) else None,
+            }
 
 
 @login_required
@@ -157,14 +233,12 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         conversation = conversation_selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
     except NotFound:
         raise Http404("No such conversation.") from None
-    active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()
     return render(
         request,
         "conversations/detail.html",
         {
             "conversation": conversation,
             **_page_messages(request, conversation),
-            "active_run": active_run,
             "slash_commands": SLASH_COMMANDS,
             "models": conversation_selectors.models_offered(),
             # A model taken off CC_MODELS since it was picked: shown as the selection, not silently
@@ -175,12 +249,15 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
     )
 
 
-def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
-    runs = Run.objects.filter(conversation=conversation).values_list("trigger_id", "id").order_by("id")
-    # Presented whole, then cut, so a call shown on the page always has its result.
-    shown = _present(conversation_selectors.current_path(conversation), dict(runs))
-    earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
-    return {"messages": shown[earlier:], "earlier": earlier}
+@login_required
+def conversation_messages(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """The messages fragment the conversation page swaps in after every change it hears of:
+    one template for the first load and for live updates, so the two never differ (UX-1)."""
+    try:
+        conversation = conversation_selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+    except NotFound:
+        raise Http404("No such conversation.") from None
+    return render(request, "conversations/_messages.html", _page_messages(request, conversation))
 
 
 @login_required

@@ -48,6 +48,7 @@ api_patterns = [
         for route, view, name in [
             ("messages/<id:message_id>/", conversations_api.MessageDetailApi, "api-message"),
             ("messages/<id:message_id>/edit/", agents_api.MessageEditApi, "api-message-edit"),
+            ("messages/<id:message_id>/regenerate/", agents_api.MessageRegenerateApi, "api-message-regenerate"),
             ("branch/", conversations_api.BranchApi, "api-conversation-branch"),
             ("fork/", conversations_api.ForkApi, "api-conversation-fork"),
             ("checkpoints/", conversations_api.CheckpointListApi, "api-conversation-checkpoints"),
@@ -71,12 +72,12 @@ api_patterns = [
     path("api/groups/", toolcatalog_api.ToolGroupListApi.as_view(), name="api-groups"),
     path("api/mcp-servers/", toolcatalog_api.McpServerListApi.as_view(), name="api-mcp-servers"),
     path(
-        "api/mcp-servers/<int:server_id>/",
+        "api/mcp-servers/<id:server_id>/",
         toolcatalog_api.McpServerDetailApi.as_view(),
         name="api-mcp-server",
     ),
     path(
-        "api/mcp-servers/<int:server_id>/refresh/",
+        "api/mcp-servers/<id:server_id>/refresh/",
         toolcatalog_api.McpServerRefreshApi.as_view(),
         name="api-mcp-server-refresh",
     ),
@@ -103,6 +104,11 @@ api_patterns = [
 urlpatterns = [
     path("", agents_views.conversation_list, name="conversation-list"),
     path("conversations/<id:conversation_id>/", agents_views.conversation_detail, name="conversation-detail"),
+    path(
+        "conversations/<id:conversation_id>/messages/",
+        agents_views.conversation_messages,
+        name="conversation-messages",
+    ),
     path("conversations/<id:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
     path(
         "conversations/<id:conversation_id>/tree/rows/",

@@ -135,3 +135,9 @@ def isolated_embedded_server(tmp_path):
     server, base, log_path = _start_embedded_server(tmp_path)
     yield base, log_path
     _stop(server)
+
+
+@pytest.fixture(scope="module")
+def embedded_server_module(embedded_server):
+    """The session's embedded server, for modules written against a module-scoped one."""
+    return embedded_server

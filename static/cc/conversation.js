@@ -1,23 +1,31 @@
-// Live conversation page: send through the API, stream run events over a websocket,
-// and catch up from the stored event log after a reconnect (events carry a seq).
-// Everything works from the keyboard: Enter sends, "/" opens the command menu,
-// an approval prompt takes focus and answers Enter (approve) or Escape (deny).
+// The conversation page (UX-1..UX-5). The server draws the messages (one template,
+// `conversations/_messages.html`, for the first load and for every refresh), so the live view
+// and a reload are the same HTML. The page swaps that fragment in whenever the conversation
+// changes (a prompt sent from any tab or the API, a run ending, a reconnect); a run still in
+// flight is a placeholder article that the page fills from the run's event log (caught up
+// from `GET /api/runs/<id>/events/?after=N`, then live over the websocket, de-duplicated by
+// seq). An approval never takes focus: only its own buttons decide it.
 (() => {
   const root = document.getElementById("conversation");
   if (!root) return;
   const conversationId = root.dataset.conversationId;
-  const messages = document.getElementById("messages");
   const statusLine = document.getElementById("status");
+  const notes = document.getElementById("notes");
+  const errors = document.getElementById("errors");
   const form = document.getElementById("composer");
   const input = document.getElementById("composer-input");
+  const sendButton = document.getElementById("send");
   const cancelButton = document.getElementById("cancel");
   const runLink = document.getElementById("run-link");
+  const jumpButton = document.getElementById("jump-latest");
   const menu = document.getElementById("slash-menu");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-  const runs = new Map(); // run id -> {lastSeq, seen, article, text, tools: Map(tool_use_id -> details)}
-  const approvals = new Map(); // approval id -> prompt element
-  let activeRun = root.dataset.activeRun ? Number(root.dataset.activeRun) : null;
+  let runs = new Map(); // run id -> {lastSeq, seen, article, text, tools, working, catching, buffer}
+  let approvals = new Map(); // approval id -> prompt element
+  let activeRun = null;
+  let following = true; // the view sticks to the newest message unless the person scrolled up
 
+  const messagesBox = () => document.getElementById("messages");
   function el(tag, cls, text) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
@@ -28,29 +36,126 @@
   const errorText = (body, response) =>
     body.detail || (body.error && (body.error.message || body.error)) || `Error ${response.status}`;
 
-  function showRun(runId) {
-    runLink.href = `/runs/${runId}/`;
-    runLink.textContent = `Run ${runId} details`;
-    runLink.hidden = false;
+  // --- the session: an expired one goes to the sign-in page instead of showing raw errors ---
+  function signIn() {
+    window.location = `/login/?next=${encodeURIComponent(location.pathname + location.search)}`;
   }
-
-  function runState(runId) {
-    if (!runs.has(runId)) {
-      const article = el("article", "message assistant");
-      article.dataset.runId = runId;
-      const header = el("header", null, "assistant · ");
-      const link = el("a", null, `run ${runId}`);
-      link.href = `/runs/${runId}/`;
-      header.appendChild(link);
-      article.appendChild(header);
-      messages.appendChild(article);
-      runs.set(runId, { lastSeq: 0, seen: new Set(), article, text: null, tools: new Map() });
+  async function api(url, options = {}) {
+    const response = await fetch(url, {
+      credentials: "same-origin",
+      ...options,
+      headers: { "X-CSRFToken": csrf, ...(options.body ? { "Content-Type": "application/json" } : {}), ...(options.headers || {}) },
+    });
+    const body = await response.json().catch(() => ({}));
+    const code = body.error && body.error.code;
+    if (response.status === 401 || code === "not_authenticated" || code === "authentication_failed") {
+      signIn();
+      throw new Error("signed out");
     }
-    return runs.get(runId);
+    return { response, body };
   }
 
-  // The server sends tool input and output as compact JSON (cheap to render for long
-  // conversations); indent it when a call is opened. `toggle` does not bubble: capture it.
+  // --- errors look like errors: a red card with what happened and what to do, dismissible ---
+  function showError(message, hint) {
+    const card = el("div", "error-card");
+    card.setAttribute("role", "alert");
+    card.append(el("p", "error-text", message));
+    if (hint) card.append(el("p", "what-to-do muted", hint));
+    const close = el("button", "link dismiss", "Dismiss");
+    close.type = "button";
+    close.setAttribute("aria-label", "Dismiss this error");
+    close.addEventListener("click", () => { card.remove(); input.focus(); });
+    card.append(close);
+    errors.replaceChildren(card);
+    afterChange();
+  }
+  const clearError = () => errors.replaceChildren();
+
+  // --- following the conversation ---
+  const atBottom = () => window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80;
+  function scrollToLatest() { window.scrollTo(0, document.documentElement.scrollHeight); following = true; jumpButton.hidden = true; }
+  function afterChange() {
+    if (following) scrollToLatest();
+    else jumpButton.hidden = false;
+  }
+  window.addEventListener("scroll", () => {
+    following = atBottom();
+    if (following) jumpButton.hidden = true;
+  }, { passive: true });
+  jumpButton.addEventListener("click", () => { scrollToLatest(); input.focus(); });
+
+  function setActiveRun(runId) {
+    activeRun = runId || null;
+    cancelButton.hidden = !activeRun;
+    root.dataset.activeRun = activeRun || "";
+    if (activeRun) {
+      runLink.href = `/runs/${activeRun}/`;
+      runLink.textContent = `Run ${activeRun} details`;
+      runLink.hidden = false;
+    }
+  }
+
+  // --- the messages fragment: the server's drawing is the truth ---
+  let refreshing = null;
+  let refreshAgain = false;
+  let lastFragment = "";
+  function refresh() {
+    if (refreshing) { refreshAgain = true; return refreshing; }
+    refreshing = (async () => {
+      try {
+        do {
+          refreshAgain = false;
+          // An open edit form is not swapped away under the person's hands; it refreshes once closed.
+          if (messagesBox().querySelector(".edit-inline")) { deferred = true; return; }
+          const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin" });
+          if (response.redirected && new URL(response.url).pathname.startsWith("/login")) { signIn(); return; }
+          if (!response.ok) return;
+          install(await response.text());
+        } while (refreshAgain);
+      } finally { refreshing = null; }
+    })();
+    return refreshing;
+  }
+  let deferred = false;
+
+  function install(html) {
+    if (html === lastFragment) {
+      // Nothing stored changed: keep the live articles and only catch up their logs.
+      for (const runId of runs.keys()) catchUp(runId);
+      return;
+    }
+    lastFragment = html;
+    const template = document.createElement("template");
+    template.innerHTML = html.trim();
+    const fresh = template.content.firstElementChild;
+    const hadFocus = messagesBox().contains(document.activeElement);
+    messagesBox().replaceWith(fresh);
+    if (hadFocus) input.focus();
+    bindFragment(fresh);
+    afterChange();
+  }
+
+  function bindFragment(box) {
+    runs = new Map();
+    approvals = new Map();
+    for (const article of box.querySelectorAll("article.live[data-run-id]")) {
+      const runId = Number(article.dataset.runId);
+      runs.set(runId, { lastSeq: 0, seen: new Set(), article, text: null, tools: new Map(), working: null, catching: false, buffer: [] });
+      working(runs.get(runId), article.dataset.runStatus === "queued" ? "Queued: waiting for a worker…" : "Working…");
+      catchUp(runId);
+    }
+    setActiveRun(box.dataset.activeRun ? Number(box.dataset.activeRun) : null);
+  }
+
+  // A "working" line at the end of a live reply: thinking, running a tool, waiting for you.
+  function working(state, text) {
+    if (!state.working) { state.working = el("p", "working muted"); state.working.setAttribute("aria-hidden", "true"); }
+    state.working.textContent = text;
+    state.working.hidden = !text;
+    state.article.appendChild(state.working);
+  }
+
+  // The server sends tool input and output as compact JSON; indent it when a call is opened.
   document.addEventListener("toggle", (event) => {
     if (!event.target.open) return;
     for (const pre of event.target.querySelectorAll("pre.json:not([data-pretty])")) {
@@ -59,7 +164,7 @@
     }
   }, true);
 
-  // --- tool calls: one collapsible per call, its result filled in when it arrives ---
+  // --- a live run: its events drawn in arrival order into its placeholder article ---
   function toolCall(state, p) {
     const details = el("details", "tool");
     const summary = el("summary");
@@ -80,11 +185,10 @@
     details.append(el("h3", null, "Result"), el("pre", null, pretty(p.output)));
   }
 
-  // --- approvals (RN-4): the prompt takes focus; Enter approves, Escape denies ---
+  // --- approvals (RN-4, UX-3): shown in every tab, decided only by their own buttons ---
   function approvalRequested(state, p) {
     if (approvals.has(p.approval_id)) return;
     const prompt = el("div", "approval");
-    prompt.tabIndex = -1;
     prompt.dataset.approvalId = p.approval_id;
     prompt.setAttribute("role", "group");
     const title = el("p", null);
@@ -93,66 +197,54 @@
     const who = p.subagent ? `Subagent ${p.subagent.index} (${p.subagent.profile})` : "The agent";
     if (p.subagent) prompt.dataset.subagent = p.subagent.id;
     title.append(`${who} asks to run `, el("code", null, p.name), ".");
+    if (p.subagent && p.subagent.task) title.append(el("span", "muted", ` Its task: ${p.subagent.task}`));
     prompt.setAttribute("aria-labelledby", title.id);
     const args = el("details", "tool");
     args.open = true;
     args.append(el("summary", null, "Arguments"), el("pre", null, pretty(p.input)));
     const row = el("div", "row");
-    const approve = el("button", "approve");
+    const approve = el("button", "approve", "Approve");
     approve.type = "button";
-    approve.append("Approve ", el("kbd", null, "Enter"));
-    const deny = el("button", "deny secondary");
+    const deny = el("button", "deny secondary", "Deny");
     deny.type = "button";
-    deny.append("Deny ", el("kbd", null, "Esc"));
     const feedback = el("span", "feedback muted");
     feedback.setAttribute("role", "status");
     row.append(approve, deny, feedback);
     prompt.append(title, args, row);
     approve.addEventListener("click", () => decide(p.approval_id, "approve"));
     deny.addEventListener("click", () => decide(p.approval_id, "deny"));
-    prompt.addEventListener("keydown", (event) => {
-      if (prompt.classList.contains("decided")) return;
-      if (event.key === "Escape") { event.preventDefault(); decide(p.approval_id, "deny"); }
-      // On a focused button Enter is that button's own click; elsewhere it approves.
-      else if (event.key === "Enter" && event.target.tagName !== "BUTTON") { event.preventDefault(); decide(p.approval_id, "approve"); }
-    });
     approvals.set(p.approval_id, prompt);
     state.text = null;
     state.article.appendChild(prompt);
-    statusLine.textContent = `Waiting for your approval to run ${p.name}.`;
-    prompt.focus();
+    // Focus stays where the person is: Shift+Tab from the composer reaches Deny, then Approve.
+    statusLine.textContent = `Waiting for your approval to run ${p.name} (Shift+Tab from the message box reaches it).`;
   }
 
   function approvalDecided(p) {
     const prompt = approvals.get(p.approval_id);
     if (!prompt || prompt.classList.contains("decided")) return;
     const approved = p.decision === "approve" || p.decision === "approved";
+    const hadFocus = prompt.contains(document.activeElement);
     prompt.classList.add("decided");
     prompt.querySelectorAll("button").forEach((button) => { button.disabled = true; });
     prompt.querySelector(".feedback").textContent = approved ? "Approved." : "Denied.";
     prompt.dataset.decision = approved ? "approved" : "denied";
-    if (prompt.contains(document.activeElement) || document.activeElement === prompt) input.focus();
+    if (hadFocus) input.focus();
   }
 
   async function decide(approvalId, decision) {
     const prompt = approvals.get(approvalId);
     const feedback = prompt.querySelector(".feedback");
     feedback.textContent = decision === "approve" ? "Approving…" : "Denying…";
-    const response = await fetch(`/api/approvals/${approvalId}/${decision}/`, {
-      method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf },
-    });
+    const { response, body } = await api(`/api/approvals/${approvalId}/${decision}/`, { method: "POST" });
     if (response.ok) { approvalDecided({ approval_id: approvalId, decision }); return; }
-    const body = await response.json().catch(() => ({}));
     feedback.textContent = `Could not ${decision}: ${errorText(body, response)}`;
     feedback.setAttribute("role", "alert");
-    prompt.focus();
   }
 
-  function apply(event) {
-    const state = runState(event.run_id);
+  function apply(state, event) {
     // Already shown (live and catch-up overlap). A set, not the highest seq: a run's log has
-    // more than one writer while its subagents ask for approval (TD-14), so two events may
-    // arrive out of order.
+    // more than one writer while its subagents ask for approval (TD-14).
     if (state.seen.has(event.seq)) return;
     state.seen.add(event.seq);
     state.lastSeq = Math.max(state.lastSeq, event.seq);
@@ -160,55 +252,170 @@
     switch (event.type) {
       case "run_started":
         statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}${p.mode ? `, mode ${p.mode}` : ""}.`;
-        showRun(event.run_id);
+        working(state, "Thinking…");
         break;
       case "text_delta":
-        if (!state.text) { state.text = el("div", "text"); state.article.appendChild(state.text); }
+        // Plain text while it streams (line breaks kept); the stored reply is drawn as Markdown
+        // once the run ends, so a half-open code fence never renders mid-stream.
+        if (!state.text) { state.text = el("div", "text streaming"); state.article.appendChild(state.text); }
         state.text.textContent += p.text;
+        working(state, "Writing…");
         break;
       case "tool_call":
         state.text = null;
         toolCall(state, p);
+        working(state, `Running ${p.name}…`);
         break;
       case "tool_result":
         toolResult(state, p);
+        working(state, "Thinking…");
         break;
       case "approval_requested":
         approvalRequested(state, p);
+        working(state, "Waiting for your approval…");
         break;
       case "approval_decided":
         approvalDecided(p);
+        working(state, "Working…");
         break;
       case "usage":
         statusLine.textContent = `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
         break;
       case "run_finished":
+        working(state, "");
         statusLine.textContent = p.status === "succeeded" ? "Run finished." : `Run ${p.status}. ${p.error || ""}`;
-        if (activeRun === event.run_id) { activeRun = null; cancelButton.hidden = true; }
+        if (activeRun === event.run_id) setActiveRun(null);
+        // The stored reply (or the failed run's card with Retry) replaces the live drawing.
+        if (!state.catching) refresh();
+        else state.finished = true;
         break;
     }
+    afterChange();
   }
 
   async function catchUp(runId) {
-    const state = runState(runId);
-    const response = await fetch(`/api/runs/${runId}/events/?after=${state.lastSeq}`, { credentials: "same-origin" });
-    if (!response.ok) return;
-    for (const event of await response.json()) apply({ ...event, run_id: runId });
+    const state = runs.get(runId);
+    if (!state || state.catching) return;
+    state.catching = true;
+    try {
+      const response = await fetch(`/api/runs/${runId}/events/?after=${state.lastSeq}`, { credentials: "same-origin" });
+      if (response.ok) for (const event of await response.json()) apply(state, { ...event, run_id: runId });
+    } finally {
+      state.catching = false;
+      // Live events that came while the log was read go after it, in the order they came.
+      const buffered = state.buffer;
+      state.buffer = [];
+      for (const event of buffered) apply(state, event);
+      if (state.finished && runs.get(runId) === state) refresh();
+    }
+  }
+
+  function onEvent(event) {
+    if (event.type === "conversation_changed") { refresh(); return; }
+    const state = runs.get(event.run_id);
+    // A run the page has not drawn yet: the fragment places it after its prompt, then its log replays.
+    if (!state) { refresh(); return; }
+    if (state.catching) { state.buffer.push(event); return; }
+    apply(state, event);
   }
 
   let retryDelay = 500;
+  let opened = false;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/conversations/${conversationId}/`);
-    socket.onopen = () => { retryDelay = 500; root.dataset.live = "1"; if (activeRun) catchUp(activeRun); };
-    socket.onmessage = (message) => apply(JSON.parse(message.data));
-    socket.onclose = () => {
+    socket.onopen = () => {
+      retryDelay = 500;
+      root.dataset.live = "1";
+      // After a reconnect, whatever happened meanwhile is in the fragment and the logs.
+      if (opened) refresh();
+      opened = true;
+    };
+    socket.onmessage = (message) => onEvent(JSON.parse(message.data));
+    socket.onclose = (close) => {
       delete root.dataset.live;
+      if (close.code === 4401) { signIn(); return; }
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 8000);
     };
   }
-  connect();
+
+  // --- the actions on a message: copy, edit in place, regenerate, branch; Retry on a failed run ---
+  async function copyText(text, button) {
+    try {
+      await navigator.clipboard.writeText(text);
+    } catch {
+      const area = el("textarea");
+      area.value = text;
+      document.body.appendChild(area);
+      area.select();
+      document.execCommand("copy");
+      area.remove();
+    }
+    const label = button.textContent;
+    button.textContent = "Copied";
+    setTimeout(() => { button.textContent = label; }, 1200);
+  }
+
+  async function act(url, body, done) {
+    clearError();
+    try {
+      const { response, body: answer } = await api(url, { method: "POST", body: body ? JSON.stringify(body) : undefined });
+      if (!response.ok) { showError(errorText(answer, response), hintFor(response)); return; }
+      following = true;
+      statusLine.textContent = done;
+      await refresh();
+    } catch { /* signed out: on the way to the sign-in page */ }
+  }
+  const hintFor = (response) => (response.status === 409 ? "Wait for the run to finish, or cancel it, then try again." : "Check the message and try again.");
+
+  function openEdit(article) {
+    const text = article.querySelector(".text[data-raw]");
+    if (!text || article.querySelector(".edit-inline")) return;
+    const editor = el("form", "edit-inline");
+    const area = el("textarea");
+    area.value = text.dataset.raw;
+    area.rows = Math.min(12, Math.max(3, area.value.split("\n").length + 1));
+    area.setAttribute("aria-label", "Edit this prompt");
+    const save = el("button", null, "Save and run");
+    save.type = "submit";
+    const cancel = el("button", "secondary", "Cancel");
+    cancel.type = "button";
+    const row = el("div", "row");
+    row.append(save, cancel, el("span", "muted small", "Ctrl+Enter saves, Esc cancels. The old answer stays on its branch."));
+    editor.append(area, row);
+    text.hidden = true;
+    text.after(editor);
+    area.focus();
+    const close = () => { editor.remove(); text.hidden = false; if (deferred) { deferred = false; refresh(); } };
+    cancel.addEventListener("click", () => { close(); article.querySelector("button.edit").focus(); });
+    area.addEventListener("keydown", (event) => {
+      if (event.key === "Escape") { event.preventDefault(); cancel.click(); }
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); editor.requestSubmit(); }
+    });
+    editor.addEventListener("submit", (event) => {
+      event.preventDefault();
+      if (!area.value.trim()) { showError("The prompt is empty.", "Write something, or cancel the edit."); return; }
+      const messageId = article.dataset.messageId;
+      close();
+      act(`/api/conversations/${conversationId}/messages/${messageId}/edit/`, { text: area.value }, "Edited: a new branch runs.");
+    });
+  }
+
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("button");
+    if (!button || !button.closest("#messages")) return;
+    const article = button.closest("article");
+    if (button.dataset.copy === "code") copyText(button.closest(".code-block").querySelector("pre").innerText, button);
+    else if (button.dataset.copy === "message") {
+      const parts = [...article.querySelectorAll(".text")].map((node) => node.dataset.raw ?? node.innerText);
+      copyText(parts.join("\n\n"), button);
+    } else if (button.dataset.edit) openEdit(article);
+    else if (button.dataset.regenerate) act(`/api/conversations/${conversationId}/messages/${button.dataset.regenerate}/regenerate/`, null, "Regenerating: the new answer is a sibling of this one.");
+    else if (button.dataset.branch) act(`/api/conversations/${conversationId}/branch/`, { message: Number(button.dataset.branch) }, `The tip is now message ${button.dataset.branch}.`);
+    else if (button.dataset.sibling) act(`/api/conversations/${conversationId}/branch/`, { message: Number(button.dataset.sibling) }, "Switched to another answer.");
+    else if (button.dataset.retry) act(`/api/runs/${button.dataset.retry}/retry/`, null, "Retrying the run.");
+  });
 
   // --- the slash-command menu: a combobox on the composer (CH-10) ---
   const options = [...menu.querySelectorAll("[role=option]")];
@@ -309,8 +516,9 @@
       window.location.reload();
       return;
     }
-    messages.appendChild(commandNote(command));
+    notes.appendChild(commandNote(command));
     statusLine.textContent = command.detail;
+    afterChange();
   }
 
   const pendingNote = sessionStorage.getItem("cc-command-note");
@@ -318,49 +526,34 @@
     sessionStorage.removeItem("cc-command-note");
     try {
       const command = JSON.parse(pendingNote);
-      messages.appendChild(commandNote(command));
+      notes.appendChild(commandNote(command));
       statusLine.textContent = command.detail;
     } catch { /* a stale or foreign note: ignore it */ }
   }
 
   async function send() {
     const text = input.value;
-    if (!text.trim()) { statusLine.textContent = "Write a message first."; return; }
-    const response = await fetch(`/api/conversations/${conversationId}/messages/`, {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
-      body: JSON.stringify({ text }),
-    });
-    const body = await response.json().catch(() => ({}));
-    if (!response.ok) { statusLine.textContent = (body.error && body.error.message) || `Error ${response.status}`; return; }
-    if (body.command) {
-      // A slash command ran its service and started no run (CH-10).
-      input.value = "";
-      closeMenu();
-      commandDone(body.command);
+    if (!text.trim()) { showError("The message is empty.", "Write something to send."); return; }
+    clearError();
+    sendButton.disabled = true;
+    let answer;
+    try {
+      answer = await api(`/api/conversations/${conversationId}/messages/`, { method: "POST", body: JSON.stringify({ text }) });
+    } catch { return; } finally { sendButton.disabled = false; }
+    const { response, body } = answer;
+    if (!response.ok) {
+      // Refused, never lost: the text stays in the box with the reason above it.
+      showError(errorText(body, response), response.status === 409
+        ? "Your message is still in the box: send it when the run ends, or cancel the run."
+        : "Your message is still in the box.");
       return;
     }
-    const article = el("article", "message user");
-    article.appendChild(el("header", null, "user"));
-    article.appendChild(el("div", "text", text));
-    messages.appendChild(article);
     input.value = "";
     closeMenu();
-    if (!body.run) {
-      // A slash command answered by the server without starting a run: show what it said.
-      const note = el("article", "message note");
-      note.append(el("header", null, text.trim().split(/\s+/)[0]));
-      note.append(el("pre", null, body.detail || body.message || JSON.stringify(body, null, 2)));
-      messages.appendChild(note);
-      statusLine.textContent = "Command done.";
-      return;
-    }
-    activeRun = body.run.id;
-    cancelButton.hidden = false;
-    showRun(activeRun);
-    runState(activeRun);
-    catchUp(activeRun);
+    if (body.command) { commandDone(body.command); return; }
+    following = true;
+    setActiveRun(body.run.id);
+    await refresh();
   }
 
   form.addEventListener("submit", (event) => { event.preventDefault(); send(); });
@@ -368,18 +561,22 @@
   document.addEventListener("keydown", (event) => {
     const target = event.target;
     if (event.key !== "/" || event.ctrlKey || event.metaKey || event.altKey) return;
-    if (target.closest("input, textarea, select, [contenteditable]")) return;
+    if (target.closest("input, textarea, select, button, [contenteditable]")) return;
     event.preventDefault();
     input.focus();
     if (!input.value) { input.value = "/"; updateMenu(); }
   });
   cancelButton.addEventListener("click", async () => {
     if (!activeRun) return;
-    const response = await fetch(`/api/runs/${activeRun}/cancel/`, { method: "POST", credentials: "same-origin", headers: { "X-CSRFToken": csrf } });
+    const { response, body } = await api(`/api/runs/${activeRun}/cancel/`, { method: "POST" });
     if (response.ok) statusLine.textContent = "Cancelling…";
-    else statusLine.textContent = errorText(await response.json().catch(() => ({})), response);
+    else showError(errorText(body, response), "The run may have ended already; the page shows its outcome.");
   });
-  if (activeRun) { cancelButton.hidden = false; showRun(activeRun); }
+
+  bindFragment(messagesBox());
+  lastFragment = "";
+  if (!location.hash) scrollToLatest();
+  connect();
 
   // Model and mode pickers: each change is saved at once (PATCH); the next run uses it.
   // A refused value puts the picker back and says why; focus stays on the picker.

@@ -1,0 +1,307 @@
+"""The conversation page as a person meets it, in Debian's headless Chromium (UX-1..UX-5):
+two real tabs, reloads mid-way, typing while an approval arrives, phone and desktop widths.
+
+One embedded server and one browser serve the whole module; each journey works in its own
+conversation. Screenshots go to var/test-artifacts/ (docs/ui.md shows them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.conftest import EMBEDDED_ADMIN_PASSWORD
+from tests.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
+from tests.test_browser_ui import _screenshot, _seed
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+PHONE, DESKTOP = 390, 1400
+# The page's width, the viewport's, and the elements reaching past it (for the failure message).
+WIDEST = """() => [document.documentElement.scrollWidth, innerWidth,
+  [...document.querySelectorAll("body *")].filter((e) => e.getBoundingClientRect().right > innerWidth + 1)
+    .slice(-5).map((e) => `${e.tagName}.${e.className}#${e.id} ${Math.round(e.getBoundingClientRect().right)}`)]"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def context(browser, embedded_server_module):
+    base, _ = embedded_server_module
+    context = browser.new_context(viewport={"width": 1100, "height": 800})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+    page = context.new_page()
+    page.goto(base + "/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
+    page.keyboard.press("Enter")
+    expect(page.locator("h1")).to_have_text("Conversations")
+    page.close()
+    yield context
+    context.close()
+
+
+def _open(context, base: str, conversation_id: int):
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.js_errors = errors
+    page.goto(f"{base}/conversations/{conversation_id}/")
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the websocket is open
+    return page
+
+
+def _new(context, base: str, title: str) -> int:
+    created = context.request.post(
+        f"{base}/api/conversations/",
+        data=json.dumps({"title": title}),
+        headers={"Content-Type": "application/json", "X-CSRFToken": _csrf(context)},
+    )
+    assert created.status == 201, created.text()
+    return created.json()["id"]
+
+
+def _csrf(context) -> str:
+    return next(cookie["value"] for cookie in context.cookies() if cookie["name"] == "csrftoken")
+
+
+def _send(page, text: str) -> None:
+    page.locator("#composer-input").focus()
+    page.fill("#composer-input", text)
+    page.keyboard.press("Enter")
+
+
+def _texts(page) -> list[str]:
+    """Each card's rendered text, in order: what a person reads."""
+    return page.locator("#messages > article").evaluate_all("cards => cards.map(card => card.innerText.trim())")
+
+
+def _settled(page) -> None:
+    expect(page.locator("#messages article.live")).to_have_count(0, timeout=20_000)
+    expect(page.locator("#cancel")).to_be_hidden()
+
+
+@pytest.mark.req("UX-3", "UX-4")
+def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context, embedded_server_module):
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "two tabs")
+    tab_a = _open(context, base, conversation)
+    tab_b = _open(context, base, conversation)
+
+    tab_b.locator("#composer-input").focus()
+    tab_b.keyboard.type("a note from tab B")  # typing in B ...
+    _send(tab_a, "please run `echo from-tab-a`")  # ... while A's message asks for the shell
+    for tab in (tab_a, tab_b):
+        # Every tab shows the prompt from tab A, the pending approval and a Cancel button.
+        expect(tab.locator("article.user").last).to_contain_text("please run echo from-tab-a")
+        expect(tab.locator(".approval")).to_contain_text("echo from-tab-a", timeout=15_000)
+        expect(tab.locator("#cancel")).to_be_visible()
+    expect(tab_b.locator("#composer-input")).to_be_focused()  # the approval did not take focus
+    expect(tab_a.locator("#composer-input")).to_be_focused()
+    tab_b.keyboard.press("Enter")  # meant for the note, with the approval on screen
+    expect(tab_b.locator("#errors .error-card")).to_contain_text("A run is still in progress")
+    expect(tab_b.locator("#composer-input")).to_have_value("a note from tab B")  # refused, never lost
+    tab_a.keyboard.press("Enter")  # an empty composer in A: nothing is decided either
+    assert tab_b.locator(".approval").get_attribute("data-decision") is None
+    pending = context.request.get(f"{base}/api/conversations/{conversation}/approvals/?status=pending").json()
+    assert len(pending) == 1
+    _screenshot(tab_b, "chat-approval-second-tab")
+
+    tab_a.locator(".approval button.approve").click()  # only the prompt's own button decides
+    expect(tab_b.locator(".approval")).to_have_attribute("data-decision", "approved")  # the other tab follows
+    _settled(tab_a)
+    _settled(tab_b)
+    expect(tab_b.locator("article.assistant").last).to_contain_text("exited with 0: from-tab-a")
+    tab_b.locator("#composer-input").focus()
+    tab_b.keyboard.press("Enter")  # now the note goes
+    expect(tab_a.locator("article.user").last).to_contain_text("a note from tab B", timeout=15_000)
+    _settled(tab_a)
+    _settled(tab_b)
+    assert _texts(tab_a) == _texts(tab_b)
+    assert not tab_a.js_errors and not tab_b.js_errors
+
+
+@pytest.mark.req("UX-1", "UX-2")
+def test_replies_follow_their_prompts_and_the_live_view_equals_the_reloaded_one(context, embedded_server_module):
+    base, _ = embedded_server_module
+    page = _open(context, base, _new(context, base, "order"))
+    for n in range(6):
+        page.locator("#composer-input").focus()
+        page.keyboard.type(f"prompt {n}")
+        page.keyboard.press("Shift+Enter")  # a line break that must survive
+        page.keyboard.type("second line")
+        page.keyboard.press("Enter")
+        _settled(page)
+        cards = page.locator("#messages > article")
+        expect(cards.nth(2 * n)).to_contain_text(f"prompt {n}\nsecond line")  # the prompt, then its reply
+        expect(cards.nth(2 * n + 1)).to_contain_text(f'"prompt {n} second line"')
+    live = _texts(page)
+    page.reload()
+    assert _texts(page) == live
+    assert page.locator("#messages article.user .text br").count() == 6
+
+
+@pytest.mark.req("UX-2")
+def test_a_failed_run_stays_with_retry_and_regenerate_and_edit_branch_in_place(context, embedded_server_module):
+    base, log = embedded_server_module
+    seeded = _seed(
+        log.parent,
+        "c = Conversation.objects.create(owner=admin, title='failed run')\n"
+        "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'try me'}])\n"
+        "c.tip = m; c.save()\n"
+        "Run.objects.create(conversation=c, trigger=m, provider='offline', model='offline-1', status='failed', "
+        "error='ProviderError: the model was overloaded')\n"
+        "print(json.dumps({'conversation': c.pk}))\n",
+    )
+    page = _open(context, base, seeded["conversation"])
+    card = page.locator("article.run-ended")
+    expect(card).to_contain_text("the model was overloaded")
+    page.reload()  # still there after a reload, with its Retry
+    _screenshot(page, "chat-failed-run")
+    page.locator("article.run-ended button.retry").click()
+    _settled(page)
+    expect(page.locator("article.run-ended")).to_have_count(0)
+    expect(page.locator("article.assistant")).to_contain_text('"try me"')
+
+    page.locator("article.assistant button.regenerate").click()  # a sibling answer
+    _settled(page)
+    expect(page.locator("article.assistant .sibling-count")).to_have_text("2/2")
+    page.locator("article.assistant button[aria-label='Previous version']").click()
+    expect(page.locator("article.assistant .sibling-count")).to_have_text("1/2")
+    page.reload()
+    expect(page.locator("article.assistant .sibling-count")).to_have_text("1/2")
+
+    page.locator("article.user button.edit").click()  # edit in place, which branches and reruns
+    editor = page.locator("article.user .edit-inline textarea")
+    expect(editor).to_be_focused()
+    editor.fill("try me again, edited")
+    page.keyboard.press("Control+Enter")
+    _settled(page)
+    expect(page.locator("article.user")).to_contain_text("try me again, edited")
+    expect(page.locator("article.user .sibling-count")).to_have_text("2/2")
+    expect(page.locator("article.assistant")).to_contain_text('"try me again, edited"')
+    live = _texts(page)
+    page.reload()
+    assert _texts(page) == live
+
+
+@pytest.mark.req("UX-1")
+def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context, embedded_server_module):
+    base, _ = embedded_server_module
+    page = _open(context, base, _new(context, base, "markdown"))
+    _send(
+        page,
+        "# Title\n\n| tool | ok |\n|---|---|\n| bash | yes |\n\n- [x] done\n\n"
+        "```python\ndef f():\n    return 1 < 2\n```\n\n"
+        '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> '
+        "[bad](javascript:window.__pwned=3) [good](https://example.org/)",
+    )
+    _settled(page)
+    prompt = page.locator("article.user").last
+    expect(prompt.locator("table td").first).to_have_text("bash")
+    expect(prompt.locator("input[type=checkbox][checked]")).to_have_count(1)
+    block = prompt.locator(".code-block")
+    expect(block.locator(".code-lang")).to_have_text("python")
+    expect(block.locator("pre .k").first).to_have_text("def")  # highlighted
+    expect(prompt).to_contain_text("<script>window.__pwned = 1</script>")  # shown as text
+    expect(prompt.locator("script, img")).to_have_count(0)
+    expect(prompt.locator("a", has_text="good")).to_have_attribute("rel", re.compile("noopener"))
+    expect(prompt.locator("a", has_text="bad")).to_have_count(0)
+    block.locator("button.copy").click()
+    expect(block.locator("button.copy")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == "def f():\n    return 1 < 2\n"
+    assert page.evaluate("window.__pwned") is None
+    _screenshot(page, "chat-markdown")
+    page.emulate_media(color_scheme="dark")
+    page.reload()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")  # follows the system
+    _screenshot(page, "chat-markdown-dark")
+    page.locator("#theme-toggle").click()
+    page.reload()
+    expect(page.locator("html")).to_have_attribute("data-theme", "light")  # the toggle is remembered
+
+
+@pytest.mark.req("UX-5", "UX-2")
+def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(context, embedded_server_module):
+    base, log = embedded_server_module
+    seeded = _seed(
+        log.parent,
+        "c = Conversation.objects.create(owner=admin, title='long ' + 'x' * 300)\n"
+        "parent = None\n"
+        "for n in range(60):\n"
+        "    role = 'user' if n % 2 == 0 else 'assistant'\n"
+        "    text = ('y' * 100000) if n == 10 else f'message {n} ' + 'words ' * 40\n"
+        "    parent = Message.objects.create(conversation=c, parent=parent, role=role, "
+        "content=[{'type': 'text', 'text': text}])\n"
+        "c.tip = parent; c.save()\n"
+        "r = Run.objects.create(conversation=c, trigger=parent.parent, provider='offline', model='offline-1', "
+        "status='succeeded')\n"
+        "print(json.dumps({'conversation': c.pk, 'run': r.pk}))\n",
+    )
+    conversation = seeded["conversation"]
+    page = _open(context, base, conversation)
+    pages = {
+        "list": "/",
+        "conversation": f"/conversations/{conversation}/",
+        "tree": f"/conversations/{conversation}/tree/",
+        "context": f"/conversations/{conversation}/context/",
+        "run": f"/runs/{seeded['run']}/",
+        "dashboard": "/dashboard/",
+    }
+    for width in (PHONE, DESKTOP):
+        page.set_viewport_size({"width": width, "height": 900})
+        for name, url in pages.items():
+            page.goto(base + url)
+            widths = page.evaluate(WIDEST)
+            assert widths[0] <= widths[1], f"{name} at {width} px is {widths[0]} px wide: {widths[2]}"
+            _screenshot(page, f"page-{name}-{width}")
+        page.goto(base + pages["tree"])
+        assert page.locator("#checkpoint-label").bounding_box()["width"] >= 120  # usable, not squeezed
+
+    page.set_viewport_size({"width": 1100, "height": 800})
+    page.goto(base + pages["conversation"])
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    at_bottom = "window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80"
+    assert page.evaluate(at_bottom)  # opens at the newest message
+    _send(page, "follow me")
+    expect(page.locator("article.assistant").last).to_contain_text('"follow me"', timeout=15_000)
+    _settled(page)
+    assert page.evaluate(at_bottom)  # followed the reply
+    page.mouse.wheel(0, -3000)  # the person scrolls up to read: the page stays there
+    page.wait_for_function(f"!({at_bottom})")
+    other = _open(context, base, conversation)  # a message from another tab streams in meanwhile
+    _send(other, "do not move")
+    expect(page.locator("article.assistant").last).to_contain_text('"do not move"', timeout=15_000)
+    _settled(page)
+    expect(page.locator("#jump-latest")).to_be_visible()
+    assert not page.evaluate(at_bottom)
+    page.locator("#jump-latest").click()
+    assert page.evaluate(at_bottom)
+
+
+@pytest.mark.req("UX-5")
+def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_module):
+    base, _ = embedded_server_module
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(base + "/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
+    page.keyboard.press("Enter")
+    conversation = _new(context, base, "expiring")
+    page.goto(f"{base}/conversations/{conversation}/")
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    context.clear_cookies()  # the session ends while the page is open
+    _send(page, "are you there?")
+    expect(page).to_have_url(re.compile(rf"/login/\?next=/conversations/{conversation}/"))
+    expect(page.locator("body")).not_to_contain_text("Authentication credentials")
+    context.close()
