@@ -10,7 +10,7 @@ from engine.catalog.fit import KEEP_RESIDENT, fit_to_window, resident_tokens
 from engine.catalog.surface import ModeSpec, build_surface
 from engine.context.snapshots import page_for_window
 from engine.window import budget_for_window
-from tests.toolcatalog_helpers import CATALOG_PATH, reference_records
+from tests.support.catalog import CATALOG_PATH, reference_records
 from toolcatalog.selectors import run_surface
 from toolcatalog.services import catalog_import
 

@@ -1,7 +1,7 @@
 """Imported MCP tools really run on their servers (MC-1..5, LM-3).
 
 Real servers only: the reference servers from PyPI (mcp-server-time, mcp-server-git, both
-stdio) and our own SDK server with a call log (tests/mcp_servers/probe_server.py), over
+stdio) and our own SDK server with a call log (tests/support/mcp_servers/probe_server.py), over
 stdio and over Streamable HTTP with a bearer token.
 """
 
@@ -30,7 +30,7 @@ from agents.models import Run, RunEvent
 from agents.services import run_execute
 from conversations.services import conversation_create
 from engine.actions import tool_result
-from tests.mcp_servers import fixtures as live
+from tests.support.mcp_servers import fixtures as live
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer, Tool
 from toolcatalog.toolbox import run_toolbox

@@ -14,8 +14,8 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import EMBEDDED_ADMIN_PASSWORD
-from tests.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
-from tests.test_browser_ui import _screenshot, _seed
+from tests.ui.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
+from tests.ui.test_browser_ui import _screenshot, _seed
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
