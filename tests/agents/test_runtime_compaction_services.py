@@ -21,8 +21,6 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
 
 from agents.models import Run
 from controlcenter.processes import WorkerProcess, services_env
@@ -31,6 +29,8 @@ from conversations.compaction import tail_budget
 from conversations.models import Compaction, Conversation
 from engine.context import ladder
 from engine.context.transcript import api_messages, request_tokens
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 
 MODEL = "claude-sonnet-4-5"
 WINDOW = 20_000

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agents.chat import message_send
 from agents.models import Run, RunEvent
-from conversations.services import conversation_create, message_send
+from conversations.services import conversation_create
 from engine.catalog.fit import KEEP_RESIDENT, fit_to_window, resident_tokens
 from engine.catalog.surface import ModeSpec, build_surface
 from engine.context.snapshots import page_for_window

@@ -38,7 +38,7 @@ from toolcatalog.workspace import workspace_root
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PROBE = Path(__file__).parent / "mcp_servers" / "probe_server.py"
+PROBE = Path(__file__).parents[1] / "support" / "mcp_servers" / "probe_server.py"
 BIN = Path(sys.executable).parent
 CANARY_ENV = "canary-env-value-7c1f"
 CANARY_HEADER = "canary-header-value-93ab"
