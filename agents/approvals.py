@@ -12,7 +12,6 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections, transaction
 from django.utils import timezone
@@ -23,10 +22,10 @@ from controlcenter.db import usable_connection
 from controlcenter.errors import Conflict, NotFound
 from engine.actions import ApprovalNeeded
 from engine.loop import PausedTurn, StepRecord
-from toolcatalog.builtins import BUILTINS
+from engine.toolbox import ToolBox, ToolBoxLayer
 
 
-class GatedToolBox:
+class GatedToolBox(ToolBoxLayer):
     """The run's toolbox as the loop sees it: says which calls need a person.
 
     The loop only executes an approval-requiring call once a person approved it, so
@@ -34,22 +33,9 @@ class GatedToolBox:
     tool threads: each closes its own database connection when done.
     """
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: ToolBox) -> None:
+        super().__init__(inner)
         self._thread = threading.current_thread()
-
-    def requires_approval(self, name: str) -> bool:
-        if name in settings.CC_TOOL_AUTO_APPROVE:
-            return False
-        # A catalog toolbox knows its own tools' flags; otherwise the built-in registry does.
-        inner = getattr(self.inner, "requires_approval", None)
-        if callable(inner):
-            return bool(inner(name))
-        tool = BUILTINS.get(name)
-        return bool(tool is not None and tool.requires_approval)
-
-    def schemas(self) -> list[dict[str, Any]]:
-        return self.inner.schemas()
 
     def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.execute_step(0, name, arguments)
@@ -58,15 +44,10 @@ class GatedToolBox:
         # The connection may have been dropped while the model or an earlier tool ran (CH-5).
         usable_connection()
         try:
-            numbered = getattr(self.inner, "execute_step", None)
-            return numbered(step, name, arguments) if step and numbered else self.inner.execute(name, arguments)
+            return self.inner.execute_step(step, name, arguments) if step else self.inner.execute(name, arguments)
         finally:
             if threading.current_thread() is not self._thread:
                 connections.close_all()
-
-    def __getattr__(self, attribute: str) -> Any:
-        # Whatever else the inner toolbox offers (resident_count, activation) passes through.
-        return getattr(self.inner, attribute)
 
 
 def paused_turn_of(holder: Run | Subagent) -> PausedTurn | None:

@@ -37,6 +37,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from engine.request import text_block
+from engine.toolbox import ToolBox, ToolBoxLayer
 
 logger = logging.getLogger(__name__)
 
@@ -391,11 +392,11 @@ def subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
     return lost
 
 
-class SpawningToolBox:
+class SpawningToolBox(ToolBoxLayer):
     """Adds `spawn_agents` after the inner toolbox's tools (the parent run only)."""
 
-    def __init__(self, inner: Any, *, run_id: int) -> None:
-        self.inner = inner
+    def __init__(self, inner: ToolBox, *, run_id: int) -> None:
+        super().__init__(inner)
         self.run_id = run_id
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -406,8 +407,8 @@ class SpawningToolBox:
             return spawn_agents(run_id=self.run_id, arguments=arguments)
         return self.inner.execute(name, arguments)
 
-    def __getattr__(self, attribute: str) -> Any:
-        return getattr(self.inner, attribute)
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.execute(name, arguments) if name == SPAWN_AGENTS else self.inner.execute_step(step, name, arguments)
 
 
 # --- the child side -----------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from engine.providers.protocol import MALFORMED_ARGUMENTS
 from engine.request import text_block, tool_reference
+from engine.toolbox import ToolBox
 
 Decision = Literal["approved", "denied"]
 Emit = Callable[[str, dict[str, Any]], None]
@@ -106,7 +107,7 @@ class DuplicateCallGuard:
 class StepExecutor:
     def __init__(
         self,
-        toolbox: Any,
+        toolbox: ToolBox,
         emit: Emit,
         *,
         limits: ActionLimits | None = None,
@@ -120,8 +121,6 @@ class StepExecutor:
         self.max_parallel = max(1, max_parallel)
         self.decisions = dict(decisions or {})
         self.counts: dict[str, int] = dict(counts or {})
-        needs = getattr(toolbox, "requires_approval", None)
-        self._needs_approval: Callable[[str], bool] = needs if callable(needs) else (lambda name: False)
         self.guard = DuplicateCallGuard()
 
     def run(self, step: int, tool_uses: list[dict[str, Any]], first_tool_step: int = 1) -> dict[str, Any]:
@@ -143,7 +142,7 @@ class StepExecutor:
                 plan.append(("done", {"ok": False, "limit_reached": True, "error": refusal}))
                 continue
             counts[name] = counts.get(name, 0) + 1
-            if self._needs_approval(name):
+            if self.toolbox.requires_approval(name):
                 decision = self.decisions.get(block["id"])
                 if decision is None:
                     pending.append(block)
@@ -179,11 +178,8 @@ class StepExecutor:
 
     def _execute(self, call: tuple[int, dict[str, Any]]) -> dict[str, Any]:
         tool_step, block = call
-        numbered = getattr(self.toolbox, "execute_step", None)
         try:
-            if callable(numbered):
-                return numbered(tool_step, block["name"], block.get("input") or {})
-            return self.toolbox.execute(block["name"], block.get("input") or {})
+            return self.toolbox.execute_step(tool_step, block["name"], block.get("input") or {})
         except Exception as exc:  # a toolbox bug must not lose the other calls' results
             return {"ok": False, "error": f"{block['name']} failed inside the runtime: {type(exc).__name__}: {exc}"}
 

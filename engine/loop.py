@@ -10,29 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
 from engine.breakpoints import place_breakpoints
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
 from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
+from engine.toolbox import ToolBox
 
 Emit = Callable[[str, dict[str, Any]], None]
 
 
-class ToolBox(Protocol):
-    def schemas(self) -> list[dict[str, Any]]:
-        """Tool definitions to offer the model on the next request."""
-        ...
-
-    def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Run a tool and return its observation; tool failures are observations, not exceptions."""
-        ...
-
-
-# Optional on a toolbox: `resident_count()` (the cached tool block's length, TD-13) and
-# `restore_loaded(names)`: the deferred tools that `tool_reference` blocks in the history
-# loaded, to be offered again (as `defer_loading`) so those references stay valid (TD-11).
 TOOL_ACTIVATION_MISS = "tool_activation"
 
 
@@ -141,9 +129,8 @@ def run_turn(
     executor = StepExecutor(toolbox, emit, limits=limits, max_parallel=max_parallel_tools, decisions=decisions)
     first_step = 1
     referenced = referenced_tools([*history, *(resume.messages if resume is not None else [])])
-    restore = getattr(toolbox, "restore_loaded", None)
-    if referenced and callable(restore):
-        restore(referenced)  # in the order they were loaded, so the tools array reads as it did
+    if referenced:
+        toolbox.restore_loaded(referenced)  # in the order they were loaded, so the tools array reads as it did
     offered = {schema["name"] for schema in toolbox.schemas()} if referenced else set()
     unoffered = {name for name in referenced if name not in offered}
     if unoffered:
@@ -239,8 +226,7 @@ def _request(provider, model, system, history, outcome, toolbox, emit, step, pre
             max_tokens=max_tokens,
             tool_choice=tool_choice,
         )
-        resident = getattr(toolbox, "resident_count", None)
-        place_breakpoints(request, previous_end=previous_end, resident_count=resident() if callable(resident) else None)
+        place_breakpoints(request, previous_end=previous_end, resident_count=toolbox.resident_count())
         started = time.monotonic()
         done: MessageDone | None = None
         try:

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from engine.actions import ATTACHED_IMAGES, LOADS_TOOLS, without_loads
-from engine.loop import ToolBox
 from engine.scratchpad import read_tool as scratchpad_tool
 from engine.scratchpad.offload import jsonable_observation, needs_offload
 from engine.scratchpad.references import UnresolvableReference, has_references, resolve
+from engine.toolbox import ToolBox, ToolBoxLayer
 
 
 class ObservationStore(Protocol):
@@ -43,9 +43,9 @@ class ObservationStore(Protocol):
         ...
 
 
-class ScratchpadToolBox:
+class ScratchpadToolBox(ToolBoxLayer):
     def __init__(self, inner: ToolBox, store: ObservationStore, *, threshold: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.store = store
         self.threshold = threshold
         # step -> the inline observation, or the id of the entry holding it.
@@ -59,10 +59,10 @@ class ScratchpadToolBox:
             schemas.append(scratchpad_tool.SCHEMA)
         return schemas
 
-    def restore_loaded(self, names: list[str]) -> None:
-        restore = getattr(self.inner, "restore_loaded", None)
-        if callable(restore):
-            restore(names)
+    def resident_count(self) -> int | None:
+        # scratchpad_read (offered while entries are live) and whatever inner layers append
+        # close the cached block with the resident tools, as they always have.
+        return None
 
     def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.execute_step(self._last_step + 1, name, arguments)

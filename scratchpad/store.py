@@ -9,9 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from engine.loop import ToolBox
 from engine.observations import ScratchpadToolBox
 from engine.scratchpad.read_tool import run_read
+from engine.toolbox import ToolBox
 from scratchpad import selectors, services
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from engine.toolbox import needs_approval
 from toolcatalog.tools import BuiltinTool, Observation, ToolContext, registry
 
 __all__ = ["BUILTINS", "BuiltinTool", "Observation", "ToolContext", "WorkspaceToolBox"]
@@ -23,9 +24,9 @@ BUILTINS: dict[str, BuiltinTool] = registry()
 Approver = Callable[[str, dict[str, Any]], bool]
 
 
-def auto_approved(name: str, arguments: dict[str, Any]) -> bool:
-    """The default approver: only tools an operator listed in CC_TOOL_AUTO_APPROVE."""
-    return name in settings.CC_TOOL_AUTO_APPROVE
+def nobody_approves(name: str, arguments: dict[str, Any]) -> bool:
+    """The default: no person is asked, so a call that needs approval does not run."""
+    return False
 
 
 class WorkspaceToolBox:
@@ -48,16 +49,29 @@ class WorkspaceToolBox:
         self.root = Path(root)
         self.tools = BUILTINS if tools is None else tools
         self.context = ToolContext(root=self.root, conversation_id=conversation_id, user_id=user_id)
-        self.approve = approve or auto_approved
+        self.approve = approve or nobody_approves
 
     def schemas(self) -> list[dict[str, Any]]:
         return [self.tools[name].definition() for name in sorted(self.tools)]
+
+    def requires_approval(self, name: str) -> bool:
+        tool = self.tools.get(name)
+        return tool is not None and needs_approval(tool.requires_approval, name, settings.CC_TOOL_AUTO_APPROVE)
+
+    def resident_count(self) -> int | None:
+        return None  # nothing is deferred: every schema belongs to the cached block
+
+    def restore_loaded(self, names: list[str]) -> None:
+        """Nothing is deferred here, so nothing needs loading again."""
+
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> Observation:
+        return self.execute(name, arguments)
 
     def execute(self, name: str, arguments: dict[str, Any]) -> Observation:
         tool = self.tools.get(name)
         if tool is None:
             return {"ok": False, "error": f"There is no tool named {name!r} in this run."}
-        if tool.requires_approval and not self.approve(name, arguments):
+        if self.requires_approval(name) and not self.approve(name, arguments):
             return {
                 "ok": False,
                 "error": f"{name} requires approval and this call was not approved; it did not run.",

@@ -52,11 +52,6 @@ def builtin_executor(workspace: Path, conversation_id: int | None = None, user_i
     return execute
 
 
-def operator_approved(tool: ToolRecord, arguments: dict[str, Any]) -> Observation | None:
-    """Tools an operator listed in CC_TOOL_AUTO_APPROVE run; any other that needs approval waits."""
-    return None if tool.name in settings.CC_TOOL_AUTO_APPROVE else approval_pending(tool, arguments)
-
-
 def search_index(records: list[ToolRecord]) -> ToolIndex:
     """The ranker the settings choose, cached per catalog version; runs and /mcp both use it."""
     if settings.CC_TOOL_SEARCH_RANKER == "hybrid":
@@ -73,7 +68,7 @@ def run_toolbox(
     user_id: int | None = None,
     mode: Any = None,
     deferral: bool | None = None,
-    approve: ApprovalGate = operator_approved,
+    approve: ApprovalGate = approval_pending,
 ) -> CatalogToolBox:
     from toolcatalog.selectors import run_surface
 
@@ -91,4 +86,5 @@ def run_toolbox(
         index=run_index,
         executor=builtin_executor(workspace, conversation_id, user_id),
         approve=approve,
+        auto_approved=frozenset(settings.CC_TOOL_AUTO_APPROVE),
     )

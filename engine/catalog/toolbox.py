@@ -17,6 +17,7 @@ from engine.actions import LOADS_TOOLS
 from engine.catalog.ranking import ToolIndex, no_match_message
 from engine.catalog.schemas import arguments_problem
 from engine.catalog.surface import Surface, ToolRecord
+from engine.toolbox import needs_approval
 
 Observation = dict[str, Any]
 # Runs a tool's implementation; None when the catalog lists a tool this installation cannot run.
@@ -59,12 +60,14 @@ class CatalogToolBox:
         executor: Executor,
         approve: ApprovalGate = approval_pending,
         limiter: CallLimiter | None = None,
+        auto_approved: Container[str] = (),
     ) -> None:
         self.surface = surface
         self._index = index
         self._executor = executor
         self._approve = approve
         self._limiter = limiter
+        self._auto_approved = auto_approved
         self.activated: list[str] = []
         self.activations: list[Activation] = []
         self.misses: list[str] = []
@@ -92,7 +95,7 @@ class CatalogToolBox:
     def requires_approval(self, name: str) -> bool:
         """Whether a call of `name` waits for a person; deferred tools answer too (TD-8)."""
         tool = self.surface.get(name)
-        return bool(tool is not None and tool.requires_approval)
+        return tool is not None and needs_approval(tool.requires_approval, name, self._auto_approved)
 
     def _activate(self, name: str, trigger: str, query: str = "") -> bool:
         if name not in self.surface.deferred_names or name in self.activated:
@@ -102,6 +105,9 @@ class CatalogToolBox:
         return True
 
     # -- running a call ------------------------------------------------------------------
+
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> Observation:
+        return self.execute(name, arguments)
 
     def execute(self, name: str, arguments: dict[str, Any]) -> Observation:
         tool = self.surface.get(name)
@@ -128,7 +134,7 @@ class CatalogToolBox:
             return {"ok": False, "error": f"Invalid arguments for {name}: {problem}", "input_schema": tool.input_schema}
         if tool.max_calls_per_run is not None and self.calls[name] >= tool.max_calls_per_run:
             return {"ok": False, "error": f"{name} may be called at most {tool.max_calls_per_run} times in one run."}
-        if tool.requires_approval and (refusal := self._approve(tool, arguments)) is not None:
+        if self.requires_approval(name) and (refusal := self._approve(tool, arguments)) is not None:
             return refusal
         if (
             tool.max_calls_per_run is not None

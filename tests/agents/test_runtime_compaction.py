@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from engine.emulator import Emulator
 from engine.loop import run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import text_block
+from toolcatalog.builtins import WorkspaceToolBox
 
 pytestmark = [pytest.mark.django_db, pytest.mark.req("CH-2")]
 
@@ -151,9 +153,6 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
     assert not Compaction.objects.filter(conversation=conversation).exists()
 
 
-class _NoTools:
-    def schemas(self) -> list:
-        return []
-
-    def execute(self, name, arguments) -> dict:
-        return {"ok": False, "error": "no tools here"}
+class _NoTools(WorkspaceToolBox):
+    def __init__(self) -> None:
+        super().__init__(Path("no-tools"), tools={})

@@ -12,6 +12,7 @@ from conversations.models import Conversation, Message
 from engine.actions import result_text
 from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
 from engine.request import ModelRequestSpec
+from engine.toolbox import ToolBoxLayer
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.workspace import resolve_inside
 
@@ -87,12 +88,13 @@ TEST_TOOLS = {
 }
 
 
-class ScratchTools:
+class ScratchTools(ToolBoxLayer):
     """A ToolBox: the small test tools above in front of the real workspace built-ins (list_dir…)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
         self.workspace = WorkspaceToolBox(root)
+        super().__init__(self.workspace)
+        self.root = root
 
     def schemas(self) -> list[dict[str, Any]]:
         own = [
@@ -106,6 +108,9 @@ class ScratchTools:
         if name in TEST_TOOLS:
             return TEST_TOOLS[name][2](arguments, self.root)
         return self.workspace.execute(name, arguments)
+
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.execute(name, arguments)
 
 
 def tools_in(root: Path) -> ScratchTools:

@@ -21,7 +21,7 @@ def split_command_lines(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('toolcatalog', '0002_tool_server_missing_mcpcallcount'),
+        ('toolcatalog', '0003_mode_resident_versions'),
     ]
 
     operations = [
