@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog.surface import ModeSpec, build_surface
+from engine.tokens import estimate_text_tokens
 from toolcatalog.catalogfile import records_from_catalog
 from toolcatalog.selectors import surface_context
 
@@ -29,4 +30,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "resident_count": len(deferred["resident"]),
         "resident_tokens": deferred["resident_tokens"],
         "withheld_tokens": deferred["withheld_tokens"],
+        # TS-4 asks for a ratio of 0.15. The resident schemas alone set its floor, and what is
+        # left of 0.15 is all the index may take for every deferred name.
+        "resident_only_ratio": round(deferred["resident_tokens"] / full["tool_block_tokens"], 4),
+        "index_budget_at_0_15": int(0.15 * full["tool_block_tokens"]) - deferred["resident_tokens"],
+        "deferred_count": len(deferred["deferred"]),
+        "deferred_name_tokens": estimate_text_tokens(", ".join(item["name"] for item in deferred["deferred"])),
     }

@@ -243,13 +243,22 @@ def _rankers(options: dict[str, Any]) -> list[str]:
 
 
 def build(ranker: str, tools: list[ToolRecord]) -> tuple[Ranker, float]:
-    """The ranker over `tools` and its build time in ms (loading a model is not building)."""
+    """The ranker over `tools` and its build time in ms (loading a model is not building).
+
+    Tool embeddings are stored like the product stores them (CC_TOOL_EMBEDDINGS_DIR, per
+    catalog version), so only the first hybrid run over a catalog pays for embedding it.
+    """
     if ranker == "hybrid":
+        from django.conf import settings
+
+        from engine.catalog.ranking import catalog_fingerprint
         from engine.catalog.semantic import HybridIndex, default_encoder, tool_embeddings
 
         encode = default_encoder()
         started = time.perf_counter()
-        embeddings = tool_embeddings(tools, fingerprint="bench", encode=encode, cache_dir=None)
+        embeddings = tool_embeddings(
+            tools, fingerprint=catalog_fingerprint(tools), encode=encode, cache_dir=settings.CC_TOOL_EMBEDDINGS_DIR
+        )
         index: Ranker = HybridIndex(ToolIndex(tools), embeddings, encode)
     else:
         started = time.perf_counter()

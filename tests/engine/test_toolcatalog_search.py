@@ -106,8 +106,10 @@ def test_nothing_matches_a_query_of_unknown_words_or_only_stopwords():
     assert "does not mean the capability is missing" in message
 
 
-SETS = Path(__file__).resolve().parent / "data" / "search"
-OWN_QUERIES = Path(__file__).resolve().parents[1] / "bench" / "search_data" / "tool-queries-own.jsonl"
+# The tests folder, wherever in it this module lives.
+TESTS = next(folder for folder in Path(__file__).resolve().parents if folder.name == "tests")
+SETS = TESTS / "data" / "search"
+OWN_QUERIES = TESTS.parent / "bench" / "search_data" / "tool-queries-own.jsonl"
 
 
 def _recall_at_5(index, queries) -> float:
@@ -148,7 +150,7 @@ def test_the_splits_are_frozen_disjoint_and_cover_every_query():
 def test_the_bench_labels_a_tune_part_as_tuned_on(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
-    catalog = (Path(__file__).resolve().parent / "data" / "toolcatalog.json").read_text(encoding="utf-8")
+    catalog = (TESTS / "data" / "toolcatalog.json").read_text(encoding="utf-8")
     (data / "toolcatalog.json").write_text(catalog, encoding="utf-8")
     (data / "tool-queries-dev.jsonl").write_text(
         (SETS / "tool-queries-dev-test.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
