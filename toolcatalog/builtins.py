@@ -55,8 +55,8 @@ class WorkspaceToolBox:
         return [self.tools[name].definition() for name in sorted(self.tools)]
 
     def requires_approval(self, name: str) -> bool:
-        tool = self.tools.get(name)
-        return tool is not None and needs_approval(tool.requires_approval, name, settings.CC_TOOL_AUTO_APPROVE)
+        # This toolbox settles approval itself (its `approve`), so the loop never pauses for it.
+        return False
 
     def resident_count(self) -> int | None:
         return None  # nothing is deferred: every schema belongs to the cached block
@@ -71,7 +71,9 @@ class WorkspaceToolBox:
         tool = self.tools.get(name)
         if tool is None:
             return {"ok": False, "error": f"There is no tool named {name!r} in this run."}
-        if self.requires_approval(name) and not self.approve(name, arguments):
+        if needs_approval(tool.requires_approval, name, settings.CC_TOOL_AUTO_APPROVE) and not self.approve(
+            name, arguments
+        ):
             return {
                 "ok": False,
                 "error": f"{name} requires approval and this call was not approved; it did not run.",
