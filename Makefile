@@ -40,11 +40,13 @@ run: install local-extra
 	  $(BIN)/controlcenter serve --host $(HOST) --port $(PORT); \
 	fi
 
-# ruff (lint and format) and import-linter (docs/architecture.md's dependency rules).
+# ruff (lint and format), import-linter (docs/architecture.md's dependency rules) and mypy
+# (strict) on the pure core.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy engine
 
 test: lint
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \

@@ -17,13 +17,14 @@ request stopped is found whatever lies in between.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from engine.request import CachePoint, ModelRequestSpec, canonical_json
 
-TOOLS_TTL = "1h"
-SYSTEM_TTL = "1h"
-HISTORY_TTL = "5m"
+Ttl = Literal["5m", "1h"]
+TOOLS_TTL: Ttl = "1h"
+SYSTEM_TTL: Ttl = "1h"
+HISTORY_TTL: Ttl = "5m"
 
 
 def last_resident_tool(tools: list[dict[str, Any]], resident_count: int | None = None) -> int | None:

@@ -214,8 +214,22 @@ def run_turn(
     return outcome
 
 
-def _request(provider, model, system, history, outcome, toolbox, emit, step, previous_end, is_cancelled, compact,
-             *, max_tokens=4096, tool_choice=None):  # fmt: skip
+def _request(
+    provider: Provider,
+    model: str,
+    system: list[dict[str, Any]],
+    history: list[dict[str, Any]],
+    outcome: TurnOutcome,
+    toolbox: ToolBox,
+    emit: Emit,
+    step: int,
+    previous_end: int | None,
+    is_cancelled: Callable[[], bool],
+    compact: ReactiveCompaction,
+    *,
+    max_tokens: int = 4096,
+    tool_choice: dict[str, Any] | None = None,
+) -> tuple[ModelRequestSpec, MessageDone, int]:
     """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
     for attempt in (1, 2):
         request = ModelRequestSpec(
@@ -252,7 +266,9 @@ def _request(provider, model, system, history, outcome, toolbox, emit, step, pre
     raise AssertionError("unreachable")
 
 
-def _run_tools(executor: StepExecutor, outcome: TurnOutcome, step: int, tool_uses, previous_end) -> None:
+def _run_tools(
+    executor: StepExecutor, outcome: TurnOutcome, step: int, tool_uses: list[dict[str, Any]], previous_end: int | None
+) -> None:
     # Tool calls are numbered across the turn (1, 2, 3...) for `{{stepN.field}}` references
     # (SP-9); counted from the messages, so a turn resumed after an approval numbers alike.
     earlier_calls = sum(len(tool_uses_of(message)) for message in outcome.messages[:-1])

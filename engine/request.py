@@ -102,7 +102,8 @@ def _target_block(
     if isinstance(message["content"], str):
         message["content"] = [text_block(message["content"])]
     try:
-        return message["content"][point.block]
+        block: dict[str, Any] = message["content"][point.block]
+        return block
     except IndexError:
         raise ValueError(f"cache point {point} names a block that does not exist") from None
 

@@ -117,7 +117,7 @@ class WordPiece:
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + EPS) * weight + bias
+    return np.asarray((x - mean) / np.sqrt(var + EPS) * weight + bias)
 
 
 def _erf(x: np.ndarray) -> np.ndarray:
@@ -126,7 +126,7 @@ def _erf(x: np.ndarray) -> np.ndarray:
     a = np.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * a)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return sign * (1.0 - poly * np.exp(-a * a))
+    return np.asarray(sign * (1.0 - poly * np.exp(-a * a)))
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
@@ -155,7 +155,7 @@ class MiniLM:
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         # As one 2-D product: numpy hands that to BLAS, a stacked 3-D one it loops over.
         flat = x.reshape(-1, x.shape[-1]) @ self.w[f"{name}.weight"] + self.w[f"{name}.bias"]
-        return flat.reshape(*x.shape[:-1], flat.shape[-1])
+        return np.asarray(flat.reshape(*x.shape[:-1], flat.shape[-1]))
 
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         w = self.w
@@ -195,7 +195,7 @@ class MiniLM:
             )
         summed = (x * mask[:, :, None]).sum(axis=1)
         pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
-        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return np.asarray(pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12))
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         encoded = [self.tokenizer.encode(text) for text in texts]
@@ -244,7 +244,7 @@ def convert(safetensors: Path, vocab: Path, out: Path) -> None:
             arrays[name] = tensor.astype(np.float32)
     arrays["vocab"] = np.array(vocab.read_text(encoding="utf-8").splitlines())
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out, **arrays)
+    np.savez_compressed(out, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
 
 
 if __name__ == "__main__":  # pragma: no cover - a maintainer's one-off step

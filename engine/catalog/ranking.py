@@ -194,7 +194,7 @@ _stemmer = snowballstemmer.stemmer(STEMMER)
 @lru_cache(maxsize=200_000)
 def _stem(word: str) -> str:
     with _stem_lock:  # the snowball stemmer keeps state between calls
-        return _stemmer.stemWord(word)
+        return str(_stemmer.stemWord(word))
 
 
 def words(text: str) -> list[str]:
@@ -347,10 +347,10 @@ class ToolIndex:
             pseudo_tf.append(combined)
         by_term: dict[str, tuple[list[int], list[float]]] = {}
         for i, combined in enumerate(pseudo_tf):
-            for term, tf in combined.items():
+            for term, weight in combined.items():
                 docs, contributions = by_term.setdefault(term, ([], []))
                 docs.append(i)
-                contributions.append(self._idf[term] * tf * (K1 + 1) / (tf + K1))
+                contributions.append(self._idf[term] * weight * (K1 + 1) / (weight + K1))
         self._postings = {
             term: (np.asarray(docs, dtype=np.int64), np.asarray(values)) for term, (docs, values) in by_term.items()
         }

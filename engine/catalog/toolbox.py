@@ -145,7 +145,8 @@ class CatalogToolBox:
             return {"ok": False, "error": f"{name} may be called at most {limit} times in one session."}
         self.calls[name] += 1
         if name in DISCOVERY_TOOLS:
-            return getattr(self, f"_{name}")(arguments)
+            discovery: Callable[[dict[str, Any]], Observation] = getattr(self, f"_{name}")
+            return discovery(arguments)
         observation = self._executor(name, arguments)
         if observation is None:
             return {

@@ -199,7 +199,10 @@ def analyse(payload: dict[str, Any], *, count_only: bool = False, known_model: b
             )
 
     digest = hashlib.sha256(b"model:" + model.encode()).digest()
-    hashes, cumulative, position_of, position_ends = [], [], [], []
+    hashes: list[str] = []
+    cumulative: list[int] = []
+    position_of: list[int] = []
+    position_ends: list[int] = []
     total = 0
     for i, block in enumerate(blocks):
         if i == first_message_block:
@@ -249,7 +252,8 @@ def expand_tool_references(
         references = content.get("tool_references") if isinstance(content, dict) else None
         if not isinstance(references, list):
             return block
-        items, container = references, "tool_references"
+        items: Any = references
+        container = "tool_references"
     else:
         items, container = block.get("content"), "content"
         if not isinstance(items, list):

@@ -175,6 +175,7 @@ def check_request_fields(payload: dict[str, Any], *, count_only: bool, known_mod
         if "max_tokens" not in payload:
             raise invalid_request("max_tokens: Field required")
         _expect(max_tokens, int, "max_tokens", "a valid integer")
+        assert isinstance(max_tokens, int)  # _expect raised otherwise; tells the type checker
         if max_tokens < 1:
             raise invalid_request("max_tokens: Input should be greater than or equal to 1")
         if max_tokens > max_output:
@@ -247,7 +248,7 @@ def _check_thinking(payload: dict[str, Any], max_tokens: int | None) -> int | No
         raise invalid_request("`top_k` must be unset when thinking is enabled.")
     if payload.get("top_p") is not None and not 0.95 <= payload["top_p"] <= 1:
         raise invalid_request("`top_p` must be between 0.95 and 1 when thinking is enabled.")
-    return budget
+    return int(budget)
 
 
 def _check_tool_choice(payload: dict[str, Any], thinking: bool) -> None:
@@ -281,7 +282,7 @@ def check_tool(tool: Any, where: str) -> str:
         _extra(tool, {"type", "name", "cache_control"}, f"{where}.{kind}")
         if tool.get("name") != TOOL_SEARCH_TYPES[kind]:
             raise invalid_request(f"{where}.{kind}.name: Input should be '{TOOL_SEARCH_TYPES[kind]}'")
-        return kind
+        return str(kind)
     if kind != "custom":
         raise _tag_error(kind, ("custom", *TOOL_SEARCH_TYPES), where)
     where = f"{where}.custom"
@@ -308,7 +309,7 @@ def check_tool(tool: Any, where: str) -> str:
         ) from None
     if "defer_loading" in tool:
         _expect(tool["defer_loading"], bool, f"{where}.defer_loading", "a valid boolean")
-    return kind
+    return str(kind)
 
 
 def check_block(block: Any, where: str, allowed: tuple[str, ...]) -> None:

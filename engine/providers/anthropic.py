@@ -27,6 +27,8 @@ from engine.providers.protocol import (
 from engine.providers.retry import parse_retry_after, transport_errors
 from engine.request import ModelRequestSpec
 
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (anthropic.APIConnectionError, *transport_errors())
+
 
 class AnthropicProvider:
     name = "anthropic"
@@ -51,7 +53,7 @@ class AnthropicProvider:
             raise error_for_status(
                 status, _error_message(exc), retry_after=parse_retry_after(exc.response.headers)
             ) from exc
-        except (anthropic.APIConnectionError, *transport_errors()) as exc:
+        except _CONNECTION_ERRORS as exc:
             raise StreamInterrupted(f"connection to the Anthropic API failed: {exc}") from exc
 
     def _read(self, events: Any, request_id: str = "") -> Iterator[ProviderEvent]:
@@ -141,5 +143,5 @@ def _error_message(exc: anthropic.APIStatusError) -> str:
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+            return str(error["message"])
     return str(exc)

@@ -86,12 +86,13 @@ class OfflineProvider:
         except ApiError as exc:
             raise error_for_status(exc.status, exc.message) from exc
         last = request.messages[-1] if request.messages else {"role": "user", "content": []}
-        results = [block for block in last["content"] if block.get("type") == "tool_result"]
+        blocks = [block for block in last["content"] if isinstance(block, dict)]
+        results = [block for block in blocks if block.get("type") == "tool_result"]
         call = None
         if results:
             text = self._describe_results(results)
         else:
-            prompt = " ".join(block.get("text", "") for block in last["content"] if block.get("type") == "text")
+            prompt = " ".join(block.get("text", "") for block in blocks if block.get("type") == "text")
             text = self._answer(prompt)
             call = _choose_tool(prompt, {tool["name"] for tool in request.tools})
             if call is not None:

@@ -94,7 +94,8 @@ class OpenAICompatProvider:
 
     def _create(self, payload: dict[str, Any]) -> Any:
         options = {"stream_options": {"include_usage": True}} if self._stream_options else {}
-        return self._client.chat.completions.create(**payload, stream=True, **options)
+        # The payload is built as a plain dict; the SDK's overloads type each keyword separately.
+        return self._client.chat.completions.create(**payload, stream=True, **options)  # type: ignore[call-overload]
 
     def _read(self, chunks: Any, payload: dict[str, Any]) -> Iterator[ProviderEvent]:
         text = ""

@@ -65,10 +65,10 @@ class RetryingProvider:
         ceiling = min(self.max_delay, self.base_delay * (2**attempt))
         backoff = ceiling * self._jitter()
         if retry_after is None:
-            return backoff
+            return float(backoff)
         if retry_after > self.max_retry_after:
             return None
-        return max(retry_after, backoff)
+        return float(max(retry_after, backoff))
 
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
         seen = _Seen()

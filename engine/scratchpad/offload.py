@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.scratchpad.summary import binary_summary, text_summary
@@ -37,8 +38,8 @@ class Payload:
     content: str | bytes
     field: str
     encoding: str
-    envelope: dict[str, Any] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    envelope: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def size_bytes(self) -> int:
@@ -66,7 +67,8 @@ def needs_offload(observation: Any, threshold: int) -> bool:
 
 def jsonable_observation(observation: dict[str, Any]) -> dict[str, Any]:
     """A small observation that carries bytes, made fit for the JSON history (base64)."""
-    return json.loads(json.dumps(observation, default=_jsonable))
+    jsonable: dict[str, Any] = json.loads(json.dumps(observation, default=_jsonable))
+    return jsonable
 
 
 def split_observation(observation: dict[str, Any], *, threshold: int) -> Payload:

@@ -260,4 +260,4 @@ def grep(
         carry = block[cut:]
     if finished and carry:
         scan(carry, carry_line)
-    return GrepResult("\n".join(out), state["matches"], state["more"], split_lines)
+    return GrepResult("\n".join(out), int(state["matches"]), bool(state["more"]), split_lines)
