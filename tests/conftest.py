@@ -15,6 +15,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from controlcenter.processes import WorkerProcess, services_env
+from tests.support.factories import UserFactory
 
 
 @pytest.fixture(autouse=True)
@@ -27,13 +28,13 @@ def _fast_password_hasher(settings):
 
 
 @pytest.fixture
-def alice(django_user_model):
-    return django_user_model.objects.create_user(username="alice", password="alice-password-1")
+def alice(db):
+    return UserFactory(username="alice", password="alice-password-1")
 
 
 @pytest.fixture
-def bob(django_user_model):
-    return django_user_model.objects.create_user(username="bob", password="bob-password-1")
+def bob(db):
+    return UserFactory(username="bob", password="bob-password-1")
 
 
 @pytest.fixture
