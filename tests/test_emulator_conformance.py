@@ -11,13 +11,8 @@ import base64
 import http.client
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -437,7 +432,8 @@ def _answered_in_shape(status: int, raw: bytes, route: str, streaming: bool) -> 
     openai_route = route.endswith("completions")
     if status == 200 and route.endswith("count_tokens"):
         assert isinstance(json.loads(raw)["input_tokens"], int)
-    elif status == 200:
+        return
+    if status == 200:
         if streaming:
             assert raw.rstrip().endswith(b"data: [DONE]" if openai_route else b'data: {"type": "message_stop"}'), raw
         else:
@@ -453,7 +449,7 @@ def _answered_in_shape(status: int, raw: bytes, route: str, streaming: bool) -> 
 
 
 @pytest.mark.req("EM-1")
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_rule_every_request_of_any_shape_gets_an_answer_in_the_api_error_shape(server, data):
     route = data.draw(st.sampled_from(["/v1/messages", "/v1/chat/completions", "/v1/messages/count_tokens"]))
@@ -776,43 +772,3 @@ def test_rule_latency_delays_whole_answers_so_concurrent_requests_all_miss(claud
     started = time.monotonic()
     gpt.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], extra_headers=headers)
     assert time.monotonic() - started >= 0.3
-
-
-# --- the standalone command: banner URLs and faults over HTTP --------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.mark.req("EM-3")
-def test_rule_the_command_prints_base_urls_both_sdks_work_with_and_takes_faults_over_http():
-    root = Path(__file__).resolve().parent.parent
-    command = [sys.executable, "manage.py", "emulator", "--port", str(_free_port())]
-    process = subprocess.Popen(
-        command,
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        banner = process.stdout.readline()
-        urls = dict(part.split("=", 1) for part in banner.strip().rstrip(")").split("(", 1)[1].split())
-        claude = anthropic.Anthropic(api_key="k", base_url=urls["ANTHROPIC_BASE_URL"], max_retries=0)
-        gpt = openai.OpenAI(api_key="k", base_url=urls["OPENAI_BASE_URL"], max_retries=0)
-        assert claude.messages.create(model=MODEL, max_tokens=20, messages=[user("hi")]).content[0].text
-        assert gpt.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices
-        with pytest.raises(anthropic.RateLimitError):
-            claude.messages.create(
-                model=MODEL,
-                max_tokens=20,
-                messages=[user("hi")],
-                extra_headers={"x-emulator-fault": "rate_limit;retry_after=1"},
-            )
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
