@@ -8,6 +8,7 @@ OpenAI error shape.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -329,6 +330,16 @@ def _check_tool_choice(payload: dict[str, Any], thinking: bool) -> None:
         raise invalid_request("Thinking may not be enabled when tool_choice forces tool use.")
 
 
+@functools.lru_cache(maxsize=4096)
+def _valid_schema(schema: str) -> bool:
+    # Checking a schema against the meta-schema is slow; agents send the same tools on every request.
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(schema))
+    except jsonschema.SchemaError:
+        return False
+    return True
+
+
 def check_tool(tool: Any, where: str) -> str:
     """One tool definition; returns its kind: 'custom' or a tool search type."""
     _expect(tool, dict, where, "a valid dictionary")
@@ -356,13 +367,11 @@ def check_tool(tool: Any, where: str) -> str:
     _expect(schema, dict, f"{where}.input_schema", "a valid dictionary")
     if schema.get("type") != "object":
         raise invalid_request(f"{where}.input_schema.type: Input should be 'object'")
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError:
+    if not _valid_schema(json.dumps(schema, sort_keys=True)):
         raise invalid_request(
             f"{where}.input_schema: JSON schema is invalid - please consult https://json-schema.org "
             "or our documentation at https://docs.claude.com/en/docs/tool-use"
-        ) from None
+        )
     if "defer_loading" in tool:
         _expect(tool["defer_loading"], bool, f"{where}.defer_loading", "a valid boolean")
     return kind
