@@ -200,10 +200,12 @@ def run_turn(
                 outcome.messages.append({"role": "assistant", "content": content})
             outcome.stop_reason = "refusal"
             return outcome
-        outcome.messages.append({"role": "assistant", "content": content})
         if done.stop_reason == "pause_turn":
-            # A long server-side tool turn paused: sending the reply back as it is lets the model go on.
+            # A long server-side tool turn paused: sending the reply back lets the model go on, in one message.
+            outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
+            continuing = True
             continue
+        outcome.messages.append({"role": "assistant", "content": content})
 
         tool_uses = tool_uses_of(outcome.messages[-1])
         if not tool_uses:

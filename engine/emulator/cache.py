@@ -151,7 +151,7 @@ def analyse(payload: dict[str, Any], *, count_only: bool = False, known_model: b
     current = current_turn_start(messages)
     images = count_images(contents)
     # A change of tool_choice or of the thinking settings invalidates the messages (not tools or system).
-    messages_seed = canonical_json(["messages", _choice_key(payload.get("tool_choice")), info["thinking_budget"]])
+    messages_seed = canonical_json(["messages", _choice_key(payload.get("tool_choice")), info["thinking"]])
     first_message_block = len(blocks)
     for m, content in enumerate(contents):
         role = messages[m]["role"]
@@ -176,6 +176,9 @@ def analyse(payload: dict[str, Any], *, count_only: bool = False, known_model: b
     if final.get("type") == "text" and final["text"] != final["text"].rstrip():
         raise invalid_request("messages: final assistant content cannot end with trailing whitespace")
 
+    if payload.get("cache_control") is not None and blocks and blocks[-1].cache_control is None:
+        # Top-level cache_control marks the last cacheable block.
+        blocks[-1].cache_control = payload["cache_control"]
     breakpoints = []
     count = 0
     for i, block in enumerate(blocks):

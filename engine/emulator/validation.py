@@ -8,6 +8,7 @@ OpenAI error shape.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -56,11 +57,15 @@ class StreamCut(Exception):
 
 
 def check_cache_control(control: Any, where: str) -> None:
+    where = f"{where}.cache_control" if where else "cache_control"
     if not isinstance(control, dict) or control.get("type") != "ephemeral":
-        raise invalid_request(f"{where}.cache_control.type: Input should be 'ephemeral'")
+        raise invalid_request(f"{where}.type: Input should be 'ephemeral'")
     ttl = control.get("ttl", "5m")
     if ttl not in TTL_SECONDS:
-        raise invalid_request(f"{where}.cache_control.ttl: Input should be '5m' or '1h'")
+        raise invalid_request(f"{where}.ttl: Input should be '5m' or '1h'")
+    for key in control:
+        if key not in ("type", "ttl"):
+            raise invalid_request(f"{where}.{key}: Extra inputs are not permitted")
 
 
 # --- the Messages request, as the API's request model refuses it -----------------------------
@@ -77,6 +82,22 @@ for _ids, _limits in (
     (("claude-3-7-sonnet-latest", "claude-3-7-sonnet-20250219"), (64_000, (346, 313))),
     (("claude-3-5-haiku-latest", "claude-3-5-haiku-20241022"), (8_192, (264, 340))),
     (("claude-3-haiku-20240307",), (4_096, (264, 340))),
+    # Newer models the installed SDK lists, whose output limits and tool prompt sizes the emulator does
+    # not know: counted like Sonnet 4.5 (see "Fidelity rules" in docs/providers.md).
+    (
+        (
+            "claude-opus-4-6",
+            "claude-sonnet-4-6",
+            "claude-opus-4-7",
+            "claude-opus-4-8",
+            "claude-opus-5",
+            "claude-sonnet-5",
+            "claude-opus-5-5",
+            "claude-sonnet-5-5",
+            "claude-haiku-5-5",
+        ),
+        (64_000, (346, 313)),
+    ),
 ):
     for _id in _ids:
         MODELS[_id] = _limits
@@ -105,9 +126,33 @@ MESSAGES_FIELDS = frozenset(
         "tool_choice",
         "thinking",
         "service_tier",
+        "cache_control",
+        # Accepted as the API accepts them, not modelled: they change nothing here.
+        "container",
+        "diagnostics",
+        "inference_geo",
+        "output_config",
+        "speed",
+        "user_profile_id",
+        "workspace_id",
     }
 )
-COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
+COUNT_TOKENS_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "cache_control",
+        "output_config",
+        "output_format",
+        "speed",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
 IMAGE_MAX_EDGE = 8000
@@ -210,11 +255,19 @@ def check_request_fields(payload: dict[str, Any], *, count_only: bool, known_mod
             _expect(stop, str, f"stop_sequences.{i}", "a valid string")
             if not stop.strip():
                 raise invalid_request("stop_sequences: each stop sequence must contain non-whitespace")
+    if payload.get("cache_control") is not None:
+        check_cache_control(payload["cache_control"], "")
     budget = _check_thinking(payload, max_tokens if not count_only else None)
-    _check_tool_choice(payload, budget is not None)
+    thinking_on = budget is not None
+    _check_tool_choice(payload, thinking_on)
     if payload.get("tools") is not None:
         _expect(payload["tools"], list, "tools", "a valid list")
-    return {"max_output": max_output, "tool_prompt": _tool_prompt, "thinking_budget": budget}
+    return {
+        "max_output": max_output,
+        "tool_prompt": _tool_prompt,
+        "thinking_budget": budget,
+        "thinking": payload.get("thinking") if thinking_on else None,
+    }
 
 
 def _check_thinking(payload: dict[str, Any], max_tokens: int | None) -> int | None:
@@ -226,9 +279,13 @@ def _check_thinking(payload: dict[str, Any], max_tokens: int | None) -> int | No
     if kind == "disabled":
         _extra(thinking, {"type"}, "thinking.disabled")
         return None
+    if kind in ("adaptive", "between_tools"):
+        # The model decides how much to think: no budget to check (0 = thinking on, no budget).
+        _extra(thinking, {"type", "display"}, f"thinking.{kind}")
+        return 0
     if kind != "enabled":
-        raise _tag_error(kind, ("enabled", "disabled"), "thinking")
-    _extra(thinking, {"type", "budget_tokens"}, "thinking.enabled")
+        raise _tag_error(kind, ("enabled", "disabled", "adaptive", "between_tools"), "thinking")
+    _extra(thinking, {"type", "budget_tokens", "display"}, "thinking.enabled")
     budget = thinking.get("budget_tokens")
     if "budget_tokens" not in thinking:
         raise invalid_request("thinking.enabled.budget_tokens: Field required")
@@ -274,6 +331,16 @@ def _check_tool_choice(payload: dict[str, Any], thinking: bool) -> None:
         raise invalid_request("Thinking may not be enabled when tool_choice forces tool use.")
 
 
+@functools.lru_cache(maxsize=4096)
+def _valid_schema(schema: str) -> bool:
+    # Checking a schema against the meta-schema is slow; agents send the same tools on every request.
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(schema))
+    except jsonschema.SchemaError:
+        return False
+    return True
+
+
 def check_tool(tool: Any, where: str) -> str:
     """One tool definition; returns its kind: 'custom' or a tool search type."""
     _expect(tool, dict, where, "a valid dictionary")
@@ -286,7 +353,8 @@ def check_tool(tool: Any, where: str) -> str:
     if kind != "custom":
         raise _tag_error(kind, ("custom", *TOOL_SEARCH_TYPES), where)
     where = f"{where}.custom"
-    _extra(tool, {"type", "name", "description", "input_schema", "cache_control", "defer_loading"}, where)
+    _extra(tool, {"type", "name", "description", "input_schema", "cache_control", "defer_loading", "strict",
+                  "allowed_callers", "eager_input_streaming", "input_examples"}, where)  # fmt: skip
     if "name" not in tool:
         raise invalid_request(f"{where}.name: Field required")
     _expect(tool["name"], str, f"{where}.name", "a valid string")
@@ -300,13 +368,11 @@ def check_tool(tool: Any, where: str) -> str:
     _expect(schema, dict, f"{where}.input_schema", "a valid dictionary")
     if schema.get("type") != "object":
         raise invalid_request(f"{where}.input_schema.type: Input should be 'object'")
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError:
+    if not _valid_schema(json.dumps(schema, sort_keys=True)):
         raise invalid_request(
             f"{where}.input_schema: JSON schema is invalid - please consult https://json-schema.org "
             "or our documentation at https://docs.claude.com/en/docs/tool-use"
-        ) from None
+        )
     if "defer_loading" in tool:
         _expect(tool["defer_loading"], bool, f"{where}.defer_loading", "a valid boolean")
     return str(kind)
@@ -331,7 +397,7 @@ def check_block(block: Any, where: str, allowed: tuple[str, ...]) -> None:
                 raise invalid_request("cache_control cannot be set for empty text blocks")
             raise invalid_request("messages: text content blocks must be non-empty")
     elif kind == "image":
-        _extra(block, {"type", "source", "cache_control"}, where)
+        _extra(block, {"type", "source", "cache_control", "transformations"}, where)
         source = block.get("source")
         _expect(source, dict, f"{where}.source", "a valid dictionary")
         if source.get("type") == "base64":
@@ -349,7 +415,7 @@ def check_block(block: Any, where: str, allowed: tuple[str, ...]) -> None:
         _extra(block, {"type", "source", "cache_control", "title", "context", "citations"}, where)
         _expect(block.get("source"), dict, f"{where}.source", "a valid dictionary")
     elif kind == "tool_use" or kind == "server_tool_use":
-        _extra(block, {"type", "id", "name", "input", "cache_control"}, where)
+        _extra(block, {"type", "id", "name", "input", "cache_control", "caller", "toolset_name"}, where)
         for name, expected in (("id", str), ("name", str), ("input", dict)):
             if name not in block:
                 raise invalid_request(f"{where}.{name}: Field required")
@@ -357,7 +423,7 @@ def check_block(block: Any, where: str, allowed: tuple[str, ...]) -> None:
                 block[name], expected, f"{where}.{name}", "a valid " + ("dictionary" if expected is dict else "string")
             )
     elif kind == "tool_result":
-        _extra(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, where)
+        _extra(block, {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}, where)
         if "tool_use_id" not in block:
             raise invalid_request(f"{where}.tool_use_id: Field required")
         _expect(block["tool_use_id"], str, f"{where}.tool_use_id", "a valid string")

@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -323,6 +322,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.req("EM-3")
 def test_emulator_command_serves_the_messages_api_on_the_given_port():
     port = _free_port()
     root = Path(__file__).resolve().parents[2]
@@ -338,18 +338,23 @@ def test_emulator_command_serves_the_messages_api_on_the_given_port():
         "--min-cache-tokens",
         "50",
     ]
-    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        client = anthropic.Anthropic(api_key="k", base_url=f"http://127.0.0.1:{port}", max_retries=0)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                assert process.poll() is None, process.stderr.read().decode()
-                assert time.monotonic() < deadline, "the emulator did not start listening"
-                time.sleep(0.1)
+        # The banner's base URLs are the ones each SDK works with (EM-3).
+        banner = process.stdout.readline()
+        urls = dict(part.split("=", 1) for part in banner.strip().rstrip(")").split("(", 1)[1].split())
+        assert urls == {
+            "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+        }
+        client = anthropic.Anthropic(api_key="k", base_url=urls["ANTHROPIC_BASE_URL"], max_retries=0)
+        gpt = openai.OpenAI(api_key="k", base_url=urls["OPENAI_BASE_URL"], max_retries=0)
+        assert gpt.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices
+        with pytest.raises(anthropic.RateLimitError):
+            client.messages.create(
+                model=MODEL, max_tokens=20, messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-emulator-fault": "rate_limit;retry_after=1"},
+            )  # fmt: skip
         system = [{"type": "text", "text": "cached " * 200, "cache_control": {"type": "ephemeral"}}]
         first = client.messages.create(
             model=MODEL, max_tokens=20, system=system, messages=[{"role": "user", "content": "hi"}]
