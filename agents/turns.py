@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from agents import approvals
-from agents.models import Run
+from agents.models import ModelRequest, Run
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from conversations import export, selectors
 from conversations.compaction import compaction_pass
@@ -100,9 +100,14 @@ def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = No
     """
     history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
-    if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
+    # Thresholds in the provider's units, brought to our estimate's by the last measured request (CH-12).
+    factor = calibration(conversation_id=trigger.conversation_id, model=run.model if run else "")
+    if (
+        transcript.transcript_tokens(history) + overhead_tokens
+        <= window * settings.CC_COMPACT_AT_PERCENT / 100 / factor
+    ):
         return TurnContext(history, None)
-    target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
+    target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead_tokens)
     done = compaction_pass(
         conversation_id=trigger.conversation_id,
         tip_id=trigger.pk,
@@ -112,6 +117,31 @@ def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = No
         run=run,
     )
     return TurnContext(done.view, done.compaction)
+
+
+# How far a measured request may move our estimate: tokenizers differ from four characters a token
+# by 10-20 %, and a provider that counts an image some other way must not make every turn compact.
+CALIBRATION_BOUNDS = (0.8, 1.25)
+
+
+def calibration(*, conversation_id: int, model: str) -> float:
+    """Measured over estimated tokens of the conversation's latest answered request to `model` (CH-12).
+
+    The next estimate of the same conversation and model is multiplied by it, so the trigger
+    and the Context view speak in the provider's units; 1.0 before any request was answered.
+    """
+    latest = (
+        ModelRequest.objects.filter(
+            run__conversation_id=conversation_id, model=model, subagent="", estimated_tokens__gt=0
+        )
+        .order_by("-id")
+        .values_list("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "estimated_tokens")
+        .first()
+    )
+    if latest is None or not sum(latest[:3]):
+        return 1.0
+    low, high = CALIBRATION_BOUNDS
+    return min(high, max(low, sum(latest[:3]) / latest[3]))
 
 
 # Overflow recovery never depends on a model call (CH-2): snapshots are always available.
@@ -227,12 +257,16 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     view = export.context_breakdown(
         request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS, tool_index_text=catalog.surface.index_text
     )
+    factor = calibration(conversation_id=conversation.pk, model=request.model)
     entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
     resident_names = {tool.name for tool in catalog.surface.resident}
     return {
         "conversation": conversation.pk,
         "model": request.model,
         **view,
+        # The same count calibrated by the conversation's last measured request: what the trigger uses (CH-12).
+        "calibration": round(factor, 4),
+        "calibrated_tokens": round(view["used_tokens"] * factor),
         "tools": surface_context(catalog.surface),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).
         "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],

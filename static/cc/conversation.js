@@ -358,6 +358,12 @@
     }
     activeRun = body.run.id;
     cancelButton.hidden = false;
+    if (body.note) {
+      // A leading "/" that is not a command: the text went out as a prompt, and the person is told.
+      const note = el("article", "message note slash-sent");
+      note.append(el("p", "detail", body.note));
+      messages.appendChild(note);
+    }
     showRun(activeRun);
     runState(activeRun);
     catchUp(activeRun);
