@@ -157,3 +157,62 @@ class _NoTools:
 
     def execute(self, name, arguments) -> dict:
         return {"ok": False, "error": "no tools here"}
+
+
+class _BigTools(_NoTools):
+    """A tool block of about 2,600 tokens, like the resident set the issue measured."""
+
+    def schemas(self) -> list:
+        return [
+            {
+                "name": f"tool_{n}",
+                "description": "Does one careful thing to the repository and reports it. " * 9,
+                "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+            }
+            for n in range(20)
+        ]
+
+
+@pytest.mark.req("CH-12")
+def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(alice, settings):
+    from engine.context.transcript import overhead_tokens, transcript_tokens
+    from engine.providers.protocol import PromptTooLong
+
+    settings.CC_COMPACT_TAIL_TOKENS = 1_000
+    conversation = _long_conversation(alice, turns=4, output_chars=12_000)
+    _, run = message_send(conversation=conversation, text="Summarize the audit.")
+    history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
+    system, tools = [text_block("You audit repositories. " * 40)], _BigTools()
+    overhead = overhead_tokens(system, tools.schemas())
+    # The history alone fits the provider's window with room to spare; with system and tools it does not.
+    window = transcript_tokens(history) + overhead // 2
+    assert transcript_tokens(history) < window * 0.9 < transcript_tokens(history) + overhead
+    outcome = run_turn(
+        provider=EmulatorProvider(Emulator(context_window=window)),
+        model="claude-test",
+        system=system,
+        history=history,
+        toolbox=tools,
+        emit=lambda kind, payload: None,
+        on_prompt_too_long=_reactive_compaction(
+            run, lambda kind, payload: None, overhead=lambda: overhead_tokens(system, tools.schemas())
+        ),
+    )
+    assert outcome.stop_reason == "end_turn"
+    compaction = Compaction.objects.get(conversation=conversation, trigger="reactive")
+    # The retry went out below the maximum with a margin, by the provider's own count.
+    sent = outcome.steps[0]
+    assert sent.usage.input_tokens + sent.usage.cache_read_input_tokens + sent.usage.cache_creation_input_tokens <= (
+        window * 0.9
+    )
+    assert compaction.tokens_after + overhead < window
+    with pytest.raises(PromptTooLong):
+        # The same history without recovery is refused: the case the old size check missed.
+        run_turn(
+            provider=EmulatorProvider(Emulator(context_window=window)),
+            model="claude-test",
+            system=system,
+            history=history,
+            toolbox=tools,
+            emit=lambda kind, payload: None,
+        )
