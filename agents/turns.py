@@ -16,14 +16,16 @@ from django.conf import settings
 
 from agents import approvals
 from agents.models import ModelRequest, Run
+from agents.providers import get_provider
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
+from agents.summary import run_summarizer
 from conversations import export, selectors
 from conversations.compaction import compaction_pass
 from conversations.models import Compaction, Conversation, Message
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import transcript
 from engine.loop import ReactiveCompaction
-from engine.providers.protocol import PromptTooLong
+from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
 from engine.tokens import estimate_text_tokens
@@ -89,14 +91,22 @@ class TurnContext:
     compaction: Compaction | None
 
 
-def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = None) -> TurnContext:
+def turn_context(
+    *,
+    trigger: Message,
+    overhead_tokens: int,
+    run: Run | None = None,
+    summarize: Callable[[str], str] | None = None,
+) -> TurnContext:
     """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
 
     Compaction runs proactively (CH-2) when the whole request (history, system and tools:
     `overhead_tokens`) passes CC_COMPACT_AT_PERCENT of the context window, down to
     CC_COMPACT_TO_PERCENT, with the rungs that need no model call. The pass starts from the
     stored messages, not from the view it replaces (CH-11); its view is stored and reused by
-    later turns, so a pass is one rewrite, not a different prefix at every turn.
+    later turns, so a pass is one rewrite, not a different prefix at every turn. When those
+    rungs cannot fit and `summarize` can call the provider, the pass climbs to the summary
+    rung (CH-14).
     """
     history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
@@ -108,14 +118,14 @@ def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = No
     ):
         return TurnContext(history, None)
     target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead_tokens)
-    done = compaction_pass(
-        conversation_id=trigger.conversation_id,
-        tip_id=trigger.pk,
-        rungs=NO_CALL_RUNGS,
-        target_tokens=target,
-        trigger="proactive",
-        run=run,
-    )
+    free = {"conversation_id": trigger.conversation_id, "tip_id": trigger.pk, "target_tokens": target, "run": run}
+    done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", must_fit=summarize is not None, **free)
+    if summarize is not None and done.compaction is None and done.result.tokens_after > target:
+        try:
+            done = compaction_pass(rungs=(*NO_CALL_RUNGS, "summary"), trigger="proactive", summarize=summarize, **free)
+        except ProviderError:
+            # The summary is a convenience: without it the free rungs' view is still the best we have.
+            done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", **free)
     return TurnContext(done.view, done.compaction)
 
 
@@ -182,7 +192,8 @@ def reactive_compaction(
 
 def turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
     """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
-    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run)
+    summarize = run_summarizer(run, get_provider(run.provider))
+    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run, summarize=summarize)
     if context.compaction is not None:
         emit("compaction", compaction_event(context.compaction))
     pruning = turn_pruned(context.messages)

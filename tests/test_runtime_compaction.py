@@ -216,3 +216,61 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
             toolbox=tools,
             emit=lambda kind, payload: None,
         )
+
+
+@pytest.mark.req("CH-14")
+def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(alice, settings):
+    from engine.providers.emulator_server import EmulatorServer
+
+    prose = "I read the module, traced the call into the parser and noted what breaks on empty input. " * 40
+    conversation = conversation_create(owner=alice, title="prose")
+    parent = Message.objects.create(conversation=conversation, role="user", content=[text_block("Audit the parser.")])
+    for n in range(8):
+        parent = Message.objects.create(
+            conversation=conversation, parent=parent, role="assistant", content=[text_block(f"Finding {n}. {prose}")]
+        )
+        parent = Message.objects.create(
+            conversation=conversation, parent=parent, role="user", content=[text_block(f"Go on with part {n + 1}.")]
+        )
+    parent = Message.objects.create(
+        conversation=conversation, parent=parent, role="assistant", content=[text_block("Part 8 is next.")]
+    )
+    conversation.tip = parent
+    conversation.model = "claude-summary-test"
+    conversation.save()
+    # A window where head, tail and even one snapshot page leave the target behind: only a summary fits.
+    settings.CC_CONTEXT_WINDOW_TOKENS = 8_000
+    settings.CC_COMPACT_AT_PERCENT, settings.CC_COMPACT_TO_PERCENT = 80, 50
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-summary-test": "anthropic"}
+    with EmulatorServer(Emulator()) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        _, run = message_send(conversation=conversation, text="What is left to check?")
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    compaction = Compaction.objects.get(conversation=conversation)
+    assert compaction.rung == "summary" and compaction.trigger == "proactive" and compaction.run_id == run.pk
+    assert [step["rung"] for step in compaction.steps] == ["elide", "drop_images", "snapshot", "summary"]
+    summary = ModelRequest.objects.get(run=run, subagent="summary")
+    # Its cost is recorded with the run, under the conversation's own model, from a bounded prompt.
+    assert summary.model == "claude-summary-test" and summary.prompt_tokens > 0 and summary.output_tokens > 0
+    assert summary.prompt_tokens < 60_000 // 3
+    assert "summary of messages #" in json.dumps(compaction.view)
+    # The turn's own request sent the summarized view, not the whole path.
+    first = ModelRequest.objects.filter(run=run, subagent="").order_by("step").first()
+    assert first.prompt_tokens < 8_000
+
+
+@pytest.mark.req("CH-14")
+def test_reactive_recovery_never_calls_the_summary_rung(alice, settings):
+    from agents import turns
+
+    settings.CC_COMPACT_TAIL_TOKENS = 1_000
+    conversation = _long_conversation(alice)
+    _, run = message_send(conversation=conversation, text="Summarize.")
+    history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
+    assert "summary" not in turns.NO_CALL_RUNGS
+    compacted = turns.reactive_compaction(trigger=run.trigger, history=history, limit_tokens=9_000, run=run)
+    assert compacted is not None
+    assert all(step["rung"] != "summary" for step in compacted[1].steps)
+    assert not ModelRequest.objects.filter(run=run).exists()
