@@ -29,6 +29,7 @@ from django.test.utils import override_settings
 
 from agents.models import ModelRequest, Run
 from agents.services import run_execute
+from agents.summary import SUMMARY_SYSTEM
 from conversations.models import Compaction, Conversation, Message
 from engine.context.transcript import request_tokens
 from engine.providers.emulator import Emulator
@@ -63,6 +64,12 @@ def _has_pages(payload: dict[str, Any]) -> bool:
     )
 
 
+def _is_summary(payload: dict[str, Any]) -> bool:
+    system = payload.get("system") or []
+    text = system if isinstance(system, str) else " ".join(b.get("text", "") for b in system)
+    return text.startswith(SUMMARY_SYSTEM[:40])
+
+
 def _cost(requests: list[ModelRequest]) -> float:
     return sum(
         r.input_tokens + 1.25 * r.cache_creation_input_tokens + 0.1 * r.cache_read_input_tokens + 5 * r.output_tokens
@@ -93,9 +100,11 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
             run = Run.objects.create(conversation=conversation, trigger=prompt, provider="anthropic", model=MODEL)
             run_execute(run_id=run.pk, worker="bench")
             runs.append(Run.objects.get(pk=run.pk))
-    payloads = script.payloads[first_payload:]
+    # The turn's own requests; summary calls (CH-14) are counted in the cost, not in the window figures.
+    payloads = [p for p in script.payloads[first_payload:] if not _is_summary(p)]
+    summaries = ModelRequest.objects.filter(run__in=runs, subagent="summary").count()
     requests = list(ModelRequest.objects.filter(run__in=runs, subagent="").order_by("id"))
-    estimates = [request_tokens(p["system"], p["tools"], p["messages"]) for p in payloads]
+    estimates = [request_tokens(p["system"], p.get("tools", []), p["messages"]) for p in payloads]
     errors = []
     for index in range(1, min(len(requests), len(payloads))):
         previous, request = requests[index - 1], requests[index]
@@ -118,7 +127,8 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
         "estimate_error_max": round(max(errors), 4) if errors else None,
         "estimate_error_samples": len(errors),
         "compactions": by_rung,
-        "cost_units": round(_cost(requests)),
+        "summary_calls": summaries,
+        "cost_units": round(_cost(list(ModelRequest.objects.filter(run__in=runs)))),
     }
 
 
@@ -126,9 +136,10 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
     owner, _ = get_user_model().objects.get_or_create(username=f"bench-compaction-{uuid.uuid4().hex[:6]}")
     figures: dict[str, Any] = {"turns": options["turns"]}
-    with tempfile.TemporaryDirectory() as workspaces, EmulatorServer(
-        Emulator(policy=_Script(), context_window=10**8)
-    ) as server:
+    with (
+        tempfile.TemporaryDirectory() as workspaces,
+        EmulatorServer(Emulator(policy=_Script(), context_window=10**8)) as server,
+    ):
         server.script = server.emulator.policy  # type: ignore[attr-defined]
         overrides = {
             "ANTHROPIC_API_KEY": "bench-key",
