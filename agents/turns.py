@@ -112,15 +112,16 @@ def turn_context(
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     # Thresholds in the provider's units, brought to our estimate's by the last measured request (CH-12).
     factor = calibration(conversation_id=trigger.conversation_id, model=run.model if run else "")
-    if (
-        transcript.transcript_tokens(history) + overhead_tokens
-        <= window * settings.CC_COMPACT_AT_PERCENT / 100 / factor
-    ):
+    trigger_at = int(window * settings.CC_COMPACT_AT_PERCENT / 100 / factor)
+    if transcript.transcript_tokens(history) + overhead_tokens <= trigger_at:
         return TurnContext(history, None)
     target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead_tokens)
     free = {"conversation_id": trigger.conversation_id, "tip_id": trigger.pk, "target_tokens": target, "run": run}
-    done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", must_fit=summarize is not None, **free)
-    if summarize is not None and done.compaction is None and done.result.tokens_after > target:
+    # With a provider to call, a free pass that would leave the request past the trigger is not
+    # kept: the summary rung is then the only one that can fit the window (CH-14).
+    fits = trigger_at - overhead_tokens if summarize is not None else None
+    done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", fit_tokens=fits, **free)
+    if fits is not None and done.compaction is None and done.result.tokens_after > fits:
         try:
             done = compaction_pass(rungs=(*NO_CALL_RUNGS, "summary"), trigger="proactive", summarize=summarize, **free)
         except ProviderError:
@@ -183,7 +184,7 @@ def reactive_compaction(
         target_tokens=limit_tokens,
         trigger="reactive",
         run=run,
-        must_fit=True,
+        fit_tokens=limit_tokens,
     )
     if done.compaction is None:
         return None

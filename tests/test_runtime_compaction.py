@@ -222,7 +222,7 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
 def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(alice, settings):
     from engine.providers.emulator_server import EmulatorServer
 
-    prose = "I read the module, traced the call into the parser and noted what breaks on empty input. " * 40
+    prose = "I read the module, traced the call into the parser and noted what breaks on empty input. " * 60
     conversation = conversation_create(owner=alice, title="prose")
     parent = Message.objects.create(conversation=conversation, role="user", content=[text_block("Audit the parser.")])
     for n in range(8):
