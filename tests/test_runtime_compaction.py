@@ -15,6 +15,7 @@ from conversations.services import conversation_create
 from engine.loop import run_turn
 from engine.providers.emulator import Emulator
 from engine.providers.inprocess import EmulatorProvider
+from engine.providers.protocol import PromptTooLong as PromptTooLong_
 from engine.request import text_block
 
 pytestmark = [pytest.mark.django_db, pytest.mark.req("CH-2")]
@@ -274,3 +275,28 @@ def test_reactive_recovery_never_calls_the_summary_rung(alice, settings):
     assert compacted is not None
     assert all(step["rung"] != "summary" for step in compacted[1].steps)
     assert not ModelRequest.objects.filter(run=run).exists()
+
+
+class _AlwaysTooLong:
+    """A provider whose window nothing fits: the reactive pass is made, and its retry is refused too."""
+
+    name = "too-long"
+
+    def stream(self, request):
+        raise PromptTooLong_("prompt is too long: 50000 tokens > 1000 maximum", tokens=50_000, maximum=40_000)
+
+
+@pytest.mark.req("CH-12")
+def test_a_pass_whose_retry_is_refused_too_is_not_kept_for_later_turns(alice, settings, monkeypatch):
+    from agents import services as run_services
+
+    settings.CC_COMPACT_TAIL_TOKENS = 1_000
+    conversation = _long_conversation(alice)
+    _, run = message_send(conversation=conversation, text="Summarize the audit.")
+    monkeypatch.setattr(run_services, "get_provider", lambda name: _AlwaysTooLong())
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and "too long" in run.error
+    # The pass was made (and announced), but its view is gone: later turns start from the path again.
+    assert RunEvent.objects.filter(run=run, type="compaction", payload__trigger="reactive").exists()
+    assert not Compaction.objects.filter(conversation=conversation).exists()
