@@ -159,3 +159,22 @@ def test_export_a_path_as_json_and_markdown(explored):
     assert markdown.index("Here is the plan.") < markdown.index("There are three files.")
     with pytest.raises(DomainError, match="Unknown export format"):
         selectors.conversation_export(conversation=explored, kind="pdf")
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-12")
+def test_context_is_calibrated_by_the_last_measured_request(explored, alice, client):
+    from agents.models import ModelRequest
+
+    plain = chat.message_send(conversation=explored, text="/context").command.data
+    assert plain["calibration"] == 1.0 and plain["calibrated_tokens"] == plain["used_tokens"]
+    run = Run.objects.create(conversation=explored, trigger=explored.tip, provider="offline", model=plain["model"])
+    # The provider counted 10 % more than the runtime estimated for the last request.
+    ModelRequest.objects.create(run=run, step=1, model=plain["model"], input_tokens=1_100, estimated_tokens=1_000)
+    view = chat.message_send(conversation=explored, text="/context").command
+    assert view.data["calibration"] == 1.1
+    assert view.data["calibrated_tokens"] == round(view.data["used_tokens"] * 1.1)
+    assert f"{view.data['calibrated_tokens']} of" in view.detail
+    client.force_login(alice)
+    page = client.get(f"/conversations/{explored.pk}/context/").content.decode()
+    assert f'<strong id="calibrated-tokens">{view.data["calibrated_tokens"]:,}</strong>' in page
