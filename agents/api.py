@@ -150,7 +150,11 @@ class MessageCreateApi(APIView):
         if sent.command is not None:
             return Response({"command": sent.command.as_dict()})
         return Response(
-            {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
+            {
+                "message": MessageSerializer(sent.message).data,
+                "run": RunSerializer(sent.run).data,
+                **({"note": sent.note} if sent.note else {}),
+            },
             status=status.HTTP_201_CREATED,
         )
 

@@ -59,6 +59,8 @@ class MessageSent:
     message: Message | None
     run: Run | None
     command: CommandResult | None = None
+    # Said to the person when a leading '/' was not a command and the text went out as a prompt.
+    note: str = ""
 
     def __iter__(self) -> Iterator[Any]:
         # Unpacks as (message, run), so callers written before slash commands keep working.
@@ -74,6 +76,7 @@ def message_send(*, conversation: Conversation, text: str) -> MessageSent:
     check_text(text)
     if commands.is_command(text):
         return MessageSent(None, None, command_run(conversation=conversation, text=text))
+    text, note = commands.as_prompt(text)
     with transaction.atomic():
         locked = conversation_locked(conversation)
         message = Message.objects.create(
@@ -88,7 +91,7 @@ def message_send(*, conversation: Conversation, text: str) -> MessageSent:
         locked.save(update_fields=["tip", "title", "updated_at"])
         run = run_start(conversation=locked, trigger=message)
     conversation.refresh_from_db()
-    return MessageSent(message, run)
+    return MessageSent(message, run, note=note)
 
 
 def message_edit(*, conversation: Conversation, message_id: int, text: str) -> MessageSent:
@@ -96,6 +99,7 @@ def message_edit(*, conversation: Conversation, message_id: int, text: str) -> M
     check_text(text)
     if commands.is_command(text):
         raise DomainError("An edited prompt cannot be a slash command; send the command as a new message.")
+    text, _ = commands.as_prompt(text)
     original = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
     if original.role != Message.Role.USER or transcript.tool_result_ids(selectors.as_plain(original)):
         raise DomainError(f"Message {message_id} is not a prompt you wrote; only your own prompts can be edited.")
@@ -177,7 +181,12 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
         )
     if name == "context":
         view = context_view(conversation=conversation)
-        return CommandResult(name, f"{view['used_tokens']} of {view['window_tokens']} tokens used.", view)
+        return CommandResult(
+            name,
+            f"{view['calibrated_tokens']} of {view['window_tokens']} tokens used "
+            f"(estimated {view['used_tokens']}, x{view['calibration']} from the last measured request).",
+            view,
+        )
     if name == "tree":
         tree = selectors.message_tree(conversation=conversation)
         return CommandResult(name, f"{len(tree['messages'])} messages; the tip is {tree['tip']}.", tree)

@@ -104,6 +104,9 @@ class ModelRequest(models.Model):
     cache_miss = models.CharField(max_length=32, blank=True)
     stop_reason = models.CharField(max_length=32, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
+    # The runtime's own count of the whole request (CH-12), set beside what the provider measured,
+    # so the next estimate of the conversation can be calibrated and the error audited.
+    estimated_tokens = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

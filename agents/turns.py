@@ -15,8 +15,10 @@ from typing import Any
 from django.conf import settings
 
 from agents import approvals
-from agents.models import Run
+from agents.models import ModelRequest, Run
+from agents.providers import get_provider
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
+from agents.summary import run_summarizer
 from conversations import export, selectors
 from conversations.compaction import compaction_pass
 from conversations.models import Compaction, Conversation, Message
@@ -24,7 +26,7 @@ from conversations.window import window_budget
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import transcript
 from engine.loop import ReactiveCompaction
-from engine.providers.protocol import PromptTooLong
+from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
 from engine.tokens import estimate_text_tokens
@@ -90,29 +92,68 @@ class TurnContext:
     compaction: Compaction | None
 
 
-def turn_context(*, trigger: Message, overhead_tokens: int, run: Run | None = None) -> TurnContext:
+def turn_context(
+    *,
+    trigger: Message,
+    overhead_tokens: int,
+    run: Run | None = None,
+    summarize: Callable[[str], str] | None = None,
+) -> TurnContext:
     """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
 
     Compaction runs proactively (CH-2) when the whole request (history, system and tools:
     `overhead_tokens`) passes CC_COMPACT_AT_PERCENT of the context window, down to
     CC_COMPACT_TO_PERCENT, with the rungs that need no model call. The pass starts from the
     stored messages, not from the view it replaces (CH-11); its view is stored and reused by
-    later turns, so a pass is one rewrite, not a different prefix at every turn.
+    later turns, so a pass is one rewrite, not a different prefix at every turn. When those
+    rungs cannot fit and `summarize` can call the provider, the pass climbs to the summary
+    rung (CH-14).
     """
     history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
-    if transcript.transcript_tokens(history) + overhead_tokens <= window * settings.CC_COMPACT_AT_PERCENT // 100:
+    # Thresholds in the provider's units, brought to our estimate's by the last measured request (CH-12).
+    factor = calibration(conversation_id=trigger.conversation_id, model=run.model if run else "")
+    trigger_at = int(window * settings.CC_COMPACT_AT_PERCENT / 100 / factor)
+    if transcript.transcript_tokens(history) + overhead_tokens <= trigger_at:
         return TurnContext(history, None)
-    target = max(1, window * settings.CC_COMPACT_TO_PERCENT // 100 - overhead_tokens)
-    done = compaction_pass(
-        conversation_id=trigger.conversation_id,
-        tip_id=trigger.pk,
-        rungs=NO_CALL_RUNGS,
-        target_tokens=target,
-        trigger="proactive",
-        run=run,
-    )
+    target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead_tokens)
+    free = {"conversation_id": trigger.conversation_id, "tip_id": trigger.pk, "target_tokens": target, "run": run}
+    # With a provider to call, a free pass that would leave the request past the trigger is not
+    # kept: the summary rung is then the only one that can fit the window (CH-14).
+    fits = trigger_at - overhead_tokens if summarize is not None else None
+    done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", fit_tokens=fits, **free)
+    if fits is not None and done.compaction is None and done.result.tokens_after > fits:
+        try:
+            done = compaction_pass(rungs=(*NO_CALL_RUNGS, "summary"), trigger="proactive", summarize=summarize, **free)
+        except ProviderError:
+            # The summary is a convenience: without it the free rungs' view is still the best we have.
+            done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", **free)
     return TurnContext(done.view, done.compaction)
+
+
+# How far a measured request may move our estimate: tokenizers differ from four characters a token
+# by 10-20 %, and a provider that counts an image some other way must not make every turn compact.
+CALIBRATION_BOUNDS = (0.8, 1.25)
+
+
+def calibration(*, conversation_id: int, model: str) -> float:
+    """Measured over estimated tokens of the conversation's latest answered request to `model` (CH-12).
+
+    The next estimate of the same conversation and model is multiplied by it, so the trigger
+    and the Context view speak in the provider's units; 1.0 before any request was answered.
+    """
+    latest = (
+        ModelRequest.objects.filter(
+            run__conversation_id=conversation_id, model=model, subagent="", estimated_tokens__gt=0
+        )
+        .order_by("-id")
+        .values_list("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "estimated_tokens")
+        .first()
+    )
+    if latest is None or not sum(latest[:3]):
+        return 1.0
+    low, high = CALIBRATION_BOUNDS
+    return min(high, max(low, sum(latest[:3]) / latest[3]))
 
 
 # Overflow recovery never depends on a model call (CH-2): snapshots are always available.
@@ -144,7 +185,7 @@ def reactive_compaction(
         target_tokens=limit_tokens,
         trigger="reactive",
         run=run,
-        must_fit=True,
+        fit_tokens=limit_tokens,
     )
     if done.compaction is None:
         return None
@@ -153,7 +194,8 @@ def reactive_compaction(
 
 def turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
     """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
-    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run)
+    summarize = run_summarizer(run, get_provider(run.provider))
+    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run, summarize=summarize)
     if context.compaction is not None:
         emit("compaction", compaction_event(context.compaction))
     pruning = turn_pruned(context.messages)
@@ -228,6 +270,7 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     view = export.context_breakdown(
         request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS, tool_index_text=catalog.surface.index_text
     )
+    factor = calibration(conversation_id=conversation.pk, model=request.model)
     entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
     resident_names = {tool.name for tool in catalog.surface.resident}
     tools = surface_context(catalog.surface)
@@ -235,6 +278,9 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
         "conversation": conversation.pk,
         "model": request.model,
         **view,
+        # The same count calibrated by the conversation's last measured request: what the trigger uses (CH-12).
+        "calibration": round(factor, 4),
+        "calibrated_tokens": round(view["used_tokens"] * factor),
         "tools": tools,
         "budget": window_budget(resident_tokens=tools["resident_tokens"]),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).

@@ -1,5 +1,9 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
+from controlcenter.errors import DomainError
+from conversations import services
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 
@@ -16,6 +20,19 @@ class MessageAdmin(admin.ModelAdmin):
     list_display = ["id", "conversation", "role", "parent", "created_at"]
     list_filter = ["role"]
     raw_id_fields = ["conversation", "parent"]
+
+    # Through the service, so a deleted tip moves to its parent instead of leaving the
+    # conversation with no tip (CH-7); a refusal is shown with its reason.
+    def delete_model(self, request: HttpRequest, obj: Message) -> None:
+        try:
+            services.message_delete(message=obj)
+        except DomainError as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        for message in queryset.order_by("id"):
+            if Message.objects.filter(pk=message.pk).exists():  # an earlier one's subtree may have taken it
+                self.delete_model(request, message)
 
 
 @admin.register(Checkpoint)

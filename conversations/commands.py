@@ -1,8 +1,9 @@
 """Slash commands (CH-10): a pure parser; `services.command_run` dispatches what it returns.
 
-A message that starts with '/' is a command, never a prompt: a typo must not start
-a model run, so an unknown command or a bad argument is a clear error that lists
-the valid forms.
+A message whose first word is a known command (`/compact`, `/branch 12`, ...) is that
+command, never a prompt: a bad argument is a clear error that lists the valid forms.
+Any other text starting with '/' ("/usr/bin/python3 crashes on start") is a prompt,
+sent as it is with a note saying so; '//' at the start sends a literal '/'.
 """
 
 from __future__ import annotations
@@ -39,7 +40,23 @@ class Command:
 
 
 def is_command(text: str) -> bool:
-    return text.lstrip().startswith("/")
+    """The text names a known command: '/name' as its first word (case-insensitive)."""
+    words = text.split(maxsplit=1)
+    return bool(words) and words[0].startswith("/") and words[0][1:].lower() in USAGE
+
+
+def as_prompt(text: str) -> tuple[str, str]:
+    """The prompt a non-command text sends, and a note when a leading '/' was not a command.
+
+    '//' escapes: '//compact' sends '/compact' as a prompt.
+    """
+    stripped = text.lstrip()
+    if stripped.startswith("//"):
+        return text.replace("//", "/", 1), ""
+    if stripped.startswith("/"):
+        word = stripped.split(maxsplit=1)[0]
+        return text, f"{word[:40]} is not a command, so it was sent as a message. " + usage()
+    return text, ""
 
 
 def usage() -> str:

@@ -70,12 +70,12 @@ def compaction_pass(
     trigger: str = "command",
     run: Any = None,
     summarize: Callable[[str], str] | None = None,
-    must_fit: bool = False,
+    fit_tokens: int | None = None,
 ) -> CompactionPass:
     """Run the ladder over the stored path to `tip_id` and record it if it frees enough (CH-11).
 
-    With `must_fit`, a view still larger than `target_tokens` is not recorded either: a
-    failed pass's view is never kept for later turns (CH-12).
+    With `fit_tokens`, a view still larger than that is not recorded either: a failed
+    pass's view is never kept for later turns (CH-12).
     """
     path = selectors.path_to(conversation_id=conversation_id, tip_id=tip_id)
     view_now = selectors.view_of_path(conversation_id=conversation_id, path=path)
@@ -92,7 +92,7 @@ def compaction_pass(
     )
     freed = tokens_now - result.tokens_after
     required = minimum_freed(result, shape)
-    if freed < required or (must_fit and result.tokens_after > target_tokens):
+    if freed < required or (fit_tokens is not None and result.tokens_after > fit_tokens):
         return CompactionPass(None, result, view_now, tokens_now, freed, required)
     compaction = Compaction.objects.create(
         conversation_id=conversation_id,

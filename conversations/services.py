@@ -242,3 +242,39 @@ def conversation_compact(
         summarize=summarize,
         trigger=trigger,
     )
+
+
+def message_delete(*, message: Message) -> Conversation:
+    """Delete a message and the messages under it (the admin's delete), keeping a tip (CH-7).
+
+    A tip inside the deleted subtree moves to the message's parent, so the conversation
+    still names its branch. Deleting the root of the current path while other messages
+    remain is refused: no tip would be left to stand on.
+    """
+    with transaction.atomic():
+        locked = conversation_locked(message.conversation)
+        subtree = _subtree_ids(message)
+        if locked.tip_id in subtree:
+            others = Message.objects.filter(conversation=locked).exclude(pk__in=subtree).exists()
+            if message.parent_id is None and others:
+                raise DomainError(
+                    f"Message {message.pk} is the root of the current path and other messages remain; "
+                    "branch to another message first, then delete this one."
+                )
+            Conversation.objects.filter(pk=locked.pk).update(tip_id=message.parent_id, updated_at=timezone.now())
+        Message.objects.filter(pk__in=subtree).delete()
+    locked.refresh_from_db()
+    return locked
+
+
+def _subtree_ids(message: Message) -> set[int]:
+    # Ids and parents of the conversation only: a cheap walk even for 10,000 messages.
+    children: dict[int | None, list[int]] = {}
+    for pk, parent in Message.objects.filter(conversation_id=message.conversation_id).values_list("id", "parent_id"):
+        children.setdefault(parent, []).append(pk)
+    found, stack = set(), [message.pk]
+    while stack:
+        current = stack.pop()
+        found.add(current)
+        stack.extend(children.get(current, []))
+    return found

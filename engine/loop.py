@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
 from engine.breakpoints import place_breakpoints
+from engine.context.transcript import request_tokens
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
 from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
 from engine.toolbox import ToolBox
@@ -65,6 +66,8 @@ class StepRecord:
     # Why the provider could not read the previous prefix, when the runtime knows: "tool_activation"
     # when it loaded tools on a provider without deferred loading (their schemas changed the prefix).
     cache_miss: str = ""
+    # The runtime's estimate of the whole request (system, tools, messages, images; CH-12).
+    estimated_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ def run_turn(
         miss = TOOL_ACTIVATION_MISS if newly and not getattr(provider, "defers_tool_loading", False) else ""
         outcome.steps.append(
             StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id,
-                       tools_loaded=newly, cache_miss=miss)
+                       tools_loaded=newly, cache_miss=miss,
+                       estimated_tokens=request_tokens(request.system, request.tools, request.messages))
         )  # fmt: skip
         if miss:
             # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.

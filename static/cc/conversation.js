@@ -553,6 +553,8 @@
     if (body.command) { commandDone(body.command); return; }
     following = true;
     setActiveRun(body.run.id);
+    // A leading "/" that is not a command went out as a prompt: say so.
+    if (body.note) statusLine.textContent = body.note;
     await refresh();
   }
 

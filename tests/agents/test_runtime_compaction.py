@@ -16,6 +16,7 @@ from conversations.services import conversation_create
 from engine.emulator import Emulator
 from engine.loop import run_turn
 from engine.providers.inprocess import EmulatorProvider
+from engine.providers.protocol import PromptTooLong as PromptTooLong_
 from engine.request import text_block
 from toolcatalog.builtins import WorkspaceToolBox
 
@@ -156,3 +157,145 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
 class _NoTools(WorkspaceToolBox):
     def __init__(self) -> None:
         super().__init__(Path("no-tools"), tools={})
+
+
+class _BigTools(_NoTools):
+    """A tool block of about 2,600 tokens, like the resident set the issue measured."""
+
+    def schemas(self) -> list:
+        return [
+            {
+                "name": f"tool_{n}",
+                "description": "Does one careful thing to the repository and reports it. " * 9,
+                "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+            }
+            for n in range(20)
+        ]
+
+
+@pytest.mark.req("CH-12")
+def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(alice, settings):
+    from engine.context.transcript import overhead_tokens, transcript_tokens
+    from engine.providers.protocol import PromptTooLong
+
+    settings.CC_COMPACT_TAIL_TOKENS = 1_000
+    conversation = _long_conversation(alice, turns=4, output_chars=12_000)
+    _, run = message_send(conversation=conversation, text="Summarize the audit.")
+    history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
+    system, tools = [text_block("You audit repositories. " * 40)], _BigTools()
+    overhead = overhead_tokens(system, tools.schemas())
+    # The history alone fits the provider's window with room to spare; with system and tools it does not.
+    window = transcript_tokens(history) + overhead // 2
+    assert transcript_tokens(history) < window * 0.9 < transcript_tokens(history) + overhead
+    outcome = run_turn(
+        provider=EmulatorProvider(Emulator(context_window=window)),
+        model="claude-test",
+        system=system,
+        history=history,
+        toolbox=tools,
+        emit=lambda kind, payload: None,
+        on_prompt_too_long=_reactive_compaction(
+            run, lambda kind, payload: None, overhead=lambda: overhead_tokens(system, tools.schemas())
+        ),
+    )
+    assert outcome.stop_reason == "end_turn"
+    compaction = Compaction.objects.get(conversation=conversation, trigger="reactive")
+    # The retry went out below the maximum with a margin, by the provider's own count.
+    sent = outcome.steps[0]
+    assert sent.usage.input_tokens + sent.usage.cache_read_input_tokens + sent.usage.cache_creation_input_tokens <= (
+        window * 0.9
+    )
+    assert compaction.tokens_after + overhead < window
+    with pytest.raises(PromptTooLong):
+        # The same history without recovery is refused: the case the old size check missed.
+        run_turn(
+            provider=EmulatorProvider(Emulator(context_window=window)),
+            model="claude-test",
+            system=system,
+            history=history,
+            toolbox=tools,
+            emit=lambda kind, payload: None,
+        )
+
+
+@pytest.mark.req("CH-14")
+def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(alice, settings):
+    from engine.emulator.server import EmulatorServer
+
+    prose = "I read the module, traced the call into the parser and noted what breaks on empty input. " * 60
+    conversation = conversation_create(owner=alice, title="prose")
+    parent = Message.objects.create(conversation=conversation, role="user", content=[text_block("Audit the parser.")])
+    for n in range(8):
+        parent = Message.objects.create(
+            conversation=conversation, parent=parent, role="assistant", content=[text_block(f"Finding {n}. {prose}")]
+        )
+        parent = Message.objects.create(
+            conversation=conversation, parent=parent, role="user", content=[text_block(f"Go on with part {n + 1}.")]
+        )
+    parent = Message.objects.create(
+        conversation=conversation, parent=parent, role="assistant", content=[text_block("Part 8 is next.")]
+    )
+    conversation.tip = parent
+    conversation.model = "claude-summary-test"
+    conversation.save()
+    # A window where head, tail and even one snapshot page leave the target behind: only a summary fits.
+    settings.CC_CONTEXT_WINDOW_TOKENS = 8_000
+    settings.CC_COMPACT_AT_PERCENT, settings.CC_COMPACT_TO_PERCENT = 80, 50
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-summary-test": "anthropic"}
+    with EmulatorServer(Emulator()) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        _, run = message_send(conversation=conversation, text="What is left to check?")
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    compaction = Compaction.objects.get(conversation=conversation)
+    assert compaction.rung == "summary" and compaction.trigger == "proactive" and compaction.run_id == run.pk
+    assert [step["rung"] for step in compaction.steps] == ["elide", "drop_images", "snapshot", "summary"]
+    summary = ModelRequest.objects.get(run=run, subagent="summary")
+    # Its cost is recorded with the run, under the conversation's own model, from a bounded prompt.
+    assert summary.model == "claude-summary-test" and summary.prompt_tokens > 0 and summary.output_tokens > 0
+    assert summary.prompt_tokens < 60_000 // 3
+    assert "summary of messages #" in json.dumps(compaction.view)
+    # The turn's own request sent the summarized view, not the whole path.
+    first = ModelRequest.objects.filter(run=run, subagent="").order_by("step").first()
+    assert first.prompt_tokens < 8_000
+
+
+@pytest.mark.req("CH-14")
+def test_reactive_recovery_never_calls_the_summary_rung(alice, settings):
+    from agents import turns
+
+    settings.CC_COMPACT_TAIL_TOKENS = 1_000
+    conversation = _long_conversation(alice)
+    _, run = message_send(conversation=conversation, text="Summarize.")
+    history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
+    assert "summary" not in turns.NO_CALL_RUNGS
+    compacted = turns.reactive_compaction(trigger=run.trigger, history=history, limit_tokens=9_000, run=run)
+    assert compacted is not None
+    assert all(step["rung"] != "summary" for step in compacted[1].steps)
+    assert not ModelRequest.objects.filter(run=run).exists()
+
+
+class _AlwaysTooLong:
+    """A provider whose window nothing fits: the reactive pass is made, and its retry is refused too."""
+
+    name = "too-long"
+
+    def stream(self, request):
+        raise PromptTooLong_("prompt is too long: 50000 tokens > 1000 maximum", tokens=50_000, maximum=40_000)
+
+
+@pytest.mark.req("CH-12")
+def test_a_pass_whose_retry_is_refused_too_is_not_kept_for_later_turns(alice, settings, monkeypatch):
+    from agents import services as run_services
+
+    settings.CC_COMPACT_TAIL_TOKENS = 1_000
+    conversation = _long_conversation(alice)
+    _, run = message_send(conversation=conversation, text="Summarize the audit.")
+    monkeypatch.setattr(run_services, "get_provider", lambda name: _AlwaysTooLong())
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and "too long" in run.error
+    # The pass was made (and announced), but its view is gone: later turns start from the path again.
+    assert RunEvent.objects.filter(run=run, type="compaction", payload__trigger="reactive").exists()
+    assert not Compaction.objects.filter(conversation=conversation).exists()

@@ -109,7 +109,7 @@ def test_retry_over_the_api_says_which_empty_case_it_is(alice_api, alice, explor
         ("post", "rewind/", {"label": "missing"}, "no checkpoint named"),
         ("post", "compact/", {"rungs": ["summary"]}, "rungs"),
         ("post", "compact/", {"rungs": []}, "rungs"),
-        ("post", "messages/", {"text": "/unknown"}, "Unknown command"),
+        ("post", "messages/", {"text": "/rewind a b"}, "at most one label"),
         ("post", "messages/", {"text": "/branch x"}, "needs one message id"),
         ("post", "messages/{answer}/edit/", {"text": "x"}, "not a prompt you wrote"),
         ("post", "messages/{prompt}/edit/", {"text": "  "}, "empty"),

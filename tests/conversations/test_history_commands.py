@@ -68,12 +68,35 @@ def test_a_slash_message_runs_its_service_instead_of_starting_a_run(explored):
 
 @pytest.mark.django_db
 @pytest.mark.req("CH-10")
-def test_unknown_command_changes_nothing_and_starts_no_run(explored):
+def test_a_known_command_with_a_bad_argument_changes_nothing_and_starts_no_run(explored):
     messages, tip = Message.objects.count(), explored.tip_id
-    with pytest.raises(DomainError, match="Unknown command /rewnid"):
-        chat.message_send(conversation=explored, text="/rewnid start")
+    with pytest.raises(DomainError, match="/rewind takes at most one label"):
+        chat.message_send(conversation=explored, text="/rewind start again")
     explored.refresh_from_db()
     assert Message.objects.count() == messages and explored.tip_id == tip and not Run.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-10")
+@pytest.mark.parametrize(
+    ("text", "stored", "noted"),
+    [
+        ("/usr/bin/python3 crashes on start", "/usr/bin/python3 crashes on start", True),
+        ("//compact is what I typed; why did it fail?", "/compact is what I typed; why did it fail?", False),
+        ("  /rewnid start", "  /rewnid start", True),
+    ],
+)
+def test_a_slash_that_is_not_a_command_is_sent_as_a_prompt_and_says_so(explored, alice_api, text, stored, noted):
+    response = alice_api.post(f"/api/conversations/{explored.pk}/messages/", {"text": text}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    message = Message.objects.get(pk=body["message"]["id"])
+    assert message.content == [{"type": "text", "text": stored}]
+    assert Run.objects.get(pk=body["run"]["id"]).trigger_id == message.pk
+    if noted:
+        assert "is not a command, so it was sent as a message" in body["note"]
+    else:
+        assert "note" not in body
 
 
 @pytest.mark.django_db
@@ -136,3 +159,22 @@ def test_export_a_path_as_json_and_markdown(explored):
     assert markdown.index("Here is the plan.") < markdown.index("There are three files.")
     with pytest.raises(DomainError, match="Unknown export format"):
         selectors.conversation_export(conversation=explored, kind="pdf")
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-12")
+def test_context_is_calibrated_by_the_last_measured_request(explored, alice, client):
+    from agents.models import ModelRequest
+
+    plain = chat.message_send(conversation=explored, text="/context").command.data
+    assert plain["calibration"] == 1.0 and plain["calibrated_tokens"] == plain["used_tokens"]
+    run = Run.objects.create(conversation=explored, trigger=explored.tip, provider="offline", model=plain["model"])
+    # The provider counted 10 % more than the runtime estimated for the last request.
+    ModelRequest.objects.create(run=run, step=1, model=plain["model"], input_tokens=1_100, estimated_tokens=1_000)
+    view = chat.message_send(conversation=explored, text="/context").command
+    assert view.data["calibration"] == 1.1
+    assert view.data["calibrated_tokens"] == round(view.data["used_tokens"] * 1.1)
+    assert f"{view.data['calibrated_tokens']} of" in view.detail
+    client.force_login(alice)
+    page = client.get(f"/conversations/{explored.pk}/context/").content.decode()
+    assert f'<strong id="calibrated-tokens">{view.data["calibrated_tokens"]:,}</strong>' in page

@@ -286,3 +286,46 @@ def test_compact_to_fit_makes_one_pass_and_says_how_large_the_history_still_is()
     with pytest.raises(ladder.ContextOverflow, match=r"still \d+ tokens after compaction .* the limit is 500") as error:
         ladder.compact_to_fit(session, limit_tokens=500, tail_tokens=100_000, summarize=summarize)
     assert error.value.result.tokens_after > 500 and len(calls) <= 1
+
+
+@pytest.mark.req("CH-13")
+def test_a_latest_prompt_larger_than_the_tail_stays_text_and_is_never_only_on_a_page():
+    session = long_session(turns=10)
+    question = "NOW: why does the parser reject this input? " + "Here is the input I mean. " * 1500
+    session.append({"id": 999, "role": "user", "content": [{"type": "text", "text": question}]})
+    result = ladder.compact(session, rungs=("elide", "drop_images", "snapshot"), tail_tokens=2_000)
+    assert result.rung == "snapshot"
+    last = result.messages[-1]
+    assert last["role"] == "user" and last["content"][-1] == {"type": "text", "text": question}
+    pages = [b for m in result.messages for b in m["content"] if b.get("type") == "image"]
+    assert pages and all("NOW: why" not in line.text for line in snapshots.source_lines(session[1:-1]))
+
+
+@pytest.mark.req("CH-11")
+def test_the_same_messages_give_the_same_view_and_snapshots_are_worth_a_page():
+    session = long_session(turns=10)
+    first = ladder.compact(session, rungs=("elide", "drop_images", "snapshot"), tail_tokens=800)
+    second = ladder.compact(session, rungs=("elide", "drop_images", "snapshot"), tail_tokens=800)
+    assert first.messages == second.messages and first.pages and first.rung == "snapshot"
+    # A short middle stays text: imaging it would save less than one page costs.
+    short = long_session(turns=2)
+    result = ladder.compact(short, rungs=("drop_images", "snapshot"), tail_tokens=200)
+    step = result.steps[-1]
+    assert step.items == 0 and "less than one page costs" in step.note
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-11")
+def test_a_shake_after_a_compaction_changes_nothing(conversation, settings):
+    from agents import chat
+
+    settings.CC_COMPACT_TAIL_TOKENS = 300
+    for index in range(8):
+        add_turn(conversation, f"Step {index}", f"Done {index}. " + PROSE * 20, tools=[("read_file", PROSE * 40)])
+    compacted = services.conversation_compact(conversation=conversation, rungs=("elide", "drop_images", "snapshot"))
+    assert compacted.compaction is not None and compacted.compaction.rung == "snapshot"
+    before = chat.message_send(conversation=conversation, text="/context").command.data["used_tokens"]
+    shaken = chat.message_send(conversation=conversation, text="/shake").command
+    assert shaken.data["recorded"] is False and "nothing was recorded" in shaken.detail
+    assert Compaction.objects.count() == 1
+    assert chat.message_send(conversation=conversation, text="/context").command.data["used_tokens"] == before
