@@ -189,7 +189,7 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
     assert transcript_tokens(history) < window * 0.9 < transcript_tokens(history) + overhead
     outcome = run_turn(
         provider=EmulatorProvider(Emulator(context_window=window)),
-        model="claude-test",
+        model="claude-sonnet-4-5",
         system=system,
         history=history,
         toolbox=tools,
@@ -210,7 +210,7 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
         # The same history without recovery is refused: the case the old size check missed.
         run_turn(
             provider=EmulatorProvider(Emulator(context_window=window)),
-            model="claude-test",
+            model="claude-sonnet-4-5",
             system=system,
             history=history,
             toolbox=tools,
@@ -236,12 +236,12 @@ def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(al
         conversation=conversation, parent=parent, role="assistant", content=[text_block("Part 8 is next.")]
     )
     conversation.tip = parent
-    conversation.model = "claude-summary-test"
+    conversation.model = "claude-haiku-4-5"
     conversation.save()
     # A window where head, tail and even one snapshot page leave the target behind: only a summary fits.
     settings.CC_CONTEXT_WINDOW_TOKENS = 8_000
     settings.CC_COMPACT_AT_PERCENT, settings.CC_COMPACT_TO_PERCENT = 80, 50
-    settings.CC_MODELS = {**settings.CC_MODELS, "claude-summary-test": "anthropic"}
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
     with EmulatorServer(Emulator()) as server:
         settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
         _, run = message_send(conversation=conversation, text="What is left to check?")
@@ -253,7 +253,7 @@ def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(al
     assert [step["rung"] for step in compaction.steps] == ["elide", "drop_images", "snapshot", "summary"]
     summary = ModelRequest.objects.get(run=run, subagent="summary")
     # Its cost is recorded with the run, under the conversation's own model, from a bounded prompt.
-    assert summary.model == "claude-summary-test" and summary.prompt_tokens > 0 and summary.output_tokens > 0
+    assert summary.model == "claude-haiku-4-5" and summary.prompt_tokens > 0 and summary.output_tokens > 0
     assert summary.prompt_tokens < 60_000 // 3
     assert "summary of messages #" in json.dumps(compaction.view)
     # The turn's own request sent the summarized view, not the whole path.
