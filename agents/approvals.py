@@ -41,10 +41,14 @@ class GatedToolBox:
     def requires_approval(self, name: str) -> bool:
         if name in settings.CC_TOOL_AUTO_APPROVE:
             return False
-        # A catalog toolbox knows its own tools' flags; otherwise the built-in registry does.
-        inner = getattr(self.inner, "requires_approval", None)
-        if callable(inner):
-            return bool(inner(name))
+        # A catalog toolbox knows its own tools' flags (imported ones too), however deep in the
+        # stack (scratchpad, subagents) it sits; otherwise the built-in registry does.
+        layer = self.inner
+        while layer is not None:
+            decide = getattr(layer, "requires_approval", None)
+            if callable(decide):
+                return bool(decide(name))
+            layer = getattr(layer, "inner", None)
         tool = BUILTINS.get(name)
         return bool(tool is not None and tool.requires_approval)
 

@@ -26,13 +26,15 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents.chat import message_send
-from agents.models import Run, RunEvent
+from agents.models import Approval, Run, RunEvent
 from agents.services import run_execute
+from conversations.models import Conversation
 from conversations.services import conversation_create
 from engine.actions import tool_result
 from tests.mcp_servers import fixtures as live
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer, Tool
+from toolcatalog.services import catalog_load_builtins
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -330,3 +332,56 @@ def test_a_server_that_never_starts_is_a_clear_error_and_its_schema_is_not_loade
     failed = toolbox.execute("time__get_current_time", {"timezone": "UTC"})
     assert failed["ok"] is False and "MCP server 'time' could not be started" in failed["error"]
     assert "_loads_tools" not in failed and "time__get_current_time" not in toolbox.activated
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+@pytest.mark.req("MC-2")
+@pytest.mark.req("MC-3")
+@pytest.mark.req("LM-3")
+def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subagents(
+    celery_worker_process, alice, alice_api, tmp_path
+):
+    catalog_load_builtins()
+    call_log = tmp_path / "calls.jsonl"
+    probe_only = {"probe": _reference_servers(call_log)["probe"]}
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
+    Tool.objects.filter(server__name="probe", name="echo").update(requires_approval=True)
+    conversation = Conversation.objects.create(owner=alice, title="mcp e2e")
+    messages_url = f"/api/conversations/{conversation.pk}/messages/"
+
+    # The approval gate of a built-in holds an imported tool: nothing reaches the server before a person says yes.
+    sent = alice_api.post(messages_url, {"text": 'call `probe__echo {"text": "approved"}`'}, format="json")
+    run_id = sent.json()["run"]["id"]
+    _wait_for(lambda: Run.objects.get(pk=run_id).status == Run.Status.WAITING, 60, "the approval request")
+    assert _calls(call_log) == []
+    approval = Approval.objects.get(run_id=run_id)
+    assert alice_api.post(f"/api/approvals/{approval.pk}/approve/").status_code == 200
+    _wait_for(lambda: Run.objects.get(pk=run_id).is_finished, 60, "the approved run")
+    run = Run.objects.get(pk=run_id)
+    assert run.status == Run.Status.SUCCEEDED and run.worker.startswith("test-"), run.error
+    [result] = _tool_results(run)
+    assert result["output"]["text"] == "echo: approved"
+
+    # Subagents call imported tools too; the worker reuses its one server process across runs.
+    sent = alice_api.post(
+        messages_url, {"text": "in parallel: call `probe__whoami {}`; call `probe__whoami {}`"}, format="json"
+    )
+    run_id = sent.json()["run"]["id"]
+    _wait_for(lambda: Run.objects.get(pk=run_id).is_finished, 90, "the run with subagents")
+    assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
+    calls = _calls(call_log)
+    assert [call["tool"] for call in calls] == ["echo", "whoami", "whoami"]
+    assert len({call["pid"] for call in calls}) == 1
+
+    # The server's env secret reached the server (it reported its length) and nothing else.
+    stored = json.dumps(list(RunEvent.objects.filter(run__conversation=conversation).values_list("payload", flat=True)))
+    assert f'\\"secret_length\\": {len(CANARY_ENV)}' in stored
+    assert CANARY_ENV not in stored and CANARY_ENV not in celery_worker_process.log_path.read_text()
+    assert CANARY_ENV not in alice_api.get("/api/mcp-servers/").content.decode()
