@@ -385,3 +385,30 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
     assert f'\\"secret_length\\": {len(CANARY_ENV)}' in stored
     assert CANARY_ENV not in stored and CANARY_ENV not in celery_worker_process.log_path.read_text()
     assert CANARY_ENV not in alice_api.get("/api/mcp-servers/").content.decode()
+
+
+@pytest.mark.req("MC-1")
+@pytest.mark.req("MC-3")
+def test_the_admin_never_shows_env_values_and_keeps_them_when_saved_back(admin_client, tmp_path):
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    probe = McpServer.objects.get(name="probe")
+    page = admin_client.get(f"/admin/toolcatalog/mcpserver/{probe.pk}/change/").content.decode()
+    assert "PROBE_SECRET" in page and CANARY_ENV not in page
+    form = {
+        "name": "probe",
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": json.dumps([str(PROBE), "--without", "grow"]),
+        "env": json.dumps({"PROBE_SECRET": "***", "EXTRA": "${HOME}"}),
+        "cwd": "",
+        "url": "",
+        "headers": "{}",
+        "enabled": "on",
+    }
+    saved = admin_client.post(f"/admin/toolcatalog/mcpserver/{probe.pk}/change/", form, follow=True)
+    assert saved.status_code == 200
+    probe.refresh_from_db()
+    assert probe.env == {"PROBE_SECRET": CANARY_ENV, "EXTRA": "${HOME}"}
+    # Saving re-imported the tools: the one left out is reported removed.
+    assert "1 removed" in saved.content.decode() and "grow" in saved.content.decode()
+    assert CANARY_ENV not in saved.content.decode()
