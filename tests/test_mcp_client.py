@@ -63,13 +63,15 @@ def _servers_file(tmp_path: Path, servers: dict) -> Path:
     return path
 
 
-def _reference_servers(call_log: Path | None = None) -> dict:
+def _reference_servers(call_log: Path | None = None, only: tuple[str, ...] = ("time", "git", "probe")) -> dict:
     probe_env = {"PROBE_SECRET": CANARY_ENV, **({"PROBE_CALL_LOG": str(call_log)} if call_log else {})}
-    return {
+    servers = {
         "time": {"command": str(BIN / "mcp-server-time")},
         "git": {"command": str(BIN / "mcp-server-git")},
         "probe": {"command": sys.executable, "args": [str(PROBE)], "env": probe_env},
     }
+    # Each server started costs a Python start-up: a test imports only those it calls.
+    return {name: servers[name] for name in only}
 
 
 def _calls(call_log: Path) -> list[dict]:
@@ -126,7 +128,8 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
 @pytest.mark.req("MC-2")
 @pytest.mark.req("LM-3")
 def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_path, settings, workspaces):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    time_and_git = _reference_servers(only=("time", "git"))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_and_git)))
     conversation = conversation_create(owner=alice, title="mcp")
 
     _, run = message_send(conversation=conversation, text='call `time__get_current_time {"timezone": "UTC"}`')
@@ -158,7 +161,8 @@ def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_pa
 @pytest.mark.req("MC-2")
 @pytest.mark.req("MC-5")
 def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_path, server_url):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    time_and_git = _reference_servers(only=("time", "git"))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_and_git)))
     token = Token.objects.create(user=alice).key
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -173,7 +177,7 @@ def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_p
             return listed, now, status
 
     listed, now, status = anyio.run(steps)
-    assert {"time__get_current_time", "git__git_status", "probe__echo"} <= listed
+    assert {"time__get_current_time", "git__git_status"} <= listed
     assert now.is_error is False and "datetime" in now.structured_content["structured_content"]
     assert status.is_error is False and "plan.md" in status.structured_content["text"]
 
@@ -287,7 +291,8 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
 @pytest.mark.req("MC-4")
 def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_reach_the_catalog(tmp_path, settings):
     call_log = tmp_path / "calls.jsonl"
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers(call_log))))
+    probe_only = _reference_servers(call_log, only=("probe",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     Tool.objects.filter(server__name="probe", name="echo").update(max_calls_per_run=2)
     toolbox = run_toolbox(workspace=tmp_path, deferral=False)
 
@@ -325,7 +330,8 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
 
 @pytest.mark.req("MC-2")
 def test_a_server_that_never_starts_is_a_clear_error_and_its_schema_is_not_loaded(tmp_path):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    time_only = _reference_servers(only=("time",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_only)))
     McpServer.objects.filter(name="time").update(command="/nonexistent/mcp-server-time")
     toolbox = run_toolbox(workspace=tmp_path, deferral=True)
     assert "time__get_current_time" in toolbox.surface.deferred_names
@@ -350,7 +356,7 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
 ):
     catalog_load_builtins()
     call_log = tmp_path / "calls.jsonl"
-    probe_only = {"probe": _reference_servers(call_log)["probe"]}
+    probe_only = _reference_servers(call_log, only=("probe",))
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     Tool.objects.filter(server__name="probe", name="echo").update(requires_approval=True)
     conversation = Conversation.objects.create(owner=alice, title="mcp e2e")
@@ -390,7 +396,8 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
 @pytest.mark.req("MC-1")
 @pytest.mark.req("MC-3")
 def test_the_admin_never_shows_env_values_and_keeps_them_when_saved_back(admin_client, tmp_path):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    probe_only = _reference_servers(only=("probe",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     probe = McpServer.objects.get(name="probe")
     page = admin_client.get(f"/admin/toolcatalog/mcpserver/{probe.pk}/change/").content.decode()
     assert "PROBE_SECRET" in page and CANARY_ENV not in page
