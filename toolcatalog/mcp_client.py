@@ -368,7 +368,8 @@ class McpConnections:
                         f"{spec.name}{NAMESPACE_SEPARATOR}{tool} did not answer within {spec.timeout_seconds:g} s "
                         "(CC_MCP_CALL_TIMEOUT_SECONDS); the call was abandoned."
                     ) from None
-                if exc.code != types.CONNECTION_CLOSED and conn.alive:
+                forgotten = spec.transport == "http" and exc.message == "Session terminated"
+                if exc.code != types.CONNECTION_CLOSED and conn.alive and not forgotten:
                     # The server answered with a JSON-RPC error: it is up, the call was refused.
                     raise McpCallError(
                         f"MCP server {spec.name!r} refused the call of {tool!r}: {describe(exc, spec)}"
@@ -376,15 +377,16 @@ class McpConnections:
                 conn.broken = True
                 failure: BaseException = exc
             except Exception as exc:  # noqa: BLE001 - transport failures of every kind become tool errors
-                conn.broken = True
+                conn.broken, forgotten = True, False
                 failure = exc
             finally:
                 conn.in_flight -= 1
                 conn.last_used = time.monotonic()
-            # The connection is gone. An HTTP server that restarted forgot our session before it
-            # ran anything, so one retry on a new session is safe; a stdio server that died may
-            # have been in the middle of the call, so it is reported and restarted on the next call.
-            if spec.transport == "http" and attempt == 1:
+            # An HTTP server that restarted answers 404 for our old session before running
+            # anything, so that call is sent once more on a new session. Any other broken
+            # connection may have died in the middle of the call: reported, never re-sent;
+            # the next call starts (stdio) or opens (HTTP) a new one.
+            if forgotten and attempt == 1:
                 continue
             raise McpCallError(
                 f"MCP server {spec.name!r} stopped during the call of {tool!r}: {describe(failure, spec)}. "
@@ -395,7 +397,7 @@ class McpConnections:
     async def _reap_idle(self) -> None:
         while True:
             idle = settings.CC_MCP_IDLE_SECONDS
-            await asyncio.sleep(max(0.2, min(idle / 4, 30)))
+            await asyncio.sleep(max(0.2, min(idle / 4, 5)))
             cutoff = time.monotonic() - idle
             for name, conn in list(self._connections.items()):
                 if conn.in_flight == 0 and (conn.last_used < cutoff or not conn.alive):

@@ -37,6 +37,12 @@ _CALL_REQUEST = re.compile(r"\bcall\s+`([A-Za-z0-9_.:-]+)(?:\s+(\{.*?\}))?\s*`",
 
 
 def _choose_tool(prompt: str, offered: set[str]) -> tuple[str, dict[str, Any]] | None:
+    # A fan-out first: its tasks may themselves ask for calls, which the subagents make.
+    spawn = _SPAWN_REQUEST.search(prompt)
+    if spawn and "spawn_agents" in offered:
+        tasks = [task.strip() for task in spawn.group(1).split(";") if task.strip()]
+        if tasks:
+            return "spawn_agents", {"tasks": tasks}
     call = _CALL_REQUEST.search(prompt)
     if call:
         try:
@@ -45,11 +51,6 @@ def _choose_tool(prompt: str, offered: set[str]) -> tuple[str, dict[str, Any]] |
             arguments = None
         # Arguments that are not a JSON object are sent as they are, for the toolbox to refuse clearly.
         return call.group(1), arguments if isinstance(arguments, dict) else {"_unparsed": call.group(2)}
-    spawn = _SPAWN_REQUEST.search(prompt)
-    if spawn and "spawn_agents" in offered:
-        tasks = [task.strip() for task in spawn.group(1).split(";") if task.strip()]
-        if tasks:
-            return "spawn_agents", {"tasks": tasks}
     command = _SHELL_REQUEST.search(prompt)
     if command and "bash" in offered:
         return "bash", {"command": command.group(1)}

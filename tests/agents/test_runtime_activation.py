@@ -52,7 +52,8 @@ class Script:
         if done == 0:
             return [{"type": "tool_use", "name": "search_tools", "input": {"query": QUERY}}]
         if done == 1:
-            return [{"type": "tool_use", "name": "git_log", "input": {}}]
+            # A deferred tool this installation runs: one it could not run would not be loaded.
+            return [{"type": "tool_use", "name": "save_memory", "input": {"content": "the tickets are loaded"}}]
         return [{"type": "text", "text": "The ticket tools and the git log are loaded."}]
 
 
@@ -139,7 +140,7 @@ def test_on_anthropic_an_activation_keeps_the_whole_previous_prefix_in_the_cache
         "loads_tools"
     ]
     assert "assign_ticket" in loaded_by_search
-    assert called.tools_loaded == loaded_by_search and answered.tools_loaded == ["git_log"]
+    assert called.tools_loaded == loaded_by_search and answered.tools_loaded == ["save_memory"]
     # Each request reads everything the one before it sent: activations did not touch the prefix.
     assert called.cache_read_input_tokens == searched.prompt_tokens
     assert answered.cache_read_input_tokens == called.prompt_tokens
@@ -153,11 +154,11 @@ def test_on_anthropic_an_activation_keeps_the_whole_previous_prefix_in_the_cache
         assert json.dumps(kept, sort_keys=True) == json.dumps(resident, sort_keys=True)
         assert payload["system"] == payloads[0]["system"]
     deferred = [t["name"] for t in payloads[2]["tools"] if t.get("defer_loading")]
-    assert deferred == [*loaded_by_search, "git_log"]
+    assert deferred == [*loaded_by_search, "save_memory"]
     search_result = payloads[1]["messages"][-1]["content"][0]["content"]
     assert [b["tool_name"] for b in search_result[1:]] == loaded_by_search
     direct_result = payloads[2]["messages"][-1]["content"][0]["content"]
-    assert direct_result[1:] == [{"type": "tool_reference", "tool_name": "git_log"}]
+    assert direct_result[1:] == [{"type": "tool_reference", "tool_name": "save_memory"}]
     assert _same_without_markers(payloads[2]["messages"][: len(payloads[1]["messages"])], payloads[1]["messages"])
 
     # Measured against appending the schemas to the tool block: the activation requests lose the prefix.
@@ -185,7 +186,7 @@ def test_on_the_openai_route_the_activation_miss_is_recorded_and_shown(worker, m
     requests = list(ModelRequest.objects.filter(run=run).order_by("step"))
     assert [r.step for r in requests] == [1, 2, 3]
     searched, called, answered = requests
-    assert "assign_ticket" in called.tools_loaded and answered.tools_loaded == ["git_log"]
+    assert "assign_ticket" in called.tools_loaded and answered.tools_loaded == ["save_memory"]
     assert (searched.cache_miss, called.cache_miss, answered.cache_miss) == ("", "tool_activation", "tool_activation")
     # The miss is real: the loaded schemas went into `tools`, ahead of every message.
     assert called.cache_read_input_tokens < searched.prompt_tokens
@@ -193,7 +194,7 @@ def test_on_the_openai_route_the_activation_miss_is_recorded_and_shown(worker, m
     events = [e.payload for e in RunEvent.objects.filter(run=run, type="cache_miss").order_by("seq")]
     assert [(e["step"], e["cause"], e["tools"]) for e in events] == [
         (2, "tool_activation", called.tools_loaded),
-        (3, "tool_activation", ["git_log"]),
+        (3, "tool_activation", ["save_memory"]),
     ]
     metrics = alice_api.get(f"/api/metrics/cache/?group=run&run={run.pk}").json()
     assert [(m["key"], m["requests"], m["activation_misses"]) for m in metrics] == [(str(run.pk), 3, 2)]
@@ -201,5 +202,5 @@ def test_on_the_openai_route_the_activation_miss_is_recorded_and_shown(worker, m
     assert [r["cache_miss"] for r in detail["model_requests"]] == ["", "tool_activation", "tool_activation"]
     client.force_login(alice)
     page = client.get(f"/runs/{run.pk}/").content.decode()
-    assert 'data-cause="tool_activation"' in page and "git_log changed the prefix" in page
-    assert "step 3: tool_activation on openai: loading git_log" in page  # the timeline row
+    assert 'data-cause="tool_activation"' in page and "save_memory changed the prefix" in page
+    assert "step 3: tool_activation on openai: loading save_memory" in page  # the timeline row

@@ -26,13 +26,15 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents.chat import message_send
-from agents.models import Run, RunEvent
+from agents.models import Approval, Run, RunEvent
 from agents.services import run_execute
+from conversations.models import Conversation
 from conversations.services import conversation_create
 from engine.actions import tool_result
 from tests.support.mcp_servers import fixtures as live
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer, Tool
+from toolcatalog.services import catalog_load_builtins
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -61,13 +63,15 @@ def _servers_file(tmp_path: Path, servers: dict) -> Path:
     return path
 
 
-def _reference_servers(call_log: Path | None = None) -> dict:
+def _reference_servers(call_log: Path | None = None, only: tuple[str, ...] = ("time", "git", "probe")) -> dict:
     probe_env = {"PROBE_SECRET": CANARY_ENV, **({"PROBE_CALL_LOG": str(call_log)} if call_log else {})}
-    return {
+    servers = {
         "time": {"command": str(BIN / "mcp-server-time")},
         "git": {"command": str(BIN / "mcp-server-git")},
         "probe": {"command": sys.executable, "args": [str(PROBE)], "env": probe_env},
     }
+    # Each server started costs a Python start-up: a test imports only those it calls.
+    return {name: servers[name] for name in only}
 
 
 def _calls(call_log: Path) -> list[dict]:
@@ -124,7 +128,8 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
 @pytest.mark.req("MC-2")
 @pytest.mark.req("LM-3")
 def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_path, settings, workspaces):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    time_and_git = _reference_servers(only=("time", "git"))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_and_git)))
     conversation = conversation_create(owner=alice, title="mcp")
 
     _, run = message_send(conversation=conversation, text='call `time__get_current_time {"timezone": "UTC"}`')
@@ -156,7 +161,8 @@ def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_pa
 @pytest.mark.req("MC-2")
 @pytest.mark.req("MC-5")
 def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_path, server_url):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    time_and_git = _reference_servers(only=("time", "git"))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_and_git)))
     token = Token.objects.create(user=alice).key
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -171,7 +177,7 @@ def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_p
             return listed, now, status
 
     listed, now, status = anyio.run(steps)
-    assert {"time__get_current_time", "git__git_status", "probe__echo"} <= listed
+    assert {"time__get_current_time", "git__git_status"} <= listed
     assert now.is_error is False and "datetime" in now.structured_content["structured_content"]
     assert status.is_error is False and "plan.md" in status.structured_content["text"]
 
@@ -226,7 +232,7 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
         created = api.post("/api/mcp-servers/", config, format="json")
         assert created.status_code == 201, created.content
         assert "remote__picture" in created.json()["server"]["tools"]
-        assert "remote__echo" in created.json()["imported"]["added"]
+        assert "echo" in created.json()["imported"]["added"]
         server_id = created.json()["server"]["id"]
 
         settings.CC_MCP_CALL_TIMEOUT_SECONDS = 2
@@ -247,7 +253,7 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
         assert toolbox.execute("remote__echo", {"text": "still here"})["text"] == "echo: still here"
 
         crashed = toolbox.execute("remote__crash", {})
-        assert crashed["ok"] is False and "MCP server 'remote'" in crashed["error"]
+        assert crashed["ok"] is False and "MCP server 'remote' stopped during the call of 'crash'" in crashed["error"]
         probe.stop()
         probe.start()  # the server comes back and has forgotten our session
         assert toolbox.execute("remote__echo", {"text": "again"})["text"] == "echo: again"
@@ -270,7 +276,7 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
         refreshed = api.post(f"/api/mcp-servers/{server_id}/refresh/")
         assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 7
         listed = api.get("/api/mcp-servers/").content.decode()
-        assert CANARY_HEADER not in listed and "PROBE_TOKEN" in listed
+        assert CANARY_HEADER not in listed and '"headers":{"Authorization":"***"}' in listed
         assert APIClient().post("/api/mcp-servers/", {}, format="json").status_code in (401, 403)
 
         assert api.delete(f"/api/mcp-servers/{server_id}/").status_code == 204
@@ -285,7 +291,8 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
 @pytest.mark.req("MC-4")
 def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_reach_the_catalog(tmp_path, settings):
     call_log = tmp_path / "calls.jsonl"
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers(call_log))))
+    probe_only = _reference_servers(call_log, only=("probe",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     Tool.objects.filter(server__name="probe", name="echo").update(max_calls_per_run=2)
     toolbox = run_toolbox(workspace=tmp_path, deferral=False)
 
@@ -323,10 +330,92 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
 
 @pytest.mark.req("MC-2")
 def test_a_server_that_never_starts_is_a_clear_error_and_its_schema_is_not_loaded(tmp_path):
-    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers())))
+    time_only = _reference_servers(only=("time",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_only)))
     McpServer.objects.filter(name="time").update(command="/nonexistent/mcp-server-time")
     toolbox = run_toolbox(workspace=tmp_path, deferral=True)
     assert "time__get_current_time" in toolbox.surface.deferred_names
     failed = toolbox.execute("time__get_current_time", {"timezone": "UTC"})
     assert failed["ok"] is False and "MCP server 'time' could not be started" in failed["error"]
     assert "_loads_tools" not in failed and "time__get_current_time" not in toolbox.activated
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.integration
+@pytest.mark.req("MC-2")
+@pytest.mark.req("MC-3")
+@pytest.mark.req("LM-3")
+def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subagents(
+    celery_worker_process, alice, alice_api, tmp_path
+):
+    catalog_load_builtins()
+    call_log = tmp_path / "calls.jsonl"
+    probe_only = _reference_servers(call_log, only=("probe",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
+    Tool.objects.filter(server__name="probe", name="echo").update(requires_approval=True)
+    conversation = Conversation.objects.create(owner=alice, title="mcp e2e")
+    messages_url = f"/api/conversations/{conversation.pk}/messages/"
+
+    # The approval gate of a built-in holds an imported tool: nothing reaches the server before a person says yes.
+    sent = alice_api.post(messages_url, {"text": 'call `probe__echo {"text": "approved"}`'}, format="json")
+    run_id = sent.json()["run"]["id"]
+    _wait_for(lambda: Run.objects.get(pk=run_id).status == Run.Status.WAITING, 60, "the approval request")
+    assert _calls(call_log) == []
+    approval = Approval.objects.get(run_id=run_id)
+    assert alice_api.post(f"/api/approvals/{approval.pk}/approve/").status_code == 200
+    _wait_for(lambda: Run.objects.get(pk=run_id).is_finished, 60, "the approved run")
+    run = Run.objects.get(pk=run_id)
+    assert run.status == Run.Status.SUCCEEDED and run.worker.startswith("test-"), run.error
+    [result] = _tool_results(run)
+    assert result["output"]["text"] == "echo: approved"
+
+    # Subagents call imported tools too; the worker reuses its one server process across runs.
+    sent = alice_api.post(
+        messages_url, {"text": "in parallel: call `probe__whoami {}`; call `probe__whoami {}`"}, format="json"
+    )
+    run_id = sent.json()["run"]["id"]
+    _wait_for(lambda: Run.objects.get(pk=run_id).is_finished, 90, "the run with subagents")
+    assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
+    calls = _calls(call_log)
+    assert [call["tool"] for call in calls] == ["echo", "whoami", "whoami"]
+    assert len({call["pid"] for call in calls}) == 1
+
+    # The server's env secret reached the server (it reported its length) and nothing else.
+    stored = json.dumps(list(RunEvent.objects.filter(run__conversation=conversation).values_list("payload", flat=True)))
+    assert f'\\"secret_length\\": {len(CANARY_ENV)}' in stored
+    assert CANARY_ENV not in stored and CANARY_ENV not in celery_worker_process.log_path.read_text()
+    assert CANARY_ENV not in alice_api.get("/api/mcp-servers/").content.decode()
+
+
+@pytest.mark.req("MC-1")
+@pytest.mark.req("MC-3")
+def test_the_admin_never_shows_env_values_and_keeps_them_when_saved_back(admin_client, tmp_path):
+    probe_only = _reference_servers(only=("probe",))
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
+    probe = McpServer.objects.get(name="probe")
+    page = admin_client.get(f"/admin/toolcatalog/mcpserver/{probe.pk}/change/").content.decode()
+    assert "PROBE_SECRET" in page and CANARY_ENV not in page
+    form = {
+        "name": "probe",
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": json.dumps([str(PROBE), "--without", "grow"]),
+        "env": json.dumps({"PROBE_SECRET": "***", "EXTRA": "${HOME}"}),
+        "cwd": "",
+        "url": "",
+        "headers": "{}",
+        "enabled": "on",
+    }
+    saved = admin_client.post(f"/admin/toolcatalog/mcpserver/{probe.pk}/change/", form, follow=True)
+    assert saved.status_code == 200
+    probe.refresh_from_db()
+    assert probe.env == {"PROBE_SECRET": CANARY_ENV, "EXTRA": "${HOME}"}
+    # Saving re-imported the tools: the one left out is reported removed.
+    assert "1 removed" in saved.content.decode() and "grow" in saved.content.decode()
+    assert CANARY_ENV not in saved.content.decode()
