@@ -2,6 +2,10 @@ FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 CC_VAR_DIR=/var/lib/controlcenter
 WORKDIR /app
+# The tool sandbox (SB-1, docs/security.md): every program a tool runs goes through bubblewrap.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY controlcenter ./controlcenter
 COPY engine ./engine

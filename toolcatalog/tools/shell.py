@@ -23,6 +23,8 @@ _SIGNALS = {
     signal.SIGXCPU: "it used more than its CPU-time limit of {cpu} s (CC_SANDBOX_CPU_SECONDS)",
     signal.SIGXFSZ: "it wrote a file past the file-size limit ({fsize} bytes)",
 }
+# bash's own words for a limit it hit; a command that shrugged them off still failed at something.
+_BASH_LIMIT_WORDS = ("fork: retry", "fork: Resource temporarily unavailable", "File size limit exceeded")
 _STDERR_HINTS = {
     "fork: retry": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
     "Resource temporarily unavailable": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
@@ -97,7 +99,8 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         observation["error"] = "The command was cancelled and killed, with every process it started."
     elif result.stopped_by is not None:
         observation["error"] = f"The command went past the disk quota: {result.stopped_by}."
-    elif result.exit_code != 0:
+    elif result.exit_code != 0 or any(words in observation["stderr"] for words in _BASH_LIMIT_WORDS):
+        observation["ok"] = False
         observation["error"] = f"The command exited with code {result.exit_code}{_limit_hit(result, limits, fsize)}."
     return observation
 
