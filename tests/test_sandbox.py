@@ -171,7 +171,7 @@ def test_a_timeout_kills_the_whole_sandbox(box, tmp_path):
 def test_cancel_kills_the_running_sandbox_within_a_second(tmp_path):
     box = WorkspaceToolBox(tmp_path, approve=_approve_all, conversation_id=987654)
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(box.execute("bash", {"command": "sleep 60"})))
+    thread = threading.Thread(target=lambda: outcome.update(box.execute("bash", {"command": "sleep 6061"})))
     thread.start()
     deadline = time.monotonic() + 10
     while not sandbox.kill_running(987654):
@@ -181,7 +181,7 @@ def test_cancel_kills_the_running_sandbox_within_a_second(tmp_path):
     thread.join(timeout=5)
     assert time.monotonic() - cancelled < 1.0
     assert outcome["ok"] is False and "cancelled" in outcome["error"]
-    assert _alive("sleep 60") == ""
+    assert _alive("sleep 6061") == ""
 
 
 @pytest.mark.req("SB-3")
@@ -249,6 +249,11 @@ def test_the_disk_quota_covers_all_of_a_users_workspaces_and_a_refused_write_lea
     assert filler["ok"] is False and "quota" in filler["error"] and "CC_WORKSPACE_QUOTA_MB" in filler["error"], filler
     after = box.execute("write_file", {"path": "more.txt", "content": "z" * 500_000})
     assert after["ok"] is False and "quota" in after["error"]
+    # Over the quota a command still runs, to delete files, but cannot grow one.
+    grow = _bash(box, "echo more >> small.txt")
+    assert grow["ok"] is False and "reached your disk quota" in grow["error"], grow
+    assert _bash(box, "rm fill-*")["ok"] is True
+    assert box.execute("write_file", {"path": "more.txt", "content": "z" * 100_000})["ok"] is True
     # Bob is not affected by alice's use.
     bob_box = WorkspaceToolBox(workspace_root(bobs.pk), conversation_id=bobs.pk, approve=_approve_all)
     assert bob_box.execute("write_file", {"path": "b.txt", "content": "b" * 100_000})["ok"] is True

@@ -26,6 +26,7 @@ from controlcenter.stack import Stack
 from conversations.models import Conversation
 from engine.providers.emulator import Emulator, ScriptedPolicy
 from engine.providers.emulator_server import EmulatorServer
+from scratchpad.models import Entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -133,7 +134,7 @@ def test_alice_approving_her_own_malicious_shell_cannot_reach_secrets_data_netwo
                     _bash("toolu_forkbomb", ":(){ :|:& };:; sleep 2", timeout=10),
                     _bash("toolu_memory", "python3 -c 'x = bytearray(2 * 1024**3)' || head -c 2G /dev/zero | tail"),
                     _bash("toolu_disk", "for i in $(seq 1 80); do head -c 1M /dev/zero > fill-$i; done; echo filled"),
-                    _bash("toolu_alive", "echo still-alive; id -u"),
+                    _bash("toolu_alive", "rm fill-*; echo still-alive; id -u"),
                     "Done.",
                 ]
             )
@@ -172,9 +173,13 @@ def test_alice_approving_her_own_malicious_shell_cannot_reach_secrets_data_netwo
             leftover = subprocess.run(["pgrep", "-f", f"sleep {MARKER}"], capture_output=True, text=True)
             assert leftover.stdout == "", leftover.stdout
 
+            # The bomb's stderr is large, so the model gets it through the scratchpad (SP-1); the
+            # stored observation keeps the error.
             forkbomb = results["toolu_forkbomb"]
-            assert forkbomb["ok"] is False and "process limit of 64" in forkbomb.get("error", ""), forkbomb
-            assert "Resource temporarily unavailable" in forkbomb["stderr"]
+            assert forkbomb["ok"] is False, forkbomb
+            if "scratchpad_id" in forkbomb:
+                forkbomb = Entry.objects.get(pk=forkbomb["scratchpad_id"]).envelope
+            assert "process limit of 64" in forkbomb["error"], forkbomb
             memory = results["toolu_memory"]
             assert memory["ok"] is False and "memory limit of 256 MB" in memory["error"], memory
             disk = results["toolu_disk"]
@@ -197,7 +202,8 @@ def _redos_over_mcp_leaves_the_web_process_answering(base_url: str, token: str, 
         "jsonrpc": "2.0",
         "id": 7,
         "method": "tools/call",
-        "params": {"name": "search_files", "arguments": {"pattern": "(a+)+$"}},
+        # `regex` answers the issue's `(a+)+$` at once; `(a|aa)+$` is exponential for it too.
+        "params": {"name": "search_files", "arguments": {"pattern": "(a|aa)+$"}},
     }
     headers = {
         "Accept": "application/json, text/event-stream",
@@ -222,3 +228,7 @@ def _redos_over_mcp_leaves_the_web_process_answering(base_url: str, token: str, 
     assert time.monotonic() - started < 5
     text = answer["response"].text
     assert "CC_REGEX_TIMEOUT_SECONDS" in text and "backtracks catastrophically" in text, text
+    call["params"]["arguments"]["pattern"] = "(a+)+$"
+    began = time.monotonic()
+    quick = httpx.post(f"{base_url}/mcp", json=call, headers=headers, timeout=60).json()
+    assert time.monotonic() - began < 1.0 and quick["result"]["structuredContent"]["ok"] is True

@@ -225,7 +225,6 @@ def _limits_preexec(limits: Limits, file_size_bytes: int, uid: int | None) -> An
         for kind, value in (
             (resource.RLIMIT_AS, limits.memory_mb * mb),
             (resource.RLIMIT_NPROC, limits.processes),
-            (resource.RLIMIT_FSIZE, max(file_size_bytes, 0)),
             (resource.RLIMIT_CORE, 0),
         ):
             resource.setrlimit(kind, (value, value))
@@ -322,8 +321,10 @@ def start(
             options += ["--info-fd", str(fds["info"]), "--block-fd", str(fds["block"])]
         # The options go through a pipe so the sandbox's /proc/1/cmdline does not show host paths.
         fds["args"] = _pipe_of(b"".join(option.encode() + b"\0" for option in options))
+        # The file-size limit applies to the program, not to bwrap (which writes /etc/passwd & co.).
+        limited = ["prlimit", f"--fsize={max(fsize, 0)}", "--", *command]
         process = subprocess.Popen(  # noqa: S603 - running the caller's program in the sandbox is the point
-            [bwrap_path() or "bwrap", "--args", str(fds["args"]), "--", *command],
+            [bwrap_path() or "bwrap", "--args", str(fds["args"]), "--", *limited],
             env=environment(),
             stdin=stdin,
             stdout=stdout,

@@ -77,8 +77,8 @@ def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation
             except TimeoutError as exc:
                 raise ToolFailure(
                     f"The pattern took more than {budget} s (CC_REGEX_TIMEOUT_SECONDS) and was stopped at "
-                    f"{name}:{index + 1}; it probably backtracks catastrophically (nested quantifiers such as "
-                    "`(a+)+`). Simplify it or narrow path/include."
+                    f"{name}:{index + 1}; it probably backtracks catastrophically (alternatives that overlap under a "
+                    "repeat, such as `(a|aa)+`). Simplify it or narrow path/include."
                 ) from exc
             if not found:
                 continue

@@ -53,14 +53,15 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         )
     limits = sandbox.Limits.from_settings(wall_seconds=timeout)
     others = quota.others_bytes(context)
-    remaining = quota.quota_bytes() - others - quota.tree_bytes(context.root)
-    if remaining <= 0:
-        raise ToolFailure(f"{quota.describe(quota.quota_bytes() - remaining)}; the command did not run. Delete files.")
-    fsize = min(limits.file_size_mb * 1024 * 1024, remaining)
+    used_before = others + quota.tree_bytes(context.root)
+    # Past the quota a command still runs (to delete files) but cannot grow any file.
+    fsize = max(0, min(limits.file_size_mb * 1024 * 1024, quota.quota_bytes() - used_before))
 
     def over_quota() -> str | None:
         used = others + quota.tree_bytes(context.root)
-        return f"{quota.describe(used)} and it was killed" if used > quota.quota_bytes() else None
+        if used > quota.quota_bytes() and used > used_before:
+            return f"{quota.describe(used)} and it was killed"
+        return None
 
     cap = settings.CC_BASH_OUTPUT_CAP_BYTES
     result = sandbox.run(
@@ -93,7 +94,8 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
     if result.timed_out:
         observation["timed_out"] = True
         observation["error"] = (
-            f"The command did not finish within {timeout} s and was killed, with every process it started."
+            f"The command did not finish within {timeout} s and was killed, with every process it started"
+            f"{_limit_hit(result, limits, fsize)}."
         )
     elif result.killed:
         observation["error"] = "The command was cancelled and killed, with every process it started."
@@ -113,6 +115,9 @@ def _limit_hit(result: sandbox.Result, limits: sandbox.Limits, fsize: int) -> st
         "fsize": fsize,
         "tmp": limits.tmp_mb,
     }
+    quota_bound = fsize < limits.file_size_mb * 1024 * 1024
+    if result.signal == signal.SIGXFSZ and quota_bound:
+        return "; it reached your disk quota (CC_WORKSPACE_QUOTA_MB) and could not grow a file; delete files"
     if result.signal in _SIGNALS:
         return "; " + _SIGNALS[signal.Signals(result.signal)].format(**values)
     stderr = result.stderr.text()
