@@ -58,6 +58,11 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
                 "added_ms": round(boxed_ms - bare_ms, 2),
                 "ratio": round(boxed_ms / bare_ms, 2),
             }
+        # The floor on this machine: bwrap with the fewest namespaces and mounts that run `true`.
+        floor = [sandbox.bwrap_path() or "bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/usr", "/usr"]
+        floor += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
+        minimal = [_ms(lambda: subprocess.run([*floor, "true"], env=env, capture_output=True)) for _ in range(repeat)]  # noqa: S603
+        figures["bwrap_minimal_true_p50_ms"] = round(statistics.median(minimal), 2)
         tool = [_ms(lambda: box.execute("bash", {"command": "true"})) for _ in range(repeat)]
         figures["bash_tool_true_p50_ms"] = round(statistics.median(tool), 2)
     return figures
