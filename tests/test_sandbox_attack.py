@@ -131,7 +131,7 @@ def test_alice_approving_her_own_malicious_shell_cannot_reach_secrets_data_netwo
             emulator.policy = ScriptedPolicy(
                 [
                     [{"type": "text", "text": "Let me look around."}, *_bash("toolu_attack", attack)],
-                    _bash("toolu_forkbomb", ":(){ :|:& };:; sleep 2", timeout=10),
+                    _bash("toolu_forkbomb", ":(){ :|:& };:; sleep 2", timeout=4),
                     _bash("toolu_memory", "python3 -c 'x = bytearray(2 * 1024**3)' || head -c 2G /dev/zero | tail"),
                     _bash("toolu_disk", "for i in $(seq 1 80); do head -c 1M /dev/zero > fill-$i; done; echo filled"),
                     _bash("toolu_alive", "rm fill-*; echo still-alive; id -u"),
@@ -188,13 +188,14 @@ def test_alice_approving_her_own_malicious_shell_cannot_reach_secrets_data_netwo
             alive = results["toolu_alive"]
             assert alive["ok"] is True and alive["stdout"] == "still-alive\n1000\n", alive
             assert httpx.get(f"{web.base_url}/healthz", timeout=5).status_code == 200
-            _redos_over_mcp_leaves_the_web_process_answering(web.base_url, token, tmp_path / "workspaces", alice.pk)
+            _redos_over_mcp_leaves_the_web_process_answering(web, token, tmp_path / "workspaces", alice.pk)
         finally:
             stack.stop()
 
 
-def _redos_over_mcp_leaves_the_web_process_answering(base_url: str, token: str, workspaces, user_id: int) -> None:
+def _redos_over_mcp_leaves_the_web_process_answering(web, token: str, workspaces, user_id: int) -> None:
     """SB-4: a catastrophic regex through /mcp (no approval needed) while /healthz is polled."""
+    base_url = web.base_url
     mine = workspaces / f"mcp-user-{user_id}"
     mine.mkdir(parents=True, exist_ok=True)
     (mine / "evil.txt").write_text(("a" * 34 + "!\n") * 50)
@@ -211,6 +212,7 @@ def _redos_over_mcp_leaves_the_web_process_answering(base_url: str, token: str, 
         "Authorization": f"Bearer {token}",
     }
     answer: dict = {}
+    cpu_before = web.cpu_seconds()
     caller = threading.Thread(
         target=lambda: answer.update(response=httpx.post(f"{base_url}/mcp", json=call, headers=headers, timeout=60))
     )
@@ -225,7 +227,10 @@ def _redos_over_mcp_leaves_the_web_process_answering(base_url: str, token: str, 
         time.sleep(0.05)
     caller.join()
     assert max(latencies) < 1.0, latencies
-    assert time.monotonic() - started < 5
+    # The budget is wall-clock (1 s), so the call costs the web process at most about a second of
+    # CPU, plus the /healthz requests served meanwhile; on a loaded machine it takes longer in wall time.
+    assert web.cpu_seconds() - cpu_before < 2.0
+    assert time.monotonic() - started < 15
     text = answer["response"].text
     assert "CC_REGEX_TIMEOUT_SECONDS" in text and "backtracks catastrophically" in text, text
     call["params"]["arguments"]["pattern"] = "(a+)+$"
