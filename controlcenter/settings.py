@@ -199,8 +199,13 @@ TEMPLATES = [
     }
 ]
 
+# SB-5: Django's standard validators, so `password` and `12345678` are refused wherever a
+# password is set (admin forms, `changepassword`).
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversation-list"
