@@ -1,8 +1,8 @@
 """The OS sandbox every program a tool runs goes through (SB-1, SB-2, SB-3).
 
-A program runs under bubblewrap in fresh user, PID, IPC, UTS, cgroup and mount namespaces
-(and a fresh, empty network namespace unless `CC_SANDBOX_NETWORK=on`). It sees its workspace
-read-write at `/workspace`, the system directories read-only, a `/etc` of a few files, its own
+A program runs under bubblewrap in fresh user, PID, IPC, UTS, cgroup, mount and network
+namespaces (the network one empty by default; with `CC_SANDBOX_NETWORK=on`, slirp4netns NATs it
+out without the host's loopback). It sees its workspace read-write at `/workspace`, the system directories read-only, a `/etc` of a few files, its own
 `/proc`, `/dev` and a small `/tmp`; nothing else of the host. bwrap itself is started with the
 allow-listed environment, so the sandbox's PID 1 holds nothing of the worker's either.
 

@@ -26,6 +26,7 @@ _SIGNALS = {
 # bash's own words for a limit it hit; a command that shrugged them off still failed at something.
 _BASH_LIMIT_WORDS = ("fork: retry", "fork: Resource temporarily unavailable", "File size limit exceeded")
 _STDERR_HINTS = {
+    "bwrap: ": "the sandbox itself could not start on this host; an operator must see docs/security.md",
     "fork: retry": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
     "Resource temporarily unavailable": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
     "MemoryError": "it hit the memory limit of {memory} MB (CC_SANDBOX_MEMORY_MB)",
