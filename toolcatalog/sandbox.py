@@ -2,9 +2,10 @@
 
 A program runs under bubblewrap in fresh user, PID, IPC, UTS, cgroup, mount and network
 namespaces (the network one empty by default; with `CC_SANDBOX_NETWORK=on`, slirp4netns NATs it
-out without the host's loopback). It sees its workspace read-write at `/workspace`, the system directories read-only, a `/etc` of a few files, its own
-`/proc`, `/dev` and a small `/tmp`; nothing else of the host. bwrap itself is started with the
-allow-listed environment, so the sandbox's PID 1 holds nothing of the worker's either.
+out without the host's loopback). It sees its workspace read-write at `/workspace`, the system
+directories read-only, a `/etc` of a few files, its own `/proc`, `/dev` and a small `/tmp`;
+nothing else of the host. bwrap itself is started with the allow-listed environment, so the
+sandbox's PID 1 holds nothing of the worker's either.
 
 Lifetimes: the program is PID 2 of its own PID namespace under bwrap's init, which ends the
 namespace (every process in it, detached or not) when the program exits; `--die-with-parent`
