@@ -30,6 +30,10 @@ local-extra: install
 # Embedded mode unless DATABASE_URL and REDIS_URL are set; then a Celery worker starts too.
 # With CC_PROVIDER=local the server (or the worker) keeps the local model server running.
 run: install local-extra
+	@command -v bwrap >/dev/null || { \
+	  echo "WARNING: bubblewrap (bwrap) is not installed. The bash tool and every tool that runs a program"; \
+	  echo "         refuse to run without its sandbox. Install it: sudo apt-get install bubblewrap"; \
+	  echo "         (Debian/Ubuntu; see docs/security.md). Everything else works."; }
 	$(BIN)/controlcenter manage bootstrap
 	@if [ -n "$$DATABASE_URL" ] && [ -n "$$REDIS_URL" ]; then \
 	  $(BIN)/controlcenter worker & WORKER=$$!; trap "kill $$WORKER" EXIT; \

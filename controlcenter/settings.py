@@ -229,8 +229,13 @@ TEMPLATES = [
     }
 ]
 
+# SB-5: Django's standard validators, so `password` and `12345678` are refused wherever a
+# password is set (admin forms, `changepassword`).
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversation-list"
@@ -329,6 +334,8 @@ CC_SANDBOX_FILE_SIZE_MB = env_int("CC_SANDBOX_FILE_SIZE_MB", 512, minimum=1)
 CC_SANDBOX_TMP_MB = env_int("CC_SANDBOX_TMP_MB", 64, minimum=1)
 # The host uid a root worker drops to before starting bubblewrap (a non-root worker runs it as itself).
 CC_SANDBOX_UID = env_int("CC_SANDBOX_UID", 65534, minimum=1)
+# Time budget of one call's regular-expression matching (search_files; SB-4).
+CC_REGEX_TIMEOUT_SECONDS = env_int("CC_REGEX_TIMEOUT_SECONDS", 1, minimum=1)
 # Disk quota of one user over all their workspaces; a write past it fails and is undone.
 CC_WORKSPACE_QUOTA_MB = env_int("CC_WORKSPACE_QUOTA_MB", 1024, minimum=1)
 CC_FETCH_MAX_BYTES = env_int("CC_FETCH_MAX_BYTES", 2_000_000, minimum=1024)

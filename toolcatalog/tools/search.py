@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+import regex
+from django.conf import settings
 
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 from toolcatalog.tools.files import SKIPPED_DIRS, is_binary
@@ -38,10 +41,15 @@ def _included(context: ToolContext, path: Path, include: str | None) -> bool:
 
 
 def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation:
+    # The `regex` engine, like the scratchpad's grep: a time budget for the whole call and the GIL
+    # released while matching, so a catastrophic pattern such as `(a+)+$` cannot hold the process
+    # that runs it (the web process, for /mcp calls) (SB-4).
     try:
-        pattern = re.compile(arguments["pattern"])
-    except re.error as exc:
+        pattern = regex.compile(arguments["pattern"])
+    except (regex.error, ValueError) as exc:
         raise ToolFailure(f"pattern is not a valid regular expression: {exc}") from exc
+    budget = settings.CC_REGEX_TIMEOUT_SECONDS
+    deadline = time.monotonic() + budget
     relative = arguments.get("path", ".")
     start = context.path(relative)
     if not start.exists():
@@ -64,7 +72,15 @@ def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         name = context.relative(path)
         for index, line in enumerate(lines):
-            if not pattern.search(line):
+            try:
+                found = pattern.search(line, timeout=max(deadline - time.monotonic(), 0.001), concurrent=True)
+            except TimeoutError as exc:
+                raise ToolFailure(
+                    f"The pattern took more than {budget} s (CC_REGEX_TIMEOUT_SECONDS) and was stopped at "
+                    f"{name}:{index + 1}; it probably backtracks catastrophically (alternatives that overlap under a "
+                    "repeat, such as `(a|aa)+`). Simplify it or narrow path/include."
+                ) from exc
+            if not found:
                 continue
             total += 1
             counts[name] = counts.get(name, 0) + 1

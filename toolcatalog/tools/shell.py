@@ -23,7 +23,10 @@ _SIGNALS = {
     signal.SIGXCPU: "it used more than its CPU-time limit of {cpu} s (CC_SANDBOX_CPU_SECONDS)",
     signal.SIGXFSZ: "it wrote a file past the file-size limit ({fsize} bytes)",
 }
+# bash's own words for a limit it hit; a command that shrugged them off still failed at something.
+_BASH_LIMIT_WORDS = ("fork: retry", "fork: Resource temporarily unavailable", "File size limit exceeded")
 _STDERR_HINTS = {
+    "bwrap: ": "the sandbox itself could not start on this host; an operator must see docs/security.md",
     "fork: retry": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
     "Resource temporarily unavailable": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES)",
     "MemoryError": "it hit the memory limit of {memory} MB (CC_SANDBOX_MEMORY_MB)",
@@ -51,14 +54,15 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         )
     limits = sandbox.Limits.from_settings(wall_seconds=timeout)
     others = quota.others_bytes(context)
-    remaining = quota.quota_bytes() - others - quota.tree_bytes(context.root)
-    if remaining <= 0:
-        raise ToolFailure(f"{quota.describe(quota.quota_bytes() - remaining)}; the command did not run. Delete files.")
-    fsize = min(limits.file_size_mb * 1024 * 1024, remaining)
+    used_before = others + quota.tree_bytes(context.root)
+    # Past the quota a command still runs (to delete files) but cannot grow any file.
+    fsize = max(0, min(limits.file_size_mb * 1024 * 1024, quota.quota_bytes() - used_before))
 
     def over_quota() -> str | None:
         used = others + quota.tree_bytes(context.root)
-        return f"{quota.describe(used)} and it was killed" if used > quota.quota_bytes() else None
+        if used > quota.quota_bytes() and used > used_before:
+            return f"{quota.describe(used)} and it was killed"
+        return None
 
     cap = settings.CC_BASH_OUTPUT_CAP_BYTES
     result = sandbox.run(
@@ -91,13 +95,15 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
     if result.timed_out:
         observation["timed_out"] = True
         observation["error"] = (
-            f"The command did not finish within {timeout} s and was killed, with every process it started."
+            f"The command did not finish within {timeout} s and was killed, with every process it started"
+            f"{_limit_hit(result, limits, fsize)}."
         )
     elif result.killed:
         observation["error"] = "The command was cancelled and killed, with every process it started."
     elif result.stopped_by is not None:
         observation["error"] = f"The command went past the disk quota: {result.stopped_by}."
-    elif result.exit_code != 0:
+    elif result.exit_code != 0 or any(words in observation["stderr"] for words in _BASH_LIMIT_WORDS):
+        observation["ok"] = False
         observation["error"] = f"The command exited with code {result.exit_code}{_limit_hit(result, limits, fsize)}."
     return observation
 
@@ -110,6 +116,9 @@ def _limit_hit(result: sandbox.Result, limits: sandbox.Limits, fsize: int) -> st
         "fsize": fsize,
         "tmp": limits.tmp_mb,
     }
+    quota_bound = fsize < limits.file_size_mb * 1024 * 1024
+    if result.signal == signal.SIGXFSZ and quota_bound:
+        return "; it reached your disk quota (CC_WORKSPACE_QUOTA_MB) and could not grow a file; delete files"
     if result.signal in _SIGNALS:
         return "; " + _SIGNALS[signal.Signals(result.signal)].format(**values)
     stderr = result.stderr.text()
