@@ -36,6 +36,7 @@ from engine.tokens import estimate_json_tokens
 from scratchpad import services as scratchpad_services
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
+from toolcatalog.selectors import fit_surface_to_window
 from toolcatalog.services import activations_record
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
@@ -161,7 +162,8 @@ def run_execute(*, run_id: int, worker: str) -> None:
         scratchpad_services.gc()
         catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode)
         system = turn_system(catalog)
-        history = _turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
+        overhead = estimate_json_tokens([system, toolbox.schemas()])
+        history = _turn_history(run, overhead_tokens=overhead, emit=emit)
         outcome = run_turn(
             provider=get_provider(run.provider),
             model=run.model,
@@ -170,7 +172,8 @@ def run_execute(*, run_id: int, worker: str) -> None:
             toolbox=toolbox,
             emit=emit,
             is_cancelled=_cancel_checker(run.pk),
-            **_runtime_options(run, emit),
+            # Measured when the provider refuses: tools loaded during the turn count too.
+            **_runtime_options(run, emit, lambda: estimate_json_tokens([system, toolbox.schemas()])),
         )
     except ApprovalNeeded as pause:
         try:
@@ -281,7 +284,9 @@ def turn_toolboxes(
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = SpawningToolBox(catalog, run_id=run_id) if catalog.surface.mode.admits(SPAWN_AGENTS) else catalog
     scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
-    return catalog, approvals.GatedToolBox(scratchpad)
+    stack = approvals.GatedToolBox(scratchpad)
+    fit_surface_to_window(catalog, stack.schemas())  # LM-2: a small window gets a smaller resident set
+    return catalog, stack
 
 
 def _turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
@@ -306,14 +311,17 @@ def _compaction_event(compaction: Any) -> dict[str, Any]:
     }
 
 
-def _reactive_compaction(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> ReactiveCompaction:
+def _reactive_compaction(
+    run: Run, emit: Callable[[str, dict[str, Any]], None], overhead_tokens: Callable[[], int] = lambda: 0
+) -> ReactiveCompaction:
     """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2)."""
     from conversations.services import reactive_compaction
 
     def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
         maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
-        # Room for this turn's own messages, and a margin because the estimate was low once already.
-        limit = int(maximum * 0.9) - estimate_json_tokens(turn)
+        # Room for the system prompt and tools, this turn's own messages and the reply, and a
+        # margin because the estimate was low once already.
+        limit = int(maximum * 0.9) - estimate_json_tokens(turn) - overhead_tokens() - settings.CC_MAX_OUTPUT_TOKENS
         if limit <= 0:
             return None
         compacted = reactive_compaction(trigger=run.trigger, history=history, limit_tokens=limit, run=run)
@@ -326,13 +334,15 @@ def _reactive_compaction(run: Run, emit: Callable[[str, dict[str, Any]], None]) 
     return compact
 
 
-def _runtime_options(run: Run, emit: Callable[[str, dict[str, Any]], None]) -> dict[str, Any]:
+def _runtime_options(
+    run: Run, emit: Callable[[str, dict[str, Any]], None], overhead: Callable[[], int] = lambda: 0
+) -> dict[str, Any]:
     return {
         "limits": ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
         "max_parallel_tools": settings.CC_MAX_PARALLEL_TOOLS,
         "resume": approvals.paused_turn_of(run),
         "decisions": approvals.decisions_for(run),
-        "on_prompt_too_long": _reactive_compaction(run, emit),
+        "on_prompt_too_long": _reactive_compaction(run, emit, overhead),
         "max_tokens": settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
     }
 
