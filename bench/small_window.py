@@ -60,7 +60,7 @@ def say(text: str) -> dict[str, Any]:
 def turn_script(turn: int) -> list[list[dict[str, Any]]]:
     if turn == LOG_TURN:
         return [
-            [call("read_file", path="big.log")],
+            [call("read_file", path="big.log", limit=20_000)],
             [call("scratchpad_read", scratchpad_id=LAST_ENTRY, mode="tail", n=20)],
             [say("The log's tail shows nothing alarming.")],
         ]
@@ -171,7 +171,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
             compactions = list(Compaction.objects.filter(conversation=conversation).values_list("trigger", "rung"))
             reactive = RunEvent.objects.filter(run_id__in=runs, type="compaction", payload__trigger="reactive").count()
-            offloaded = Entry.objects.filter(conversation=conversation).values_list("size_bytes", flat=True)
+            offloaded = list(Entry.objects.filter(conversation=conversation).values_list("size_bytes", flat=True))
         finally:
             worker.stop()
             Entry.objects.filter(conversation__owner=user).delete()
