@@ -49,6 +49,7 @@ def get_provider(name: str) -> Provider:
             base_url=settings.CC_LOCAL_MODEL_URL,
             tool_results_as_text=True,
             prompted_tools=True,
+            context_window=settings.CC_LOCAL_MODEL_CONTEXT,
         )
         return RetryingProvider(local)
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")

@@ -65,6 +65,7 @@ class OpenAICompatProvider:
         timeout: float = 600.0,
         tool_results_as_text: bool = False,
         prompted_tools: bool = False,
+        context_window: int | None = None,
     ) -> None:
         # Local servers (Ollama, vLLM) need no key, but the SDK insists on one.
         self._client = openai.OpenAI(api_key=api_key or "unused", base_url=base_url, max_retries=0, timeout=timeout)
@@ -80,6 +81,9 @@ class OpenAICompatProvider:
         # within max_tokens, and "functions.NAME:" lines are read back as calls. A named
         # tool_choice still goes to the server, whose grammar constrains the arguments.
         self._prompted_tools = prompted_tools
+        # The server's window, when known (the local server's n_ctx): llama-cpp-python reports a
+        # prompt too long for a stream only in its log, after the first chunk, and ends the stream.
+        self._context_window = context_window
 
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
         payload = to_chat_payload(request, tool_results_as_text=self._tool_results_as_text)
@@ -145,8 +149,22 @@ class OpenAICompatProvider:
         if not finish_reason:
             if received == 0 and payload.get("tools") and payload.get("tool_choice") == "auto":
                 raise _EmptyStream()
+            if not text and not calls:
+                self._raise_if_too_long(payload)
             raise StreamInterrupted("the chat-completions stream ended before a finish_reason")
         yield from self._finish(text, calls, finish_reason, usage, payload)
+
+    def _raise_if_too_long(self, payload: dict[str, Any]) -> None:
+        if self._tokenizer is None or self._context_window is None:
+            return
+        tokens = self._tokenizer.count(_rendered_prompt(payload))
+        if tokens is not None and tokens >= self._context_window:
+            raise PromptTooLong(
+                f"This model's maximum context length is {self._context_window} tokens; the prompt has {tokens} "
+                "(counted with the server's tokenizer).",
+                tokens=tokens,
+                maximum=self._context_window,
+            )
 
     def _read_whole(self, response: Any, payload: dict[str, Any]) -> Iterator[ProviderEvent]:
         choice = response.choices[0]
@@ -429,7 +447,8 @@ def _chat_messages(message: dict[str, Any], *, tool_results_as_text: bool = Fals
             for block in content
             if block.get("type") == "tool_use"
         ]
-        out: dict[str, Any] = {"role": "assistant", "content": text or None}
+        # llama-cpp-python refuses a null content (and its template cannot do without the key).
+        out: dict[str, Any] = {"role": "assistant", "content": text or ("" if tool_results_as_text else None)}
         if calls:
             out["tool_calls"] = calls
         return [out]
