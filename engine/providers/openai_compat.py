@@ -246,14 +246,16 @@ def _prompted_calls(events: Iterator[ProviderEvent]) -> Iterator[ProviderEvent]:
                 continue
             held += event.text
             stripped = held.lstrip()
-            if decided == "" and len(stripped) >= len("functions."):
-                if stripped.startswith("functions."):
-                    decided = "calls"
-                else:
-                    decided = "message"
-                    text = stripped[len("message:") :].lstrip("\n") if stripped.startswith("message:") else held
-                    if text:
-                        yield TextDelta(text)
+            # Decided as soon as the text is, or can no longer become, one of the two openings.
+            if stripped.startswith("functions."):
+                decided = "calls"
+            elif stripped.startswith("message:") or not (
+                "functions.".startswith(stripped) or "message:".startswith(stripped)
+            ):
+                decided = "message"
+                text = stripped[len("message:") :].lstrip("\n") if stripped.startswith("message:") else held
+                if text:
+                    yield TextDelta(text)
             continue
         if isinstance(event, MessageDone):
             if decided != "calls":
