@@ -42,8 +42,14 @@ def get_provider(name: str) -> Provider:
     if name == "local":
         from engine.providers.openai_compat import OpenAICompatProvider
 
-        # LM-1: the llama.cpp server `serve`/`worker` supervise; its chat format drops `tool` messages.
-        return RetryingProvider(
-            OpenAICompatProvider(api_key=None, base_url=settings.CC_LOCAL_MODEL_URL, tool_results_as_text=True)
+        # LM-1: the llama.cpp server `serve`/`worker` supervise; its chat format drops `tool` messages
+        # and cannot stream (or cap) a call the model chose itself: the tools are prompted instead.
+        local = OpenAICompatProvider(
+            api_key=None,
+            base_url=settings.CC_LOCAL_MODEL_URL,
+            tool_results_as_text=True,
+            prompted_tools=True,
+            context_window=settings.CC_LOCAL_MODEL_CONTEXT,
         )
+        return RetryingProvider(local)
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")

@@ -33,7 +33,7 @@ from engine.tokens import estimate_text_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
-from toolcatalog.selectors import surface_context
+from toolcatalog.selectors import fit_surface_to_window, surface_context
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -76,7 +76,9 @@ def turn_toolboxes(
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = SpawningToolBox(catalog, run_id=run_id) if catalog.surface.mode.admits(SPAWN_AGENTS) else catalog
     scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
-    return catalog, approvals.GatedToolBox(scratchpad)
+    stack = approvals.GatedToolBox(scratchpad)
+    fit_surface_to_window(catalog, stack.schemas())  # LM-2: a small window gets a smaller resident set
+    return catalog, stack
 
 
 def conversation_owner(conversation_id: int) -> int | None:

@@ -171,8 +171,8 @@ SCRATCHPAD_THRESHOLD_BYTES = env_int(
 )
 SCRATCHPAD_SUMMARY_CHARS = env_int("SCRATCHPAD_SUMMARY_CHARS", CC_WINDOW_BUDGET.summary_chars, minimum=16)
 # CH-2: compact proactively when a request would pass AT percent of the window, down to TO percent.
-CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", 80, minimum=1)
-CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", 50, minimum=1)
+CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", CC_WINDOW_BUDGET.compact_at_percent, minimum=1)
+CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", CC_WINDOW_BUDGET.compact_to_percent, minimum=1)
 CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", CC_WINDOW_BUDGET.compact_tail_tokens, minimum=256)
 # The side of a snapshot page in pixels (CH-3): one page costs at most 5 % of the window.
 CC_SNAPSHOT_PAGE_PIXELS = env_int("CC_SNAPSHOT_PAGE_PIXELS", CC_WINDOW_BUDGET.page_pixels, minimum=256)

@@ -37,6 +37,9 @@ class WindowBudget:
     summary_chars: int
     # What a request asks the model to write at most.
     max_output_tokens: int
+    # Compact from this share of the window, down to that one (CH-2): below the room the reply needs.
+    compact_at_percent: int
+    compact_to_percent: int
     # The side of a square snapshot page, whose image costs at most PAGE_SHARE of the window (CH-3).
     page_pixels: int
 
@@ -50,11 +53,16 @@ def budget_for_window(
     summary_chars: int = 500,
     max_output_tokens: int = 4096,
     page_pixels: int = 1072,
+    compact_at_percent: int = 80,
+    compact_to_percent: int = 50,
 ) -> WindowBudget:
     """Each default, capped at its share of `window_tokens` (never below a floor that still works)."""
     window = max(1024, window_tokens)
     # An image costs about width * height / 750 tokens (the area rule).
     page_side = int((window * PAGE_SHARE * 750) ** 0.5)
+    output = min(max_output_tokens, max(256, int(window * OUTPUT_SHARE)))
+    # The prompt and the reply it asks room for share the window; 10 points for the estimate's error.
+    compact_at = min(compact_at_percent, 100 - (100 * output + window - 1) // window - 10)
     return WindowBudget(
         window_tokens=window,
         tool_tokens=int(window * TOOL_SHARE),
@@ -64,6 +72,8 @@ def budget_for_window(
             scratchpad_threshold_bytes, max(512, int(window * OBSERVATION_SHARE * CHARS_PER_TOKEN))
         ),
         summary_chars=min(summary_chars, max(80, int(window * SUMMARY_SHARE * CHARS_PER_TOKEN) // 2)),
-        max_output_tokens=min(max_output_tokens, max(256, int(window * OUTPUT_SHARE))),
+        max_output_tokens=output,
+        compact_at_percent=compact_at,
+        compact_to_percent=min(compact_to_percent, compact_at - 20),
         page_pixels=min(page_pixels, max(256, page_side)),
     )

@@ -95,9 +95,10 @@ def put(
     shape = shape_of(content)
     if summary is None:
         chars = settings.SCRATCHPAD_SUMMARY_CHARS  # scaled to the window (LM-2)
-        summary = (
-            binary_summary(content) if isinstance(content, bytes) else text_summary(content, head=chars, tail=chars)
-        )
+        if isinstance(content, bytes):
+            summary = binary_summary(content)
+        else:
+            summary = text_summary(content, head=chars, tail=chars)
     fields = {
         "turn_id": str(turn_id),
         "run_id": run_id,

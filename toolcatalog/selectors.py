@@ -7,8 +7,10 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
-from engine.catalog.fit import fit_to_window, resident_tokens
+from engine.catalog.fit import fit_to_window, tool_block_tokens
 from engine.catalog.surface import ModeSpec, Surface, ToolRecord, build_surface
+from engine.catalog.toolbox import CatalogToolBox
+from engine.scratchpad.read_tool import SCHEMA as READ_TOOL_SCHEMA
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 
@@ -67,12 +69,22 @@ def run_surface(*, mode: Mode | None = None, deferral: bool | None = None) -> tu
     """The surface a run gets: the one code path for runs, the Context view and benchmarks (TD-15)."""
     records = catalog_records()
     deferral = settings.CC_SERVER_TOOL_DEFERRAL if deferral is None else deferral
-    surface = build_surface(records, mode_spec(mode), deferral=deferral)
-    # LM-2: in a small window the resident block keeps to its share; the least used tools are deferred.
+    return build_surface(records, mode_spec(mode), deferral=deferral), records
+
+
+def fit_surface_to_window(catalog: CatalogToolBox, offered: list[dict[str, Any]]) -> None:
+    """LM-2: the tools every request carries keep to CC_TOOL_WINDOW_PERCENT of the window.
+
+    `offered` is what the whole toolbox stack offers: the runtime's own tools (spawn_agents,
+    scratchpad_read, which is reserved for even before it is offered, so the surface stays the
+    same all turn) come out of the same budget. The least used catalog tools are deferred.
+    """
     budget = settings.CC_CONTEXT_WINDOW_TOKENS * settings.CC_TOOL_WINDOW_PERCENT // 100
-    if surface.deferral and resident_tokens(surface.resident) > budget:
-        surface = fit_to_window(surface, budget_tokens=budget, uses=tool_use_counts())
-    return surface, records
+    surface = catalog.surface
+    runtime = {s["name"]: s for s in [*offered, READ_TOOL_SCHEMA] if s["name"] not in surface.admitted}
+    budget -= estimate_json_tokens(list(runtime.values())) if runtime else 0
+    if surface.deferral and tool_block_tokens(surface.resident, surface.deferred) > budget:
+        catalog.surface = fit_to_window(surface, budget_tokens=budget, uses=tool_use_counts())
 
 
 def tool_use_counts(recent_events: int = 50_000) -> dict[str, int]:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -62,6 +64,8 @@ class OpenAICompatProvider:
         base_url: str | None = None,
         timeout: float = 600.0,
         tool_results_as_text: bool = False,
+        prompted_tools: bool = False,
+        context_window: int | None = None,
     ) -> None:
         # Local servers (Ollama, vLLM) need no key, but the SDK insists on one.
         self._client = openai.OpenAI(api_key=api_key or "unused", base_url=base_url, max_retries=0, timeout=timeout)
@@ -71,10 +75,25 @@ class OpenAICompatProvider:
         # model would never see a result, so they are sent as user text instead.
         self._tool_results_as_text = tool_results_as_text
         self._tokenizer = ServerTokenizer(self._base_url, api_key) if base_url else None
+        # llama-cpp-python's chatml-function-calling cannot stream a call the model chooses itself
+        # (tool_choice "auto") and ignores max_tokens there: with `prompted_tools` the tools are
+        # written into the system prompt in that format's own words, the reply streams as text
+        # within max_tokens, and "functions.NAME:" lines are read back as calls. A named
+        # tool_choice still goes to the server, whose grammar constrains the arguments.
+        self._prompted_tools = prompted_tools
+        # The server's window, when known (the local server's n_ctx): llama-cpp-python reports a
+        # prompt too long for a stream only in its log, after the first chunk, and ends the stream.
+        self._context_window = context_window
 
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
         payload = to_chat_payload(request, tool_results_as_text=self._tool_results_as_text)
+        prompted = self._prompted_tools and payload.get("tool_choice") == "auto"
+        if prompted:
+            payload = with_prompted_tools(payload)
         try:
+            if prompted:
+                yield from _prompted_calls(self._read(self._create(payload), payload))
+                return
             try:
                 chunks = self._create(payload)
             except openai.BadRequestError as exc:
@@ -83,7 +102,19 @@ class OpenAICompatProvider:
                     raise
                 self._stream_options = False
                 chunks = self._create(payload)
-            yield from self._read(chunks, payload)
+            try:
+                yield from self._read(chunks, payload)
+            except _EmptyStream:
+                # llama-cpp-python cannot stream a call the model chose itself ("Automatic streaming
+                # tool choice is not supported"): its stream ends before the first chunk. Asked again
+                # whole, the answer comes back with its usage; the prompt is already in its cache.
+                # The broken stream's connection is not reused: the request is sent on a fresh client.
+                chunks.response.close()
+                with openai.OpenAI(
+                    api_key=self._client.api_key, base_url=self._base_url, max_retries=0, timeout=self._client.timeout
+                ) as fresh:
+                    whole = fresh.chat.completions.create(**payload, stream=False)
+                yield from self._read_whole(whole, payload)
         except openai.APIStatusError as exc:
             raise _map_error(exc) from exc
         except openai.APIConnectionError as exc:
@@ -102,7 +133,9 @@ class OpenAICompatProvider:
         calls: dict[int, dict[str, str]] = {}
         finish_reason = ""
         usage: Usage | None = None
+        received = 0
         for chunk in chunks:
+            received += 1
             if chunk.usage is not None:
                 usage = _usage(chunk.usage)
             for choice in chunk.choices:
@@ -115,7 +148,45 @@ class OpenAICompatProvider:
                 if choice.finish_reason:
                     finish_reason = choice.finish_reason
         if not finish_reason:
+            if received == 0 and payload.get("tools") and payload.get("tool_choice") == "auto":
+                raise _EmptyStream()
+            if not text and not calls:
+                self._raise_if_too_long(payload)
             raise StreamInterrupted("the chat-completions stream ended before a finish_reason")
+        yield from self._finish(text, calls, finish_reason, usage, payload)
+
+    def _raise_if_too_long(self, payload: dict[str, Any]) -> None:
+        if self._tokenizer is None or self._context_window is None:
+            return
+        tokens = self._tokenizer.count(_rendered_prompt(payload))
+        if tokens is not None and tokens >= self._context_window:
+            raise PromptTooLong(
+                f"This model's maximum context length is {self._context_window} tokens; the prompt has {tokens} "
+                "(counted with the server's tokenizer).",
+                tokens=tokens,
+                maximum=self._context_window,
+            )
+
+    def _read_whole(self, response: Any, payload: dict[str, Any]) -> Iterator[ProviderEvent]:
+        choice = response.choices[0]
+        text = choice.message.content or ""
+        if text:
+            yield TextDelta(text)
+        calls = {
+            index: {"id": call.id or "", "name": call.function.name, "arguments": call.function.arguments or ""}
+            for index, call in enumerate(choice.message.tool_calls or [])
+        }
+        usage = _usage(response.usage) if response.usage is not None else None
+        yield from self._finish(text, calls, choice.finish_reason or "stop", usage, payload)
+
+    def _finish(
+        self,
+        text: str,
+        calls: dict[int, dict[str, str]],
+        finish_reason: str,
+        usage: Usage | None,
+        payload: dict[str, Any],
+    ) -> Iterator[ProviderEvent]:
         content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
         for index in sorted(calls):
             slot = calls[index]
@@ -139,6 +210,99 @@ class OpenAICompatProvider:
         return Usage(
             input_tokens=estimate_text_tokens(prompt), output_tokens=estimate_text_tokens(output), source="estimate"
         )
+
+
+PROMPTED_TOOLS = (
+    "\n\nYou have access to the following functions:\n{functions}\n\n"
+    "You can respond to users messages with either a single message or one or more function calls."
+    "\n\nTo respond with a message begin the message with 'message:', use the following format:"
+    "\n\nmessage:\n<message>"
+    "\n\nTo respond with one or more function calls begin the message with 'functions.<function_name>:', "
+    "use the following format:\n\nfunctions.<function_name>:\n"
+    '{{ "arg1": "value1", "arg2": "value2" }}\nfunctions.<function_name>:\n{{ "arg1": "value1", "arg2": "value2" }}'
+)
+_PROMPTED_CALL = re.compile(r"functions\.([A-Za-z0-9_.:-]+?):\s*")
+
+
+def with_prompted_tools(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload with its tools written into the system message, in chatml-function-calling's words."""
+    functions = "".join(
+        f"\nfunctions.{tool['function']['name']}:\n{tool['function']['description']}\n"
+        f"{json.dumps(tool['function']['parameters'])}\n"
+        for tool in payload["tools"]
+    )
+    messages = [dict(message) for message in payload["messages"]]
+    block = PROMPTED_TOOLS.format(functions=functions)
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = f"{messages[0]['content']}{block}"
+    else:
+        messages.insert(0, {"role": "system", "content": block.lstrip()})
+    return {
+        key: value for key, value in {**payload, "messages": messages}.items() if key not in ("tools", "tool_choice")
+    }
+
+
+def _prompted_calls(events: Iterator[ProviderEvent]) -> Iterator[ProviderEvent]:
+    """Text until it is known to be a message (streamed, without "message:") or calls (read at the end)."""
+    held, decided = "", ""
+    for event in events:
+        if isinstance(event, TextDelta):
+            if decided == "message":
+                yield event
+                continue
+            held += event.text
+            stripped = held.lstrip()
+            # Decided as soon as the text is, or can no longer become, one of the two openings.
+            if stripped.startswith("functions."):
+                decided = "calls"
+            elif stripped.startswith("message:") or not (
+                "functions.".startswith(stripped) or "message:".startswith(stripped)
+            ):
+                decided = "message"
+                text = stripped[len("message:") :].lstrip("\n") if stripped.startswith("message:") else held
+                if text:
+                    yield TextDelta(text)
+            continue
+        if isinstance(event, MessageDone):
+            if decided != "calls":
+                stripped = held.lstrip()
+                if decided == "" and stripped:
+                    text = stripped[len("message:") :].lstrip("\n") if stripped.startswith("message:") else held
+                    if text:
+                        yield TextDelta(text)
+                text_blocks = [b for b in event.content if b.get("type") == "text"]
+                content = [{"type": "text", "text": _without_message_prefix(b["text"])} for b in text_blocks] + [
+                    b for b in event.content if b.get("type") != "text"
+                ]
+                yield replace(event, content=[b for b in content if b.get("type") != "text" or b["text"]])
+                return
+            calls = _read_prompted_calls(held)
+            yield from calls
+            content = [{"type": "tool_use", "id": b.id, "name": b.name, "input": b.input} for b in calls]
+            yield replace(event, content=content, stop_reason="tool_use" if calls else event.stop_reason)
+            return
+        yield event
+
+
+def _without_message_prefix(text: str) -> str:
+    stripped = text.lstrip()
+    return stripped[len("message:") :].lstrip("\n") if stripped.startswith("message:") else text
+
+
+def _read_prompted_calls(text: str) -> list[ToolUseBlock]:
+    found = list(_PROMPTED_CALL.finditer(text))
+    calls = []
+    for number, match in enumerate(found):
+        end = found[number + 1].start() if number + 1 < len(found) else len(text)
+        raw = text[match.end() : end].strip()
+        calls.append(
+            ToolUseBlock(id=f"call_{number}_{uuid.uuid4().hex[:12]}", name=match.group(1), input=_arguments(raw))
+        )
+    return calls
+
+
+class _EmptyStream(Exception):
+    """A 200 stream that ended before its first chunk."""
 
 
 class ServerTokenizer:
@@ -291,7 +455,8 @@ def _chat_messages(message: dict[str, Any], *, tool_results_as_text: bool = Fals
             for block in content
             if block.get("type") == "tool_use"
         ]
-        out: dict[str, Any] = {"role": "assistant", "content": text or None}
+        # llama-cpp-python refuses a null content (and its template cannot do without the key).
+        out: dict[str, Any] = {"role": "assistant", "content": text or ("" if tool_results_as_text else None)}
         if calls:
             out["tool_calls"] = calls
         return [out]

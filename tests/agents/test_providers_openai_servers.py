@@ -25,6 +25,7 @@ from engine.providers.protocol import (
     MessageDone,
     PromptTooLong,
     StreamInterrupted,
+    TextDelta,
     ToolUseBlock,
 )
 from engine.request import ModelRequestSpec
@@ -298,3 +299,32 @@ def catalog_toolbox(executor: Any) -> CatalogToolBox:
     return CatalogToolBox(
         surface=build_surface(records, ModeSpec(), deferral=True), index=lambda: None, executor=executor
     )
+
+
+@pytest.mark.req("LM-1")
+def test_prompted_tools_stream_a_message_and_read_back_calls(replay):
+    message = [
+        chunk({"content": "mess"}),
+        chunk({"content": "age:\nHel"}),
+        chunk({"content": "lo."}),
+        chunk(finish="stop"),
+    ]
+    calls = [
+        chunk({"content": "functions.list_dir:\n"}),
+        chunk({"content": '{"path": "src"}\nfunctions.list_dir:\n{"path": "docs"}'}),
+        chunk(finish="stop"),
+    ]
+    replay([message, calls])
+    provider = OpenAICompatProvider(api_key=None, base_url=replay.servers[0].url, timeout=10, prompted_tools=True)
+    received = list(provider.stream(request("say hello")))
+    assert "".join(e.text for e in received if isinstance(e, TextDelta)) == "Hello."
+    assert received[-1].content == [{"type": "text", "text": "Hello."}]
+    sent = replay.servers[0].requests[0]
+    # The tools are in the system prompt, in chatml-function-calling's words; none go to the server.
+    assert "tools" not in sent and "functions.list_dir:" in sent["messages"][0]["content"]
+    (first, second), done = events(provider, request("list src and docs"))
+    assert [(first.name, first.input), (second.name, second.input)] == [
+        ("list_dir", {"path": "src"}),
+        ("list_dir", {"path": "docs"}),
+    ]
+    assert done.stop_reason == "tool_use" and [b["type"] for b in done.content] == ["tool_use", "tool_use"]

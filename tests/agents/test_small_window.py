@@ -6,10 +6,12 @@ import pytest
 
 from agents.chat import message_send
 from agents.models import Run, RunEvent
+from agents.turns import turn_toolboxes
 from conversations.services import conversation_create
-from engine.catalog.fit import KEEP_RESIDENT, fit_to_window, resident_tokens
+from engine.catalog.fit import KEEP_RESIDENT, fit_to_window, resident_tokens, tool_block_tokens
 from engine.catalog.surface import ModeSpec, build_surface
 from engine.context.snapshots import page_for_window
+from engine.tokens import estimate_json_tokens
 from engine.window import budget_for_window
 from tests.support.catalog import CATALOG_PATH, reference_records
 from toolcatalog.selectors import run_surface
@@ -60,9 +62,14 @@ def test_a_run_surface_and_the_context_view_follow_the_window(settings, alice, a
     RunEvent.objects.bulk_create(
         RunEvent(run=run, seq=100 + i, type="tool_call", payload={"name": "glob"}) for i in range(5)
     )
-    surface, _ = run_surface()
-    assert resident_tokens(surface.resident) <= 8192 // 4
+    catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=conversation.pk)
+    surface = catalog.surface
+    runtime = [schema for schema in toolbox.schemas() if schema["name"] not in surface.admitted]
+    # Everything every request carries: resident schemas, the name index, the runtime's own tools.
+    carried = tool_block_tokens(surface.resident, surface.deferred) + estimate_json_tokens(runtime)
+    assert carried <= 8192 // 4
     assert "glob" in {tool.name for tool in surface.resident}
+    assert "glob" not in {tool.name for tool in run_surface()[0].deferred}  # resident by the catalog, too
     Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED)
     view = alice_api.get(f"/api/conversations/{conversation.pk}/context/").json()
     assert view["window_tokens"] == 8192
