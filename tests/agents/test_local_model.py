@@ -16,12 +16,12 @@ import time
 
 import pytest
 
+from agents.chat import message_send
 from agents.models import ModelRequest, Run
 from agents.providers import get_provider
 from agents.services import run_execute, turn_system, turn_toolboxes
 from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
 from controlcenter.stack import free_port
-from agents.chat import message_send
 from conversations.services import conversation_create
 from engine.loop import run_turn
 from engine.providers.openai_compat import OpenAICompatProvider
