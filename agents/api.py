@@ -129,7 +129,26 @@ class MessageCreateApi(APIView):
 
     @extend_schema(
         operation_id="conversations_message_tree",
-        responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}),
+        responses=inline_serializer(
+            "MessageTree",
+            {
+                "conversation": serializers.IntegerField(),
+                "tip": serializers.IntegerField(allow_null=True, help_text="null: no messages yet"),
+                "roots": serializers.ListField(child=serializers.IntegerField()),
+                "messages": inline_serializer(
+                    "MessageTreeNode",
+                    {
+                        "id": serializers.IntegerField(),
+                        "parent": serializers.IntegerField(allow_null=True),
+                        "role": serializers.CharField(),
+                        "preview": serializers.CharField(),
+                        "children": serializers.ListField(child=serializers.IntegerField()),
+                        "on_path": serializers.BooleanField(),
+                    },
+                    many=True,
+                ),
+            },
+        ),
     )
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlcenter.api import StrictCharField
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 
@@ -29,10 +30,11 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 class ConversationUpdateSerializer(serializers.Serializer):
-    """The pickers: what the next run uses. Checked against CC_MODELS and the catalog by the service."""
+    """The pickers (what the next run uses, checked against CC_MODELS and the catalog) and the title."""
 
     model = serializers.CharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
     mode = serializers.IntegerField(required=False, allow_null=True, min_value=1, help_text="null: the default mode")
+    title = StrictCharField(required=False, max_length=200, help_text="a rename")
 
 
 class ModelChoiceSerializer(serializers.Serializer):
@@ -50,15 +52,15 @@ class ConversationListQuerySerializer(serializers.Serializer):
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
 
 
 class MessageCreateSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    text = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
 class MessageEditSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    text = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
 class BranchSerializer(serializers.Serializer):
@@ -66,7 +68,7 @@ class BranchSerializer(serializers.Serializer):
 
 
 class ForkSerializer(serializers.Serializer):
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
 
 
 class CheckpointCreateSerializer(serializers.Serializer):

@@ -573,6 +573,34 @@
     else showError(errorText(body, response), "The run may have ended already; the page shows its outcome.");
   });
 
+  // --- rename, delete (with confirmation), export: the conversation's own actions (UX-2) ---
+  const renameForm = document.getElementById("rename-form");
+  const renameInput = document.getElementById("rename-input");
+  const title = document.getElementById("conversation-title");
+  document.getElementById("rename").addEventListener("click", () => {
+    renameForm.hidden = false;
+    renameInput.value = title.textContent;
+    renameInput.select();
+  });
+  document.getElementById("rename-cancel").addEventListener("click", () => { renameForm.hidden = true; });
+  renameForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const { response, body } = await api(`/api/conversations/${conversationId}/`, { method: "PATCH", body: JSON.stringify({ title: renameInput.value }) });
+    if (!response.ok) { showError(errorText(body, response), "Write a title of at most 200 characters."); return; }
+    title.textContent = body.title;
+    document.title = `${body.title} · Control Center`;
+    renameForm.hidden = true;
+    statusLine.textContent = "Renamed.";
+  });
+  const deleteDialog = document.getElementById("delete-dialog");
+  document.getElementById("delete").addEventListener("click", () => deleteDialog.showModal());
+  deleteDialog.addEventListener("close", async () => {
+    if (deleteDialog.returnValue !== "delete") return;
+    const { response, body } = await api(`/api/conversations/${conversationId}/`, { method: "DELETE" });
+    if (response.ok) { window.location = "/"; return; }
+    showError(errorText(body, response), response.status === 409 ? "Cancel the run first, then delete." : "");
+  });
+
   bindFragment(messagesBox());
   lastFragment = "";
   if (!location.hash) scrollToLatest();
