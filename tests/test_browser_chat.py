@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -86,7 +87,12 @@ def _texts(page) -> list[str]:
 
 
 def _settled(page) -> None:
-    expect(page.locator("#messages article.live")).to_have_count(0, timeout=20_000)
+    """Nothing in flight: no request of the page pending, no run drawn live, no refresh running."""
+    page.wait_for_function(
+        "() => { const root = document.getElementById('conversation');"
+        " return !root.dataset.busy && !document.querySelector('#messages article.live'); }",
+        timeout=20_000,
+    )
     expect(page.locator("#cancel")).to_be_hidden()
 
 
@@ -297,11 +303,13 @@ def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_mo
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
     page.keyboard.press("Enter")
+    expect(page.locator("h1")).to_have_text("Conversations")
     conversation = _new(context, base, "expiring")
     page.goto(f"{base}/conversations/{conversation}/")
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
     context.clear_cookies()  # the session ends while the page is open
     _send(page, "are you there?")
-    expect(page).to_have_url(re.compile(rf"/login/\?next=/conversations/{conversation}/"))
+    expect(page).to_have_url(re.compile(r"/login/\?next="))
+    assert parse_qs(urlsplit(page.url).query)["next"] == [f"/conversations/{conversation}/"]
     expect(page.locator("body")).not_to_contain_text("Authentication credentials")
     context.close()

@@ -26,6 +26,13 @@
   let following = true; // the view sticks to the newest message unless the person scrolled up
 
   const messagesBox = () => document.getElementById("messages");
+  // data-busy while the page's own request or refresh is in flight: "settled" is observable.
+  let busy = 0;
+  async function busyWhile(promise) {
+    busy += 1;
+    root.dataset.busy = "1";
+    try { return await promise; } finally { busy -= 1; if (!busy) delete root.dataset.busy; }
+  }
   function el(tag, cls, text) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
@@ -40,7 +47,8 @@
   function signIn() {
     window.location = `/login/?next=${encodeURIComponent(location.pathname + location.search)}`;
   }
-  async function api(url, options = {}) {
+  const api = (url, options = {}) => busyWhile(request(url, options));
+  async function request(url, options) {
     const response = await fetch(url, {
       credentials: "same-origin",
       ...options,
@@ -101,7 +109,7 @@
   let lastFragment = "";
   function refresh() {
     if (refreshing) { refreshAgain = true; return refreshing; }
-    refreshing = (async () => {
+    refreshing = busyWhile((async () => {
       try {
         do {
           refreshAgain = false;
@@ -113,7 +121,7 @@
           install(await response.text());
         } while (refreshAgain);
       } finally { refreshing = null; }
-    })();
+    })());
     return refreshing;
   }
   let deferred = false;
