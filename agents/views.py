@@ -70,14 +70,14 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
 SLASH_COMMANDS = [
-    ("/compact", "Run the context recovery ladder now"),
-    ("/shake", "Free rungs only: elide old tool output, drop old images"),
-    ("/context", "What fills the context window, by category"),
-    ("/tree", "Open the tree navigator"),
-    ("/branch", "Move the branch tip to another message"),
-    ("/fork", "Copy this path into a new conversation"),
-    ("/checkpoint", "Mark this turn boundary with a label"),
-    ("/rewind", "Return to a checkpoint, keeping a digest"),
+    ("/compact", "", "Run the context recovery ladder now"),
+    ("/shake", "", "Free rungs only: elide old tool output, drop old images"),
+    ("/context", "", "What fills the context window, by category"),
+    ("/tree", "", "Open the tree navigator"),
+    ("/branch", "<message id>", "Move the branch tip to another message (or a message's Branch here)"),
+    ("/fork", "", "Copy this path into a new conversation"),
+    ("/checkpoint", "<label>", "Mark this turn boundary with a label"),
+    ("/rewind", "<label>", "Return to a checkpoint, keeping a digest"),
 ]
 # The page renders the latest messages of a long path; "show all" renders every one. The
 # template is most of a page's server time (a 1,000-message path costs ~130 ms and 600 KB
@@ -98,7 +98,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
             error = exc.message
         else:
             return redirect("conversation-detail", conversation_id=conversation.pk)
-    search = request.GET.get("q", "").strip()
+    search = request.GET.get("q", "").replace("\x00", "").strip()  # PostgreSQL refuses a NUL in a query
     conversations = chat.conversations_with_activity(user=request.user, search=search)[:100]
     return render(
         request,

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from controlcenter.api import StrictCharField
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
@@ -43,10 +46,20 @@ class ModelChoiceSerializer(serializers.Serializer):
     default = serializers.BooleanField()
 
 
+class SearchTextField(serializers.CharField):
+    """Search text: a NUL character (which no stored text holds, and PostgreSQL refuses in a
+    query) is dropped rather than refused, so any string the schema allows is answered (UX-8)."""
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if isinstance(data, str):
+            data = data.replace("\x00", "")
+        return super().run_validation(data)
+
+
 class ConversationListQuerySerializer(serializers.Serializer):
     """One page of the conversation list, newest first: a page of 50 costs a quarter of the old 200 rows."""
 
-    q = serializers.CharField(required=False, allow_blank=True, default="")
+    q = SearchTextField(required=False, allow_blank=True, default="")
     limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
     offset = serializers.IntegerField(required=False, default=0, min_value=0)
 

@@ -270,6 +270,11 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
             widths = page.evaluate(WIDEST)
             assert widths[0] <= widths[1], f"{name} at {width} px is {widths[0]} px wide: {widths[2]}"
             _screenshot(page, f"page-{name}-{width}")
+            if width == DESKTOP:  # and each page in dark mode, for docs/ui.md
+                page.emulate_media(color_scheme="dark")
+                page.reload()
+                _screenshot(page, f"page-{name}-dark")
+                page.emulate_media(color_scheme="light")
         page.goto(base + pages["tree"])
         assert page.locator("#checkpoint-label").bounding_box()["width"] >= 120  # usable, not squeezed
 
@@ -292,6 +297,21 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     assert not page.evaluate(at_bottom)
     page.locator("#jump-latest").click()
     assert page.evaluate(at_bottom)
+
+    # Slash commands (UX-5): the menu opens in view with each command's arguments, and a whole
+    # command typed out runs on Enter.
+    page.locator("#composer-input").focus()
+    page.keyboard.type("/")
+    menu = page.locator("#slash-menu")
+    expect(menu).to_be_visible()
+    box = menu.bounding_box()
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 800
+    expect(menu.locator("#slash-branch")).to_contain_text("/branch <message id>")
+    expect(menu.locator("#slash-checkpoint")).to_contain_text("/checkpoint <label>")
+    page.keyboard.type("shake")
+    page.keyboard.press("Enter")
+    expect(page.locator("#notes article.command-result[data-command=shake]")).to_contain_text("/shake:")
+    expect(page.locator("#composer-input")).to_have_value("")
 
 
 @pytest.mark.req("UX-5")

@@ -478,7 +478,10 @@
       if (event.key === "ArrowUp") { event.preventDefault(); setActive(activeOption - 1); return; }
       if ((event.key === "Enter" && !event.shiftKey) || event.key === "Tab") {
         const option = visibleOptions()[activeOption];
-        if (option) { event.preventDefault(); pick(option); return; }
+        // A whole command that takes no argument, then Enter: run it, as typed.
+        const whole = option && event.key === "Enter" && !option.dataset.args && input.value.trim() === option.dataset.command;
+        if (option && !whole) { event.preventDefault(); pick(option); return; }
+        if (whole) closeMenu();
       }
       if (event.key === "Escape") { event.preventDefault(); closeMenu(); return; }
     }
