@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from agents import approvals, chat, selectors, services, turns
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
-from controlcenter.api import query_int
+from controlcenter.api import MAX_QUERY_INT, query_int
 from conversations import selectors as conversation_selectors
 from conversations.selectors import conversation_for_user
 from conversations.serializers import MessageCreateSerializer, MessageEditSerializer, MessageSerializer
@@ -50,7 +50,7 @@ class RunEventsApi(APIView):
         parameters=[
             OpenApiParameter(
                 "after",
-                {"type": "integer", "minimum": 0},
+                {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
                 description="Return events with a sequence number above this.",
             )
         ],
@@ -108,7 +108,11 @@ class CacheMetricsApi(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("group", str, enum=list(selectors.CACHE_GROUPS), description="Default: day."),
-            OpenApiParameter("run", {"type": "integer", "minimum": 0}, description="Only this run's requests."),
+            OpenApiParameter(
+                "run",
+                {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
+                description="Only this run's requests.",
+            ),
         ],
         responses=CacheMetricSerializer(many=True),
     )

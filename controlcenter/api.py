@@ -35,6 +35,8 @@ class StrictCharField(serializers.CharField):
 
 # ASCII digits only: str.isdigit() takes '²', which int() refuses; 18 digits always fit a bigint.
 _ID_PATTERN = re.compile(r"[0-9]{1,18}")
+# The largest value `query_int` takes, for the schema's `maximum` (UX-8).
+MAX_QUERY_INT = 10**18 - 1
 
 
 def query_int(params: Any, name: str, default: int | None = None) -> int | None:

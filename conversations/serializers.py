@@ -61,7 +61,8 @@ class ConversationListQuerySerializer(serializers.Serializer):
 
     q = SearchTextField(required=False, allow_blank=True, default="")
     limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
-    offset = serializers.IntegerField(required=False, default=0, min_value=0)
+    # Bounded so the database's OFFSET (a bigint) never overflows (UX-8).
+    offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=10**18 - 1)
 
 
 class ConversationCreateSerializer(serializers.Serializer):
