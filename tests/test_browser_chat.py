@@ -16,7 +16,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import EMBEDDED_ADMIN_PASSWORD
 from tests.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
-from tests.test_browser_ui import _screenshot, _seed
+from tests.test_browser_ui import ARTIFACTS, _screenshot, _seed
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -84,6 +84,12 @@ def _send(page, text: str) -> None:
 def _texts(page) -> list[str]:
     """Each card's rendered text, in order: what a person reads."""
     return page.locator("#messages > article").evaluate_all("cards => cards.map(card => card.innerText.trim())")
+
+
+def _shot(page, name: str) -> None:
+    """The visible part of a page as a small JPEG (docs/screenshots/ holds copies for docs/ui.md)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"page-{name}.jpg"), type="jpeg", quality=70)
 
 
 def _settled(page) -> None:
@@ -269,11 +275,11 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
             page.goto(base + url)
             widths = page.evaluate(WIDEST)
             assert widths[0] <= widths[1], f"{name} at {width} px is {widths[0]} px wide: {widths[2]}"
-            _screenshot(page, f"page-{name}-{width}")
+            _shot(page, f"{name}-{width}")
             if width == DESKTOP:  # and each page in dark mode, for docs/ui.md
                 page.emulate_media(color_scheme="dark")
                 page.reload()
-                _screenshot(page, f"page-{name}-dark")
+                _shot(page, f"{name}-dark")
                 page.emulate_media(color_scheme="light")
         page.goto(base + pages["tree"])
         assert page.locator("#checkpoint-label").bounding_box()["width"] >= 120  # usable, not squeezed
