@@ -120,6 +120,9 @@
           if (!response.ok) return;
           install(await response.text());
         } while (refreshAgain);
+        // Drawn by a fragment fetched after their events came, or not drawn at all: off the path.
+        for (const runId of unknownRuns) if (!runs.has(runId)) offPathRuns.add(runId);
+        unknownRuns.clear();
       } finally { refreshing = null; }
     })());
     return refreshing;
@@ -318,11 +321,19 @@
     }
   }
 
+  // Runs whose events came before the fragment drew them, and runs the fragment does not draw
+  // (their prompt is off the current path): the latter refresh once more, when they end.
+  const unknownRuns = new Set();
+  const offPathRuns = new Set();
   function onEvent(event) {
     if (event.type === "conversation_changed") { refresh(); return; }
     const state = runs.get(event.run_id);
+    if (!state && offPathRuns.has(event.run_id)) {
+      if (event.type === "run_finished") { offPathRuns.delete(event.run_id); refresh(); }
+      return;
+    }
     // A run the page has not drawn yet: the fragment places it after its prompt, then its log replays.
-    if (!state) { refresh(); return; }
+    if (!state) { unknownRuns.add(event.run_id); refresh(); return; }
     if (state.catching) { state.buffer.push(event); return; }
     apply(state, event);
   }
