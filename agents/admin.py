@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -5,8 +7,9 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from agents.models import ModelRequest, Run, Subagent
+from agents.models import Approval, ModelRequest, Run, Subagent
 from agents.resident import MIN_RUNS, resident_recommendation
+from controlcenter.audit_admin import AuditAdmin
 from toolcatalog.admin import ModeAdmin
 from toolcatalog.models import Mode, ModeVersion
 from toolcatalog.services import ResidentChangeRefused, mode_resident_apply
@@ -28,6 +31,9 @@ class ModelRequestInline(admin.TabularInline):
         "duration_ms",
     ]
 
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
 
 class SubagentInline(admin.TabularInline):
     """A run's fan-out children (TD-14), read-only: they are written by their tasks."""
@@ -39,9 +45,12 @@ class SubagentInline(admin.TabularInline):
     fields = ["fanout_id", "index", "profile", "shape", "status", "task", "error", "started_at", "finished_at"]
     readonly_fields = fields
 
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(AuditAdmin):
     list_display = ["id", "conversation", "status", "provider", "model", "created_at", "finished_at"]
     list_filter = ["status", "provider", "model"]
     raw_id_fields = ["conversation", "trigger"]
@@ -100,3 +109,21 @@ class ModeResidentAdmin(ModeAdmin):
             "versions": ModeVersion.objects.filter(mode=mode)[:20],
         }
         return TemplateResponse(request, "admin/toolcatalog/mode/resident.html", context)
+
+
+@admin.register(ModelRequest)
+class ModelRequestAdmin(AuditAdmin):
+    list_display = ["id", "run", "step", "model", "input_tokens", "cache_read_input_tokens", "output_tokens"]
+    list_filter = ["model"]
+    raw_id_fields = ["run"]
+
+
+@admin.register(Approval)
+class ApprovalAdmin(AuditAdmin):
+    """Every tool call that waited for a person, with its decision; decided on the conversation page
+    or through `POST /api/approvals/<id>/approve/` (RN-4)."""
+
+    list_display = ["id", "run", "subagent", "tool_name", "status", "decided_by", "decided_at", "created_at"]
+    list_filter = ["status", "tool_name"]
+    search_fields = ["tool_name"]
+    raw_id_fields = ["run", "subagent"]

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from agents import approvals, chat, selectors, services, turns
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
-from controlcenter.api import query_int
+from controlcenter.api import MAX_QUERY_INT, query_int
 from conversations import selectors as conversation_selectors
 from conversations.selectors import conversation_for_user
 from conversations.serializers import MessageCreateSerializer, MessageEditSerializer, MessageSerializer
@@ -50,7 +50,7 @@ class RunEventsApi(APIView):
         parameters=[
             OpenApiParameter(
                 "after",
-                {"type": "integer", "minimum": 0},
+                {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
                 description="Return events with a sequence number above this.",
             )
         ],
@@ -108,7 +108,11 @@ class CacheMetricsApi(APIView):
     @extend_schema(
         parameters=[
             OpenApiParameter("group", str, enum=list(selectors.CACHE_GROUPS), description="Default: day."),
-            OpenApiParameter("run", {"type": "integer", "minimum": 0}, description="Only this run's requests."),
+            OpenApiParameter(
+                "run",
+                {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_INT},
+                description="Only this run's requests.",
+            ),
         ],
         responses=CacheMetricSerializer(many=True),
     )
@@ -129,7 +133,26 @@ class MessageCreateApi(APIView):
 
     @extend_schema(
         operation_id="conversations_message_tree",
-        responses=inline_serializer("MessageTree", {"tip": serializers.IntegerField()}),
+        responses=inline_serializer(
+            "MessageTree",
+            {
+                "conversation": serializers.IntegerField(),
+                "tip": serializers.IntegerField(allow_null=True, help_text="null: no messages yet"),
+                "roots": serializers.ListField(child=serializers.IntegerField()),
+                "messages": inline_serializer(
+                    "MessageTreeNode",
+                    {
+                        "id": serializers.IntegerField(),
+                        "parent": serializers.IntegerField(allow_null=True),
+                        "role": serializers.CharField(),
+                        "preview": serializers.CharField(),
+                        "children": serializers.ListField(child=serializers.IntegerField()),
+                        "on_path": serializers.BooleanField(),
+                    },
+                    many=True,
+                ),
+            },
+        ),
     )
     def get(self, request: Request, conversation_id: int) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)

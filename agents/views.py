@@ -7,13 +7,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db.models import Max, Sum
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from agents import chat, selectors, turns
+from agents import chat, costs, selectors, turns
 from agents.dashboard import dashboard_snapshot
-from agents.models import Run
+from agents.models import ModelRequest, Run
 from agents.rendering import markdown_html
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors as conversation_selectors
@@ -69,14 +70,14 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
 SLASH_COMMANDS = [
-    ("/compact", "Run the context recovery ladder now"),
-    ("/shake", "Free rungs only: elide old tool output, drop old images"),
-    ("/context", "What fills the context window, by category"),
-    ("/tree", "Open the tree navigator"),
-    ("/branch", "Move the branch tip to another message"),
-    ("/fork", "Copy this path into a new conversation"),
-    ("/checkpoint", "Mark this turn boundary with a label"),
-    ("/rewind", "Return to a checkpoint, keeping a digest"),
+    ("/compact", "", "Run the context recovery ladder now"),
+    ("/shake", "", "Free rungs only: elide old tool output, drop old images"),
+    ("/context", "", "What fills the context window, by category"),
+    ("/tree", "", "Open the tree navigator"),
+    ("/branch", "<message id>", "Move the branch tip to another message (or a message's Branch here)"),
+    ("/fork", "", "Copy this path into a new conversation"),
+    ("/checkpoint", "<label>", "Mark this turn boundary with a label"),
+    ("/rewind", "<label>", "Return to a checkpoint, keeping a digest"),
 ]
 # The page renders the latest messages of a long path; "show all" renders every one. The
 # template is most of a page's server time (a 1,000-message path costs ~130 ms and 600 KB
@@ -97,7 +98,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
             error = exc.message
         else:
             return redirect("conversation-detail", conversation_id=conversation.pk)
-    search = request.GET.get("q", "").strip()
+    search = request.GET.get("q", "").replace("\x00", "").strip()  # PostgreSQL refuses a NUL in a query
     conversations = chat.conversations_with_activity(user=request.user, search=search)[:100]
     return render(
         request,
@@ -184,7 +185,36 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
         # A run whose prompt is off the current path (someone branched away) can still be cancelled.
         active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()
     _siblings(conversation, shown)
-    return {"messages": shown, "earlier": earlier, "active_run": active_run}
+    return {"messages": shown, "earlier": earlier, "active_run": active_run, **_usage(conversation, shown)}
+
+
+def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens, cache ratio and money per run (on its prompt's card) and for the whole
+    conversation, and how full the window was at the latest request (UX-6). One query."""
+    rows = list(
+        ModelRequest.objects.filter(run__conversation=conversation)
+        .values("run_id", "model")
+        .annotate(**{field: Sum(field) for field in costs.USAGE_FIELDS}, last=Max("id"))
+        .order_by()
+    )
+    by_run: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_run.setdefault(row["run_id"], []).append(row)
+    for item in shown:
+        if item["run_id"] in by_run:
+            item["usage"] = costs.usage_summary(by_run[item["run_id"]])
+    latest = ModelRequest.objects.filter(run__conversation=conversation).order_by("-id").first()
+    window = settings.CC_CONTEXT_WINDOW_TOKENS
+    used = (
+        latest.input_tokens + latest.cache_creation_input_tokens + latest.cache_read_input_tokens + latest.output_tokens
+        if latest
+        else None
+    )
+    return {
+        "conversation_usage": costs.usage_summary(rows) if rows else None,
+        "context_meter": {"used": used, "window": window, "percent": min(100, 100 * used / window)} if used else None,
+        "conversation_id": conversation.pk,
+    }
 
 
 def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:

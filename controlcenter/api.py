@@ -13,15 +13,30 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from controlcenter.errors import DomainError, NotFound
 
+
+class StrictCharField(serializers.CharField):
+    """A string field that takes only strings: DRF's CharField stores 42 as "42", which a
+    generated client reading the schema (type: string) never sends (UX-8)."""
+
+    default_error_messages = {"not_a_string": "Must be a string, not {kind}."}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("not_a_string", kind=type(data).__name__)
+        return super().to_internal_value(data)
+
+
 # ASCII digits only: str.isdigit() takes '²', which int() refuses; 18 digits always fit a bigint.
 _ID_PATTERN = re.compile(r"[0-9]{1,18}")
+# The largest value `query_int` takes, for the schema's `maximum` (UX-8).
+MAX_QUERY_INT = 10**18 - 1
 
 
 def query_int(params: Any, name: str, default: int | None = None) -> int | None:

@@ -135,6 +135,21 @@ for _item in env_list("CC_MODELS", []):
         )
     if CC_MODELS.setdefault(_name, _provider) != _provider:
         raise ImproperEnvironment(f"CC_MODELS names {_name!r} with two providers; a model has one.")
+# Money on run cards and the conversation header (UX-6): "NAME=INPUT/OUTPUT" in USD per million
+# tokens, e.g. "claude-sonnet-4-5=3/15,my-model=0.5/1.5"; models not named use the public
+# Anthropic prices (agents.costs.DEFAULT_PRICES), others show no money.
+CC_MODEL_PRICES: dict[str, tuple[float, float]] = {}
+for _item in env_list("CC_MODEL_PRICES", []):
+    _name, _, _price = (part.strip() for part in _item.partition("="))
+    try:
+        _input, _output = (float(part) for part in _price.split("/"))
+    except ValueError:
+        _input = _output = -1.0
+    if not _name or not (0 <= _input < 1e6 and 0 <= _output < 1e6):
+        raise ImproperEnvironment(
+            f"CC_MODEL_PRICES has {_item!r}; write NAME=INPUT/OUTPUT in USD per million tokens, e.g. my-model=3/15."
+        )
+    CC_MODEL_PRICES[_name] = (_input, _output)
 if "anthropic" in CC_MODELS.values() and not ANTHROPIC_API_KEY:
     raise ImproperEnvironment(
         "Provider anthropic (CC_PROVIDER or CC_MODELS) needs ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY_FILE)."
@@ -191,6 +206,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    # Swagger UI served by the app itself: /api/docs/ works offline and under a strict CSP (SB-6).
+    "drf_spectacular_sidecar",
     "channels",
     "controlcenter",
     "conversations",
@@ -272,6 +289,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Conversations, runs, tools and metrics of a Control Center installation.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # Runs, subagents and approvals each have a `status`; name their enums instead of hashing them.
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "agents.models.Run.Status",

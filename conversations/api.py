@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -65,7 +65,7 @@ class ConversationDetailApi(APIView):
 
     @extend_schema(request=ConversationUpdateSerializer, responses=ConversationSerializer)
     def patch(self, request: Request, conversation_id: int) -> Response:
-        """Pick the model and mode the next run uses."""
+        """Pick the model and mode the next run uses, or rename the conversation."""
         conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
         payload = ConversationUpdateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -73,6 +73,13 @@ class ConversationDetailApi(APIView):
         if "mode" in changes:
             changes["mode_id"] = changes.pop("mode")
         return Response(ConversationSerializer(services.conversation_update(conversation=conversation, **changes)).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def delete(self, request: Request, conversation_id: int) -> Response:
+        """Delete the conversation with its messages and runs; 409 while a run works in it."""
+        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        services.conversation_delete(conversation=conversation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class ModelListApi(APIView):
@@ -171,7 +178,10 @@ class CompactApi(APIView):
 class ExportApi(APIView):
     """The current path as JSON (`json`) or Markdown (`markdown`)."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        parameters=[OpenApiParameter("kind", str, OpenApiParameter.PATH, enum=["json", "markdown"])],
+        responses={(200, "application/json"): OpenApiTypes.OBJECT, (200, "text/markdown"): OpenApiTypes.STR},
+    )
     def get(self, request: Request, conversation_id: int, kind: str) -> HttpResponse:
         exported = selectors.conversation_export(conversation=_conversation(request, conversation_id), kind=kind)
         if isinstance(exported, str):

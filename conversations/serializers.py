@@ -1,7 +1,11 @@
 from __future__ import annotations
 
-from rest_framework import serializers
+from typing import Any
 
+from rest_framework import serializers
+from rest_framework.fields import empty
+
+from controlcenter.api import StrictCharField
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 
@@ -29,10 +33,11 @@ class ConversationSerializer(serializers.ModelSerializer):
 
 
 class ConversationUpdateSerializer(serializers.Serializer):
-    """The pickers: what the next run uses. Checked against CC_MODELS and the catalog by the service."""
+    """The pickers (what the next run uses, checked against CC_MODELS and the catalog) and the title."""
 
     model = serializers.CharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
     mode = serializers.IntegerField(required=False, allow_null=True, min_value=1, help_text="null: the default mode")
+    title = StrictCharField(required=False, max_length=200, help_text="a rename")
 
 
 class ModelChoiceSerializer(serializers.Serializer):
@@ -41,24 +46,35 @@ class ModelChoiceSerializer(serializers.Serializer):
     default = serializers.BooleanField()
 
 
+class SearchTextField(serializers.CharField):
+    """Search text: a NUL character (which no stored text holds, and PostgreSQL refuses in a
+    query) is dropped rather than refused, so any string the schema allows is answered (UX-8)."""
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if isinstance(data, str):
+            data = data.replace("\x00", "")
+        return super().run_validation(data)
+
+
 class ConversationListQuerySerializer(serializers.Serializer):
     """One page of the conversation list, newest first: a page of 50 costs a quarter of the old 200 rows."""
 
-    q = serializers.CharField(required=False, allow_blank=True, default="")
+    q = SearchTextField(required=False, allow_blank=True, default="")
     limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
-    offset = serializers.IntegerField(required=False, default=0, min_value=0)
+    # Bounded so the database's OFFSET (a bigint) never overflows (UX-8).
+    offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=10**18 - 1)
 
 
 class ConversationCreateSerializer(serializers.Serializer):
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
 
 
 class MessageCreateSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    text = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
 class MessageEditSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+    text = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
 class BranchSerializer(serializers.Serializer):
@@ -66,7 +82,7 @@ class BranchSerializer(serializers.Serializer):
 
 
 class ForkSerializer(serializers.Serializer):
-    title = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+    title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
 
 
 class CheckpointCreateSerializer(serializers.Serializer):

@@ -36,13 +36,20 @@ def conversation_create(*, owner: AbstractBaseUser, title: str = "") -> Conversa
 KEEP: Any = object()
 
 
-def conversation_update(*, conversation: Conversation, model: str = KEEP, mode_id: int | None = KEEP) -> Conversation:
+def conversation_update(
+    *, conversation: Conversation, model: str = KEEP, mode_id: int | None = KEEP, title: str = KEEP
+) -> Conversation:
     """Set the model and mode the conversation's next run uses (its pickers); a run already started keeps its own.
 
     `model` is a name from CC_MODELS, or blank for the server default; `mode_id` a catalog
     mode, or None for the default mode. Either bad value changes nothing.
     """
     changes: dict[str, Any] = {}
+    if title is not KEEP:
+        # A rename (UX-2): a title is shown in lists and tabs, so a blank one is refused.
+        if not title.strip():
+            raise DomainError("The title is empty; write a title.")
+        changes["title"] = title.strip()
     if model is not KEEP:
         if model and model not in settings.CC_MODELS:
             offered = list(settings.CC_MODELS)
@@ -66,6 +73,12 @@ def conversation_update(*, conversation: Conversation, model: str = KEEP, mode_i
             Conversation.objects.filter(pk=conversation.pk).update(**changes)
     conversation.refresh_from_db()
     return conversation
+
+
+def conversation_delete(*, conversation: Conversation) -> None:
+    """Delete a conversation with its messages and runs (UX-2); refused while a run works in it."""
+    with transaction.atomic():
+        conversation_locked(conversation).delete()
 
 
 def check_text(text: str) -> None:

@@ -7,6 +7,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from controlcenter.audit_admin import AuditAdmin
 from toolcatalog.mcp_config import HIDDEN_VALUE, hidden
 from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
 from toolcatalog.services import McpServerImportFailed, mcp_server_import, tools_set_resident
@@ -130,7 +131,7 @@ class McpServerAdmin(admin.ModelAdmin):
 
 
 @admin.register(ToolActivation)
-class ToolActivationAdmin(admin.ModelAdmin):
+class ToolActivationAdmin(AuditAdmin):
     list_display = ["run", "tool_name", "trigger", "query", "created_at"]
     list_filter = ["trigger"]
     search_fields = ["tool_name", "query"]
@@ -138,7 +139,7 @@ class ToolActivationAdmin(admin.ModelAdmin):
 
 
 @admin.register(RetrievalMiss)
-class RetrievalMissAdmin(admin.ModelAdmin):
+class RetrievalMissAdmin(AuditAdmin):
     list_display = ["run", "query", "created_at"]
     search_fields = ["query"]
     raw_id_fields = ["run"]

@@ -214,6 +214,7 @@ class RetrievalMiss(models.Model):
 
     class Meta:
         ordering = ["run", "id"]
+        verbose_name_plural = "retrieval misses"
 
     def __str__(self) -> str:
         return f"run {self.run_id} found nothing for {self.query[:40]!r}"

@@ -10,7 +10,7 @@ from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 class ToolSerializer(serializers.ModelSerializer):
     name = serializers.CharField(source="qualified_name")
     group = serializers.CharField(source="group.heading")
-    server = serializers.CharField(source="server.name", default=None)
+    server = serializers.CharField(source="server.name", default=None, allow_null=True, help_text="null: built-in")
     schema_tokens = serializers.IntegerField()
 
     class Meta:

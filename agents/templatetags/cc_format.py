@@ -16,3 +16,11 @@ def percent(value: float | None) -> str:
 @register.filter
 def tokens(value: int | None) -> str:
     return "—" if value is None else f"{value:,}"
+
+
+@register.filter
+def money(value: float | None) -> str:
+    """USD; a model without a price is a dash, never $0 (UX-6)."""
+    if value is None:
+        return "—"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"

@@ -26,6 +26,13 @@
   let following = true; // the view sticks to the newest message unless the person scrolled up
 
   const messagesBox = () => document.getElementById("messages");
+  // data-busy while the page's own request or refresh is in flight: "settled" is observable.
+  let busy = 0;
+  async function busyWhile(promise) {
+    busy += 1;
+    root.dataset.busy = "1";
+    try { return await promise; } finally { busy -= 1; if (!busy) delete root.dataset.busy; }
+  }
   function el(tag, cls, text) {
     const node = document.createElement(tag);
     if (cls) node.className = cls;
@@ -40,7 +47,8 @@
   function signIn() {
     window.location = `/login/?next=${encodeURIComponent(location.pathname + location.search)}`;
   }
-  async function api(url, options = {}) {
+  const api = (url, options = {}) => busyWhile(request(url, options));
+  async function request(url, options) {
     const response = await fetch(url, {
       credentials: "same-origin",
       ...options,
@@ -101,7 +109,7 @@
   let lastFragment = "";
   function refresh() {
     if (refreshing) { refreshAgain = true; return refreshing; }
-    refreshing = (async () => {
+    refreshing = busyWhile((async () => {
       try {
         do {
           refreshAgain = false;
@@ -112,8 +120,11 @@
           if (!response.ok) return;
           install(await response.text());
         } while (refreshAgain);
+        // Drawn by a fragment fetched after their events came, or not drawn at all: off the path.
+        for (const runId of unknownRuns) if (!runs.has(runId)) offPathRuns.add(runId);
+        unknownRuns.clear();
       } finally { refreshing = null; }
-    })();
+    })());
     return refreshing;
   }
   let deferred = false;
@@ -310,11 +321,19 @@
     }
   }
 
+  // Runs whose events came before the fragment drew them, and runs the fragment does not draw
+  // (their prompt is off the current path): the latter refresh once more, when they end.
+  const unknownRuns = new Set();
+  const offPathRuns = new Set();
   function onEvent(event) {
     if (event.type === "conversation_changed") { refresh(); return; }
     const state = runs.get(event.run_id);
+    if (!state && offPathRuns.has(event.run_id)) {
+      if (event.type === "run_finished") { offPathRuns.delete(event.run_id); refresh(); }
+      return;
+    }
     // A run the page has not drawn yet: the fragment places it after its prompt, then its log replays.
-    if (!state) { refresh(); return; }
+    if (!state) { unknownRuns.add(event.run_id); refresh(); return; }
     if (state.catching) { state.buffer.push(event); return; }
     apply(state, event);
   }
@@ -470,7 +489,10 @@
       if (event.key === "ArrowUp") { event.preventDefault(); setActive(activeOption - 1); return; }
       if ((event.key === "Enter" && !event.shiftKey) || event.key === "Tab") {
         const option = visibleOptions()[activeOption];
-        if (option) { event.preventDefault(); pick(option); return; }
+        // A whole command that takes no argument, then Enter: run it, as typed.
+        const whole = option && event.key === "Enter" && !option.dataset.args && input.value.trim() === option.dataset.command;
+        if (option && !whole) { event.preventDefault(); pick(option); return; }
+        if (whole) closeMenu();
       }
       if (event.key === "Escape") { event.preventDefault(); closeMenu(); return; }
     }
@@ -573,6 +595,34 @@
     const { response, body } = await api(`/api/runs/${activeRun}/cancel/`, { method: "POST" });
     if (response.ok) statusLine.textContent = "Cancelling…";
     else showError(errorText(body, response), "The run may have ended already; the page shows its outcome.");
+  });
+
+  // --- rename, delete (with confirmation), export: the conversation's own actions (UX-2) ---
+  const renameForm = document.getElementById("rename-form");
+  const renameInput = document.getElementById("rename-input");
+  const title = document.getElementById("conversation-title");
+  document.getElementById("rename").addEventListener("click", () => {
+    renameForm.hidden = false;
+    renameInput.value = title.textContent;
+    renameInput.select();
+  });
+  document.getElementById("rename-cancel").addEventListener("click", () => { renameForm.hidden = true; });
+  renameForm.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const { response, body } = await api(`/api/conversations/${conversationId}/`, { method: "PATCH", body: JSON.stringify({ title: renameInput.value }) });
+    if (!response.ok) { showError(errorText(body, response), "Write a title of at most 200 characters."); return; }
+    title.textContent = body.title;
+    document.title = `${body.title} · Control Center`;
+    renameForm.hidden = true;
+    statusLine.textContent = "Renamed.";
+  });
+  const deleteDialog = document.getElementById("delete-dialog");
+  document.getElementById("delete").addEventListener("click", () => deleteDialog.showModal());
+  deleteDialog.addEventListener("close", async () => {
+    if (deleteDialog.returnValue !== "delete") return;
+    const { response, body } = await api(`/api/conversations/${conversationId}/`, { method: "DELETE" });
+    if (response.ok) { window.location = "/"; return; }
+    showError(errorText(body, response), response.status === 409 ? "Cancel the run first, then delete." : "");
   });
 
   bindFragment(messagesBox());

@@ -40,7 +40,7 @@ def test_the_page_reconnects_after_a_web_restart_and_shows_the_whole_run(tmp_pat
             page.wait_for_timeout(300)
             page.fill("#composer-input", "please run `sleep 3; echo done`")
             page.keyboard.press("Enter")
-            streamed = page.locator("article.assistant[data-run-id]")
+            streamed = page.locator("#messages")  # the live reply, then the stored one drawn in its place
             expect(streamed.locator("details.tool summary").first).to_contain_text("bash", timeout=20_000)
 
             web.kill()  # the page loses its websocket mid-run

@@ -50,8 +50,9 @@ def test_posting_a_message_appends_it_under_the_tip_and_queues_a_run(alice_api, 
     assert body["run"]["status"] == "queued"
     assert body["message"]["content"] == [{"type": "text", "text": "hello"}]
     assert Conversation.objects.get(pk=conversation["id"]).tip_id == body["message"]["id"]
-    # The turn is handed to a worker only once the message and run rows are committed.
-    assert len(callbacks) == 1
+    # Only once the message and run rows are committed are the conversation's open tabs told
+    # (UX-4) and the turn handed to a worker.
+    assert len(callbacks) == 2
 
 
 @pytest.mark.req("RN-3")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import EMBEDDED_ADMIN_PASSWORD
 from tests.ui.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
-from tests.ui.test_browser_ui import _screenshot, _seed
+from tests.ui.test_browser_ui import ARTIFACTS, _screenshot, _seed
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -85,8 +86,19 @@ def _texts(page) -> list[str]:
     return page.locator("#messages > article").evaluate_all("cards => cards.map(card => card.innerText.trim())")
 
 
+def _shot(page, name: str) -> None:
+    """The visible part of a page as a small JPEG (docs/screenshots/ holds copies for docs/ui.md)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"page-{name}.jpg"), type="jpeg", quality=70)
+
+
 def _settled(page) -> None:
-    expect(page.locator("#messages article.live")).to_have_count(0, timeout=20_000)
+    """Nothing in flight: no request of the page pending, no run drawn live, no refresh running."""
+    page.wait_for_function(
+        "() => { const root = document.getElementById('conversation');"
+        " return !root.dataset.busy && !document.querySelector('#messages article.live'); }",
+        timeout=20_000,
+    )
     expect(page.locator("#cancel")).to_be_hidden()
 
 
@@ -263,7 +275,12 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
             page.goto(base + url)
             widths = page.evaluate(WIDEST)
             assert widths[0] <= widths[1], f"{name} at {width} px is {widths[0]} px wide: {widths[2]}"
-            _screenshot(page, f"page-{name}-{width}")
+            _shot(page, f"{name}-{width}")
+            if width == DESKTOP:  # and each page in dark mode, for docs/ui.md
+                page.emulate_media(color_scheme="dark")
+                page.reload()
+                _shot(page, f"{name}-dark")
+                page.emulate_media(color_scheme="light")
         page.goto(base + pages["tree"])
         assert page.locator("#checkpoint-label").bounding_box()["width"] >= 120  # usable, not squeezed
 
@@ -287,6 +304,21 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     page.locator("#jump-latest").click()
     assert page.evaluate(at_bottom)
 
+    # Slash commands (UX-5): the menu opens in view with each command's arguments, and a whole
+    # command typed out runs on Enter.
+    page.locator("#composer-input").focus()
+    page.keyboard.type("/")
+    menu = page.locator("#slash-menu")
+    expect(menu).to_be_visible()
+    box = menu.bounding_box()
+    assert box["y"] >= 0 and box["y"] + box["height"] <= 800
+    expect(menu.locator("#slash-branch")).to_contain_text("/branch <message id>")
+    expect(menu.locator("#slash-checkpoint")).to_contain_text("/checkpoint <label>")
+    page.keyboard.type("shake")
+    page.keyboard.press("Enter")
+    expect(page.locator("#notes article.command-result[data-command=shake]")).to_contain_text("/shake:")
+    expect(page.locator("#composer-input")).to_have_value("")
+
 
 @pytest.mark.req("UX-5")
 def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_module):
@@ -297,11 +329,13 @@ def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_mo
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
     page.keyboard.press("Enter")
+    expect(page.locator("h1")).to_have_text("Conversations")
     conversation = _new(context, base, "expiring")
     page.goto(f"{base}/conversations/{conversation}/")
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
     context.clear_cookies()  # the session ends while the page is open
     _send(page, "are you there?")
-    expect(page).to_have_url(re.compile(rf"/login/\?next=/conversations/{conversation}/"))
+    expect(page).to_have_url(re.compile(r"/login/\?next="))
+    assert parse_qs(urlsplit(page.url).query)["next"] == [f"/conversations/{conversation}/"]
     expect(page.locator("body")).not_to_contain_text("Authentication credentials")
     context.close()

@@ -48,9 +48,9 @@ def test_a_message_streams_into_the_page_live_and_stays_after_reload(embedded_se
     page.fill("#composer-input", "please list the files in the workspace")
     page.keyboard.press("Enter")  # the keyboard alone sends
 
-    streamed = page.locator("article.assistant[data-run-id]")
+    streamed = page.locator("#messages")
     expect(streamed).to_contain_text("I ran the tool", timeout=15_000)
-    expect(streamed.locator("details.tool summary").first).to_contain_text("list_dir")
+    expect(streamed.locator("article.assistant details.tool summary").first).to_contain_text("list_dir")
     expect(page.locator("#status")).to_have_text("Run finished.")
     url_before = page.url
 

@@ -133,12 +133,17 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     page.keyboard.press("Enter")
     prompt = page.locator(".approval").last
     expect(prompt).to_contain_text("echo approved-by-keyboard", timeout=15_000)
-    expect(prompt).to_be_focused()  # a person at the keyboard answers without hunting for it
+    # The prompt never takes focus (UX-3): Shift+Tab from the composer reaches Deny, then Approve.
+    expect(page.locator("#composer-input")).to_be_focused()
     _screenshot(page, "conversation-approval")
+    page.keyboard.press("Shift+Tab")
+    expect(prompt.locator("button.deny")).to_be_focused()
+    page.keyboard.press("Shift+Tab")
+    expect(prompt.locator("button.approve")).to_be_focused()
     page.keyboard.press("Enter")
     expect(prompt).to_have_attribute("data-decision", "approved")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
-    expect(page.locator("article.assistant[data-run-id]").last).to_contain_text(
+    expect(page.locator("#messages article.assistant").last).to_contain_text(
         "the command exited with 0: approved-by-keyboard"
     )
 
@@ -146,11 +151,12 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     page.keyboard.press("Enter")
     prompt = page.locator(".approval").last
     expect(prompt).to_contain_text("echo never-runs", timeout=15_000)
-    expect(prompt).to_be_focused()
-    page.keyboard.press("Escape")
+    page.keyboard.press("Shift+Tab")
+    expect(prompt.locator("button.deny")).to_be_focused()
+    page.keyboard.press("Enter")
     expect(prompt).to_have_attribute("data-decision", "denied")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
-    reply = page.locator("article.assistant[data-run-id]").last
+    reply = page.locator("#messages article.assistant").last
     expect(reply).to_contain_text("the tool failed")
     expect(reply).not_to_contain_text("exited with 0: never-runs")
 
@@ -174,14 +180,14 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
     expect(zero).to_contain_text("Subagent 0 (worker) asks to run bash")
     expect(one).to_contain_text("Subagent 1 (worker) asks to run bash")
     _screenshot(page, "conversation-subagent-approvals")
-    zero.focus()
+    zero.locator("button.approve").focus()
     page.keyboard.press("Enter")
     expect(zero).to_have_attribute("data-decision", "approved")
-    one.focus()
-    page.keyboard.press("Escape")
+    one.locator("button.deny").focus()
+    page.keyboard.press("Space")
     expect(one).to_have_attribute("data-decision", "denied")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=30_000)
-    reply = page.locator("article.assistant[data-run-id]").last
+    reply = page.locator("#messages")
     expect(reply).to_contain_text(
         "subagent 0 said: I am the offline model. I ran the tool and the command exited with 0: child-zero-ran"
     )
@@ -198,7 +204,7 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
     page.fill("#composer-input", "please list the files in the workspace")
     page.keyboard.press("Enter")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
-    tool = page.locator("article.assistant[data-run-id] details.tool").first
+    tool = page.locator("#messages article.assistant details.tool").first
     expect(tool.locator(".tool-state")).to_have_text("ok")  # the call and its result in one place
     tool.locator("summary").click()
     expect(tool).to_contain_text("Arguments")

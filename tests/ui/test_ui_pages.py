@@ -181,7 +181,7 @@ def test_dashboard_socket_refuses_anonymous_visitors():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.req("RN-2")
+@pytest.mark.req("RN-2", "UX-4")
 def test_a_finished_run_pushes_fresh_figures_to_the_dashboard(alice):
     conversation = Conversation.objects.create(owner=alice, title="live figures")
     trigger = Message.objects.create(conversation=conversation, role="user", content=[{"type": "text", "text": "hi"}])
@@ -194,11 +194,15 @@ def test_a_finished_run_pushes_fresh_figures_to_the_dashboard(alice):
         communicator = await _dashboard_communicator(alice)
         assert (await communicator.connect())[0]
         await sync_to_async(run_execute)(run_id=run.pk, worker="test")
+        started = await communicator.receive_json_from(timeout=10)
         update = await communicator.receive_json_from(timeout=10)
         await communicator.disconnect()
-        return update
+        return started, update
 
-    update = async_to_sync(scenario)()
+    started, update = async_to_sync(scenario)()
+    # A run in progress shows live too (UX-4): the first update is sent when it starts.
+    assert started["snapshot"]["in_flight"][0]["id"] == run.pk
+    assert started["snapshot"]["in_flight"][0]["status"] == "running"
     recorded = ModelRequest.objects.get(run=run)
     assert update["snapshot"]["recent_runs"][0]["id"] == run.pk
     assert update["snapshot"]["recent_runs"][0]["status"] == "succeeded"

@@ -11,9 +11,22 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from conversations.models import Conversation, Message
+from toolcatalog.models import Mode
 from toolcatalog.services import catalog_load_builtins
 
 DEMO_TITLE = "Welcome to Control Center"
+# Modes a fresh installation offers (UX-7), so the mode picker is never empty. Created once and
+# never overwritten: an operator's edits in the admin stay. The shell always asks for approval.
+STARTER_MODES = [
+    ("chat", "Conversation only: no shell, no writes.", ["*"], ["bash", "write_file", "edit_file"]),
+    ("code", "Everything: read, write and run commands (the shell asks for your approval).", ["*"], []),
+    (
+        "read-only",
+        "Read the workspace and the catalog; nothing that changes a file, memory or the todo list.",
+        ["*"],
+        ["bash", "write_file", "edit_file", "save_memory", "todo_add", "todo_update"],
+    ),
+]
 
 
 class Command(BaseCommand):
@@ -25,6 +38,8 @@ class Command(BaseCommand):
         admin = self._ensure_admin(username)
         self._ensure_demo(admin)
         loaded = catalog_load_builtins()
+        for name, description, allow, deny in STARTER_MODES:
+            Mode.objects.get_or_create(name=name, defaults={"description": description, "allow": allow, "deny": deny})
         self.stdout.write(f"Built-in tools: {loaded.created} added to the catalog, {loaded.existing} already there.")
         self.stdout.write(self.style.SUCCESS("Control Center is set up."))
 
