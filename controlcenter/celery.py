@@ -16,8 +16,9 @@ app.autodiscover_tasks()
 
 @worker_ready.connect
 def _announce_worker(sender, **kwargs) -> None:  # noqa: ANN001
-    from agents.heartbeat import start_heartbeat
+    # Deferred: this module is imported before Django is set up, and agents.lifecycle imports this app.
+    from agents.lifecycle import worker_started
     from controlcenter.mode import log_mode
 
     log_mode()
-    start_heartbeat(sender.hostname)
+    worker_started(sender.hostname)

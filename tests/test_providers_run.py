@@ -7,8 +7,8 @@ import time
 import pytest
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
-from agents.services import run_execute
 from conversations.services import conversation_create
 
 

@@ -1,0 +1,452 @@
+"""One run lifecycle (AR-1): enqueue → claim → execute → finish → publish, for runs and subagents.
+
+Every state change is a conditional UPDATE (STYLE #5), so whoever wins a race decides:
+
+    queued ──claim──▶ running ──finish──▶ succeeded | failed | cancelled
+      ▲                  │
+      └──all decided── waiting (for a person, RN-4)
+
+A run announces its end with exactly one `run_finished` event, sent by whoever won the
+finish; a subagent has no event log of its own (its parent polls its row). The reaper
+fails what a dead worker held; its view of "held by a worker" is the `running` status
+(queued and waiting work belongs to no worker; `agents.models.ACTIVE_STATUSES` is what
+still holds a conversation).
+
+Where work runs: services mode sends a Celery task by name (agents/tasks.py only calls
+back into this module); embedded mode submits the same function to a thread pool here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from agents import approvals, heartbeat, subagents, turns
+from agents.events import RunEventPublisher
+from agents.models import Approval, ModelRequest, Run, Subagent
+from agents.providers import get_provider
+from controlcenter.celery import app as celery_app
+from controlcenter.db import reconnecting
+from conversations.models import Conversation, Message
+from engine.actions import ActionLimits, ApprovalNeeded
+from engine.catalog.toolbox import CatalogToolBox
+from engine.loop import CANCEL_POLL_SECONDS, TurnCancelled, TurnOutcome, polled_at_most_every, run_turn
+from engine.providers.protocol import PromptTooLong, ProviderError
+from engine.tokens import estimate_json_tokens
+from scratchpad import services as scratchpad_services
+from toolcatalog.services import activations_record
+
+logger = logging.getLogger(__name__)
+
+RUN_TASK = "agents.run_turn"
+SUBAGENT_TASK = "agents.run_subagent"
+
+WORKER_LOST = (
+    "The worker running this turn stopped before the turn ended ({worker}); nothing of the turn was stored, "
+    "so the conversation is exactly as it was before. Retry the run."
+)
+SUBAGENT_WORKER_LOST = "the worker running this subagent stopped before it finished."
+SUBAGENT_CANCELLED = "cancelled before it finished."
+
+
+# --- enqueue ------------------------------------------------------------------------
+
+
+def enqueue_run(run_id: int) -> None:
+    if settings.CC_MODE == "services":
+        celery_app.send_task(RUN_TASK, (run_id,), queue=settings.CC_RUN_QUEUE)
+    else:
+        _embedded_pool().submit(_in_thread, run_execute, run_id)
+
+
+def enqueue_subagent(subagent_id: int) -> None:
+    """One child of a fan-out (TD-14), where runs run: at its start, or again once its approvals are decided."""
+    if settings.CC_MODE == "services":
+        celery_app.send_task(SUBAGENT_TASK, (subagent_id,), queue=settings.CC_RUN_QUEUE)
+    else:
+        _subagent_pool().submit(_in_thread, subagent_execute, subagent_id)
+
+
+@cache
+def _embedded_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="cc-embedded-worker")
+
+
+@cache
+def _subagent_pool() -> ThreadPoolExecutor:
+    # Own pool: the parent run holds a thread of the run pool while it waits for its children.
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="cc-embedded-subagent")
+
+
+def _in_thread(execute: Callable[..., None], pk: int) -> None:
+    close_old_connections()
+    try:
+        execute(pk, worker=f"embedded@{socket.gethostname()}")
+    except Exception:
+        logger.exception("embedded worker failed on %s %s", execute.__name__, pk)
+    finally:
+        close_old_connections()
+
+
+def embedded_recover() -> None:
+    """At start of an embedded server: the previous process's runs died with it."""
+    runs_reap_orphans(live=(), grace_seconds=0)
+    for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
+        enqueue_run(run_id)
+
+
+# --- claim and finish (the conditional UPDATEs) ----------------------------------------
+
+
+def run_claim(*, run_id: int, worker: str) -> bool:
+    """Exactly one worker moves a run from queued to running."""
+    claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
+        status=Run.Status.RUNNING, started_at=timezone.now(), worker=worker
+    )
+    return claimed == 1
+
+
+def subagent_claim(*, subagent_id: int, worker: str) -> bool:
+    with subagents.db_turn():
+        claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
+            status=Run.Status.RUNNING, worker=worker, started_at=timezone.now()
+        )
+    return claimed == 1
+
+
+def _run_finished(run: Run, status: str, error: str) -> bool:
+    # Conditional: a run the reaper already failed keeps the reaper's verdict (and its one run_finished).
+    return (
+        reconnecting(
+            lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+                status=status, error=error, finished_at=timezone.now()
+            )
+        )
+        == 1
+    )
+
+
+def run_finish(run: Run, status: str, error: str = "", publisher: RunEventPublisher | None = None) -> bool:
+    """End a running run; the winner of the conditional UPDATE announces it, so there is one run_finished."""
+    if not _run_finished(run, status, error):
+        return False
+    (publisher or RunEventPublisher(run)).publish("run_finished", {"status": status, "error": error})
+    return True
+
+
+def subagent_finish(child: Subagent, status: str, *, answer: str = "", error: str = "") -> bool:
+    with subagents.db_turn():
+        # Conditional: a child cancelled meanwhile keeps that verdict.
+        return (
+            Subagent.objects.filter(pk=child.pk, status=Run.Status.RUNNING).update(
+                status=status, answer=answer, error=error, pending_turn=None, finished_at=timezone.now()
+            )
+            == 1
+        )
+
+
+def run_cancel_now(run: Run) -> bool:
+    """A queued or waiting run is cancelled at once (a running one stops at its next check)."""
+    if not Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
+        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
+    ):
+        return False
+    approvals.approvals_expire(run_id=run.pk)
+    RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+    return True
+
+
+# --- execute ------------------------------------------------------------------------
+
+
+def _drive(
+    turn: Callable[[], TurnOutcome],
+    *,
+    pause: Callable[[ApprovalNeeded], list[Approval] | None],
+    finish: Callable[[str, str], bool],
+    failure: Callable[[Exception], str],
+    cancelled_error: str = "",
+) -> TurnOutcome | None:
+    """Run the turn; every way it can end without an outcome to store ends here, for runs and subagents alike."""
+    try:
+        return turn()
+    except ApprovalNeeded as waiting_for:
+        try:
+            waiting = pause(waiting_for)
+        except Exception as exc:
+            logger.exception("could not pause for approval")
+            finish(Run.Status.FAILED, f"internal error while pausing for approval: {type(exc).__name__}: {exc}")
+            return None
+        if waiting is None:  # cancelled meanwhile: nobody is asked
+            finish(Run.Status.CANCELLED, cancelled_error)
+        return None
+    except TurnCancelled:
+        finish(Run.Status.CANCELLED, cancelled_error)
+        return None
+    except Exception as exc:
+        finish(Run.Status.FAILED, failure(exc))
+        return None
+
+
+def run_execute(run_id: int, *, worker: str) -> None:
+    """Run (or resume) one agent turn for a queued run; persist it at the turn boundary (CH-5)."""
+    if not run_claim(run_id=run_id, worker=worker):
+        logger.info("run %s is not queued any more; %s leaves it alone", run_id, worker)
+        return
+    run = Run.objects.select_related("conversation", "trigger", "mode").get(pk=run_id)
+    publisher = RunEventPublisher(run)
+    first_event_seen = False
+
+    def emit(event_type: str, payload: dict[str, Any]) -> None:
+        nonlocal first_event_seen
+        publisher.publish(event_type, payload)
+        if not first_event_seen:
+            first_event_seen = True
+            reconnecting(lambda: Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now()))
+
+    emit(
+        "run_started",
+        {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None, "worker": worker},
+    )
+    history: list[dict[str, Any]] = []
+    catalog: CatalogToolBox | None = None
+
+    def turn() -> TurnOutcome:
+        nonlocal history, catalog
+        # Scratchpad (SP-10): collect expired entries at the start of every turn.
+        scratchpad_services.gc()
+        catalog, toolbox = turns.turn_toolboxes(
+            run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode, enqueue_subagent=enqueue_subagent
+        )
+        system = turns.turn_system(catalog)
+        history = turns.turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
+        return run_turn(
+            provider=get_provider(run.provider),
+            model=run.model,
+            system=system,
+            history=history,
+            toolbox=toolbox,
+            emit=emit,
+            is_cancelled=_run_cancel_checker(run.pk),
+            limits=ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+            max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+            resume=approvals.paused_turn_of(run),
+            decisions=approvals.decisions_for(run),
+            on_prompt_too_long=turns.reactive_compaction_hook(run, emit),
+        )
+
+    def failure(exc: Exception) -> str:
+        if isinstance(exc, PromptTooLong):
+            return _too_long_message(run, history, exc)
+        if isinstance(exc, ProviderError):
+            return f"{type(exc).__name__}: {exc}"
+        logger.exception("run %s failed", run.pk)
+        return f"internal error: {type(exc).__name__}: {exc}"
+
+    outcome = _drive(
+        turn,
+        pause=lambda waiting_for: approvals.approval_pause(run=run, pause=waiting_for, publisher=publisher),
+        finish=lambda status, error: run_finish(run, status, error, publisher),
+        failure=failure,
+    )
+    if outcome is None or catalog is None:
+        return
+    if reconnecting(lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists()):
+        # Asked to stop while the last step ran (the loop checks at most every 0.5 s), or it
+        # ended a fan-out's wait (TD-14): the cancel wins over the reply, which is not stored.
+        run_finish(run, Run.Status.CANCELLED, "", publisher)
+        return
+    reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
+    if reply is None:
+        # Failed meanwhile (its worker was taken for dead) or cancelled: the turn is dropped,
+        # so a retry that may already be running is the only answer stored (no duplicates).
+        logger.warning("run %s ended while its turn ran; the turn was not stored", run.pk)
+        return
+    publisher.publish(
+        "run_finished",
+        {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
+    )
+
+
+@transaction.atomic
+def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message | None:
+    # Only a run that is still running may store its turn, decided under the row lock.
+    if not list(Run.objects.select_for_update().filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")):
+        return None
+    parent = run.trigger
+    for message in outcome.messages:
+        parent = Message.objects.create(
+            conversation_id=run.conversation_id, parent=parent, role=message["role"], content=message["content"]
+        )
+    # Move the tip only if nobody branched away while the turn ran; otherwise the
+    # reply stays reachable on its own branch (CH-7).
+    Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
+        tip=parent, updated_at=timezone.now()
+    )
+    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
+    activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
+    Run.objects.filter(pk=run.pk).update(pending_turn=None)
+    _run_finished(run, Run.Status.SUCCEEDED, "")
+    return parent
+
+
+def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLong) -> str:
+    measured = exc.tokens if exc.tokens is not None else estimate_json_tokens(history)
+    limit = f" against a maximum of {exc.maximum}" if exc.maximum is not None else ""
+    return (
+        f"The prompt is too long for {run.model}: {measured} tokens{limit} "
+        f"({len(history)} messages in the conversation path). Nothing of this turn was kept; "
+        "shorten the conversation (branch from an earlier message) or start a new one."
+    )
+
+
+def _run_cancel_checker(run_id: int) -> Callable[[], bool]:
+    return polled_at_most_every(
+        CANCEL_POLL_SECONDS,
+        lambda: reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists()),
+    )
+
+
+def subagent_execute(subagent_id: int, *, worker: str) -> None:
+    """Run (or resume) one child; the first child opens the gate on its first streamed event."""
+    if not subagent_claim(subagent_id=subagent_id, worker=worker):
+        logger.info("subagent %s is not queued any more; %s leaves it alone", subagent_id, worker)
+        return
+    child = Subagent.objects.select_related("parent", "parent__mode").get(pk=subagent_id)
+    parent = child.parent
+    resume = approvals.paused_turn_of(child)
+    first = child.index == 0
+    if not first and resume is None:
+        subagents.wait_for_release(child.fanout_id, settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS)
+    opened = resume is not None  # a resumed child started streaming long ago
+
+    def open_gate() -> None:
+        nonlocal opened
+        if first and not opened:
+            opened = True
+            subagents.release_siblings(child.fanout_id, child.count - 1)
+
+    def emit(kind: str, payload: dict[str, Any]) -> None:
+        if kind in ("text_delta", "tool_call", "usage"):
+            open_gate()
+
+    def turn() -> TurnOutcome:
+        profile = subagents.subagent_profiles().get(child.profile)
+        if profile is None:
+            raise ValueError(f"profile {child.profile!r} is no longer configured")
+        catalog, toolbox = turns.subagent_toolboxes(conversation_id=parent.conversation_id, mode=parent.mode)
+        return run_turn(
+            provider=get_provider(parent.provider),
+            model=parent.model,
+            system=[*subagents.subagent_system(child.shape), *catalog.surface.system_blocks()],
+            history=subagents.subagent_history(profile=profile, task=child.task),
+            toolbox=toolbox,
+            emit=emit,
+            max_steps=profile.max_steps,
+            is_cancelled=_subagent_cancel_checker(child.pk),
+            limits=ActionLimits(per_run=profile.max_actions, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+            max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+            resume=resume,
+            decisions=approvals.decisions_for(parent, subagent=child),
+        )
+
+    def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
+        with subagents.db_turn():
+            return approvals.approval_pause(run=parent, pause=waiting_for, subagent=child)
+
+    def failure(exc: Exception) -> str:
+        logger.exception("subagent %s failed", child)
+        return f"{type(exc).__name__}: {exc}"
+
+    try:
+        outcome = _drive(
+            turn,
+            pause=pause,
+            finish=lambda status, error: subagent_finish(child, status, error=error),
+            failure=failure,
+            cancelled_error=SUBAGENT_CANCELLED,
+        )
+    finally:
+        open_gate()  # a failed or paused first child must not hold its siblings for the whole wait
+    if outcome is None:
+        return
+    final = outcome.messages[-1]["content"] if outcome.messages else []
+    answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
+    with subagents.db_turn(), transaction.atomic():
+        ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
+        subagent_finish(child, Run.Status.SUCCEEDED, answer=answer)
+
+
+def _subagent_cancel_checker(subagent_id: int) -> Callable[[], bool]:
+    """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
+
+    def is_cancelled() -> bool:
+        child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
+        return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
+
+    return polled_at_most_every(CANCEL_POLL_SECONDS, is_cancelled)
+
+
+# --- waiting → queued: a person decided -------------------------------------------------
+
+
+def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) -> Approval:
+    """Record a person's decision; once no call of the run (or subagent) waits any more, queue it again."""
+    with transaction.atomic():
+        approval, ready = approvals.approval_record(approval_id=approval_id, user=user, decision=decision)
+        if isinstance(ready, Subagent):
+            subagent_id = ready.pk
+            transaction.on_commit(lambda: enqueue_subagent(subagent_id))
+        elif isinstance(ready, Run):
+            run_id = ready.pk
+            transaction.on_commit(lambda: enqueue_run(run_id))
+    return approval
+
+
+# --- the reaper ---------------------------------------------------------------------
+
+
+def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = None) -> list[int]:
+    """Fail, as retryable, the runs (and subagents) whose worker is gone; no turn was half-written (CH-5)."""
+    grace = heartbeat.ttl_seconds() if grace_seconds is None else grace_seconds
+    settled = timezone.now() - timedelta(seconds=grace)
+    candidates = Run.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled).exclude(worker__in=live)
+    reaped = []
+    for run in candidates.select_related("conversation"):
+        # Conditional: another worker's reaper, or the run itself finishing, may win the race.
+        if run_finish(run, Run.Status.FAILED, WORKER_LOST.format(worker=run.worker or "unknown worker")):
+            subagents.subagents_cancel(parent_id=run.pk)
+            reaped.append(run.pk)
+    if reaped:
+        logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)
+    _subagents_reap_orphans(live=live, settled=settled)
+    return reaped
+
+
+def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
+    """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
+    with subagents.db_turn():
+        lost = (
+            Subagent.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled)
+            .exclude(worker__in=live)
+            .update(status=Run.Status.FAILED, finished_at=timezone.now(), error=SUBAGENT_WORKER_LOST)
+        )
+    if lost:
+        logger.warning("failed %d subagent(s) whose worker stopped mid-turn", lost)
+    return lost
+
+
+def worker_started(hostname: str) -> threading.Event:
+    """A Celery worker is up: beat for it, and reap for everyone once the live set is complete."""
+    return heartbeat.start_heartbeat(hostname, on_complete=lambda live: runs_reap_orphans(live=live))
