@@ -28,13 +28,14 @@ def ttl_seconds() -> float:
     return 3 * settings.CC_WORKER_HEARTBEAT_SECONDS
 
 
-def _client() -> redis.Redis:
+def redis_client() -> redis.Redis:
+    """A short-timeout client of the broker's Redis: liveness, queue marks, reachability."""
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
 def beat_forever(hostname: str, stop: threading.Event, on_complete: Callable[[list[str]], object]) -> None:
     """Refresh this worker's key; hand the live set to `on_complete` (the reaper, CH-5) once it is complete."""
-    client = _client()
+    client = redis_client()
     while not stop.is_set():
         try:
             if beat(client, hostname):
@@ -63,5 +64,5 @@ def start_heartbeat(hostname: str, on_complete: Callable[[list[str]], object]) -
 
 
 def live_workers() -> list[str]:
-    client = _client()
+    client = redis_client()
     return sorted(key.decode()[len(KEY_PREFIX) :] for key in client.scan_iter(match=KEY_PREFIX + "*"))

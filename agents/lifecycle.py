@@ -18,10 +18,13 @@ back into this module); embedded mode submits the same function to a thread pool
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
 import threading
-from collections.abc import Callable, Collection
+import uuid
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import cache
@@ -29,15 +32,18 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import DateTimeField, Max, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agents import approvals, heartbeat, subagents, turns
 from agents.events import RunEventPublisher
-from agents.models import Approval, ModelRequest, Run, Subagent
+from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from agents.providers import get_provider
 from controlcenter.celery import app as celery_app
 from controlcenter.db import reconnecting
+from controlcenter.errors import ServiceUnavailable
 from conversations.models import Conversation, Message
 from engine.actions import ActionLimits, ApprovalNeeded
 from engine.catalog.toolbox import CatalogToolBox
@@ -46,6 +52,7 @@ from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.tokens import estimate_json_tokens
 from scratchpad import services as scratchpad_services
 from toolcatalog.services import activations_record
+from toolcatalog.tools import procgroup
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +61,45 @@ SUBAGENT_TASK = "agents.run_subagent"
 
 WORKER_LOST = (
     "The worker running this turn stopped before the turn ended ({worker}); nothing of the turn was stored, "
-    "so the conversation is exactly as it was before. Retry the run."
+    "so the conversation's messages are exactly as they were before. Retry the run."
+)
+# OP-4: a tool that was running is killed with its worker, but what it did until then stays.
+WORKER_LOST_MID_TOOL = (
+    " It stopped during the tool call {name} ({tool_use_id}); that call's processes were killed with the worker, "
+    "but what it changed in the workspace before then is still there."
 )
 SUBAGENT_WORKER_LOST = "the worker running this subagent stopped before it finished."
 SUBAGENT_CANCELLED = "cancelled before it finished."
 
 
 # --- enqueue ------------------------------------------------------------------------
+#
+# The database is the source of truth for work (OP-2). A broker message is only a wake-up
+# call: next to each one a mark `cc:queued:<kind>:<id>` says "the broker holds this". A Redis
+# flush or restart loses messages and marks together, and an enqueue that failed sets no
+# mark, so the workers' sweep queues again exactly the queued rows without a mark. A message
+# sent twice is harmless: the claim is a conditional UPDATE, one wins, the other is a no-op.
+
+QUEUE_MARK_TTL_SECONDS = 600
+_TASKS = {"run": RUN_TASK, "subagent": SUBAGENT_TASK}
+
+
+def _mark(kind: str, pk: int) -> str:
+    return f"cc:queued:{kind}:{pk}"
+
+
+def _send(kind: str, pk: int) -> None:
+    """Send the task, then mark it held; a broker that is down is logged, and the sweep sends it later."""
+    try:
+        celery_app.send_task(_TASKS[kind], (pk,), queue=settings.CC_RUN_QUEUE)
+        heartbeat.redis_client().set(_mark(kind, pk), "sent", ex=QUEUE_MARK_TTL_SECONDS)
+    except Exception as exc:  # kombu and redis-py raise their own families; both mean "not queued"
+        logger.warning("could not queue %s %s (%s); the sweep queues it once the broker is back", kind, pk, exc)
 
 
 def enqueue_run(run_id: int) -> None:
     if settings.CC_MODE == "services":
-        celery_app.send_task(RUN_TASK, (run_id,), queue=settings.CC_RUN_QUEUE)
+        _send("run", run_id)
     else:
         _embedded_pool().submit(_in_thread, run_execute, run_id)
 
@@ -73,9 +107,55 @@ def enqueue_run(run_id: int) -> None:
 def enqueue_subagent(subagent_id: int) -> None:
     """One child of a fan-out (TD-14), where runs run: at its start, or again once its approvals are decided."""
     if settings.CC_MODE == "services":
-        celery_app.send_task(SUBAGENT_TASK, (subagent_id,), queue=settings.CC_RUN_QUEUE)
+        _send("subagent", subagent_id)
     else:
         _subagent_pool().submit(_in_thread, subagent_execute, subagent_id)
+
+
+def queue_reachable() -> None:
+    """Refuse new work up front while the broker is down (OP-2): 503, and nothing is stored."""
+    if settings.CC_MODE != "services":
+        return
+    try:
+        heartbeat.redis_client().ping()
+    except Exception as exc:
+        logger.warning("the run queue is unreachable: %s", exc)
+        raise ServiceUnavailable(
+            "The run queue (Redis) is unreachable, so nothing was saved. Send the message again in a moment; "
+            "/healthz shows when the queue is back."
+        ) from None
+
+
+def _stale_queued(model: type[Run] | type[Subagent], cutoff: datetime) -> QuerySet:
+    # Queued since its creation, or since the last approval decision that queued it again.
+    return (
+        model.objects.filter(status=Run.Status.QUEUED)
+        .annotate(queued_since=Coalesce(Max("approvals__decided_at"), "created_at", output_field=DateTimeField()))
+        .filter(queued_since__lt=cutoff)
+    )
+
+
+def stale_queued_counts(*, older_than: float | None = None) -> dict[str, int]:
+    """How many runs and subagents have been queued longer than the sweep interval (for /healthz)."""
+    seconds = settings.CC_QUEUE_SWEEP_SECONDS if older_than is None else older_than
+    cutoff = timezone.now() - timedelta(seconds=seconds)
+    return {"runs": _stale_queued(Run, cutoff).count(), "subagents": _stale_queued(Subagent, cutoff).count()}
+
+
+def sweep_lost_work() -> list[str]:
+    """Queue again the work queued longer than the sweep interval whose broker message is gone."""
+    cutoff = timezone.now() - timedelta(seconds=settings.CC_QUEUE_SWEEP_SECONDS)
+    client = heartbeat.redis_client()
+    requeued = []
+    for kind, model in (("run", Run), ("subagent", Subagent)):
+        for pk in _stale_queued(model, cutoff).values_list("pk", flat=True):
+            # NX: with several workers sweeping, one of them sends it.
+            if client.set(_mark(kind, pk), "sweep", nx=True, ex=QUEUE_MARK_TTL_SECONDS):
+                celery_app.send_task(_TASKS[kind], (pk,), queue=settings.CC_RUN_QUEUE)
+                requeued.append(f"{kind} {pk}")
+    if requeued:
+        logger.warning("queued again %d item(s) the broker had lost: %s", len(requeued), ", ".join(requeued))
+    return requeued
 
 
 @cache
@@ -215,10 +295,9 @@ def run_execute(run_id: int, *, worker: str) -> None:
             first_event_seen = True
             reconnecting(lambda: Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now()))
 
-    emit(
-        "run_started",
-        {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None, "worker": worker},
-    )
+    started = {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None}
+    retry_of = _retry_of(run)
+    emit("run_started", {**started, "worker": worker, **({"retry_of": retry_of} if retry_of else {})})
     history: list[dict[str, Any]] = []
     catalog: CatalogToolBox | None = None
 
@@ -231,20 +310,21 @@ def run_execute(run_id: int, *, worker: str) -> None:
         )
         system = turns.turn_system(catalog)
         history = turns.turn_history(run, overhead_tokens=estimate_json_tokens([system, toolbox.schemas()]), emit=emit)
-        return run_turn(
-            provider=get_provider(run.provider),
-            model=run.model,
-            system=system,
-            history=history,
-            toolbox=toolbox,
-            emit=emit,
-            is_cancelled=_run_cancel_checker(run.pk),
-            limits=ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
-            max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
-            resume=approvals.paused_turn_of(run),
-            decisions=approvals.decisions_for(run),
-            on_prompt_too_long=turns.reactive_compaction_hook(run, emit),
-        )
+        with _tools_killed_on_cancel(run.conversation_id, lambda: _run_cancelled(run.pk)):
+            return run_turn(
+                provider=get_provider(run.provider),
+                model=run.model,
+                system=system,
+                history=history,
+                toolbox=toolbox,
+                emit=emit,
+                is_cancelled=_run_cancel_checker(run.pk),
+                limits=ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+                max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+                resume=approvals.paused_turn_of(run),
+                decisions=approvals.decisions_for(run),
+                on_prompt_too_long=turns.reactive_compaction_hook(run, emit),
+            )
 
     def failure(exc: Exception) -> str:
         if isinstance(exc, PromptTooLong):
@@ -311,11 +391,45 @@ def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLon
     )
 
 
+def _run_cancelled(run_id: int) -> bool:
+    return reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists())
+
+
 def _run_cancel_checker(run_id: int) -> Callable[[], bool]:
-    return polled_at_most_every(
-        CANCEL_POLL_SECONDS,
-        lambda: reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists()),
-    )
+    return polled_at_most_every(CANCEL_POLL_SECONDS, lambda: _run_cancelled(run_id))
+
+
+# How often a running turn's watcher asks whether it was cancelled: a cancel kills the tool's
+# process group within this (OP-3); the loop then ends the run at its next check.
+CANCEL_KILL_POLL_SECONDS = 0.25
+
+
+@contextlib.contextmanager
+def _tools_killed_on_cancel(conversation_id: int, is_cancelled: Callable[[], bool]) -> Iterator[None]:
+    """While the turn runs, a watcher kills its tools' process groups as soon as it is cancelled.
+
+    The loop itself only checks between steps and stream chunks, so a tool that sleeps would
+    otherwise hold the cancel until it ends by itself."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        try:
+            while not stop.wait(CANCEL_KILL_POLL_SECONDS):
+                try:
+                    if is_cancelled():
+                        procgroup.kill_groups(conversation_id)
+                except DatabaseError:
+                    connection.close()  # dropped: the next poll reconnects
+        finally:
+            connection.close()  # this thread's own connection
+
+    watcher = threading.Thread(target=watch, daemon=True, name="cc-cancel-watch")
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(timeout=2)
 
 
 def subagent_execute(subagent_id: int, *, worker: str) -> None:
@@ -346,20 +460,21 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         if profile is None:
             raise ValueError(f"profile {child.profile!r} is no longer configured")
         catalog, toolbox = turns.subagent_toolboxes(conversation_id=parent.conversation_id, mode=parent.mode)
-        return run_turn(
-            provider=get_provider(parent.provider),
-            model=parent.model,
-            system=[*subagents.subagent_system(child.shape), *catalog.surface.system_blocks()],
-            history=subagents.subagent_history(profile=profile, task=child.task),
-            toolbox=toolbox,
-            emit=emit,
-            max_steps=profile.max_steps,
-            is_cancelled=_subagent_cancel_checker(child.pk),
-            limits=ActionLimits(per_run=profile.max_actions, per_tool=settings.CC_TOOL_ACTION_LIMITS),
-            max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
-            resume=resume,
-            decisions=approvals.decisions_for(parent, subagent=child),
-        )
+        with _tools_killed_on_cancel(parent.conversation_id, lambda: _subagent_cancelled(child.pk)):
+            return run_turn(
+                provider=get_provider(parent.provider),
+                model=parent.model,
+                system=[*subagents.subagent_system(child.shape), *catalog.surface.system_blocks()],
+                history=subagents.subagent_history(profile=profile, task=child.task),
+                toolbox=toolbox,
+                emit=emit,
+                max_steps=profile.max_steps,
+                is_cancelled=_subagent_cancel_checker(child.pk),
+                limits=ActionLimits(per_run=profile.max_actions, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+                max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+                resume=resume,
+                decisions=approvals.decisions_for(parent, subagent=child),
+            )
 
     def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
         with subagents.db_turn():
@@ -388,14 +503,14 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         subagent_finish(child, Run.Status.SUCCEEDED, answer=answer)
 
 
-def _subagent_cancel_checker(subagent_id: int) -> Callable[[], bool]:
+def _subagent_cancelled(subagent_id: int) -> bool:
     """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
+    child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
+    return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
 
-    def is_cancelled() -> bool:
-        child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
-        return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
 
-    return polled_at_most_every(CANCEL_POLL_SECONDS, is_cancelled)
+def _subagent_cancel_checker(subagent_id: int) -> Callable[[], bool]:
+    return polled_at_most_every(CANCEL_POLL_SECONDS, lambda: _subagent_cancelled(subagent_id))
 
 
 # --- waiting → queued: a person decided -------------------------------------------------
@@ -424,14 +539,41 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
     candidates = Run.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled).exclude(worker__in=live)
     reaped = []
     for run in candidates.select_related("conversation"):
+        error = WORKER_LOST.format(worker=run.worker or "unknown worker")
+        interrupted = interrupted_call(run.pk)
+        if interrupted is not None:
+            error += WORKER_LOST_MID_TOOL.format(name=interrupted["name"], tool_use_id=interrupted["id"])
         # Conditional: another worker's reaper, or the run itself finishing, may win the race.
-        if run_finish(run, Run.Status.FAILED, WORKER_LOST.format(worker=run.worker or "unknown worker")):
+        if run_finish(run, Run.Status.FAILED, error):
             subagents.subagents_cancel(parent_id=run.pk)
             reaped.append(run.pk)
     if reaped:
         logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)
     _subagents_reap_orphans(live=live, settled=settled)
     return reaped
+
+
+def interrupted_call(run_id: int) -> dict[str, Any] | None:
+    """The run's last tool call that has no result in its event log: the one running when it stopped."""
+    events = RunEvent.objects.filter(run_id=run_id, type__in=["tool_call", "tool_result"]).order_by("seq")
+    open_calls: dict[str, dict[str, Any]] = {}
+    for kind, payload in events.values_list("type", "payload"):
+        if kind == "tool_call":
+            open_calls[payload.get("id", "")] = payload
+        else:
+            open_calls.pop(payload.get("id", payload.get("tool_use_id", "")), None)
+    if not open_calls:
+        return None
+    call = list(open_calls.values())[-1]
+    return {"id": call.get("id", ""), "name": call.get("name", ""), "input": call.get("input", {})}
+
+
+def _retry_of(run: Run) -> dict[str, Any] | None:
+    """What the earlier run answering the same message was doing when it stopped (OP-4), for run_started."""
+    earlier = Run.objects.filter(trigger_id=run.trigger_id, pk__lt=run.pk).order_by("-pk").first()
+    if earlier is None or not earlier.retryable:
+        return None
+    return {"run": earlier.pk, "status": earlier.status, "interrupted_call": interrupted_call(earlier.pk)}
 
 
 def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
@@ -447,6 +589,21 @@ def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
     return lost
 
 
+# Outside a Celery worker (embedded mode, tests) one instance per process.
+_PROCESS_INSTANCE = uuid.uuid4().hex[:12]
+
+
+def worker_identity(hostname: str | None) -> str:
+    """The name a worker claims runs and beats under: its --hostname plus its process instance
+    (OP-2), so a worker restarted under the same name does not pass for the one that died."""
+    return f"{hostname or 'celery'}#{os.environ.get('CC_WORKER_INSTANCE') or _PROCESS_INSTANCE}"
+
+
+def _on_complete_live_set(live: list[str]) -> None:
+    runs_reap_orphans(live=live)
+    sweep_lost_work()
+
+
 def worker_started(hostname: str) -> threading.Event:
-    """A Celery worker is up: beat for it, and reap for everyone once the live set is complete."""
-    return heartbeat.start_heartbeat(hostname, on_complete=lambda live: runs_reap_orphans(live=live))
+    """A Celery worker is up: beat for it; once the live set is complete, reap and sweep for everyone."""
+    return heartbeat.start_heartbeat(worker_identity(hostname), on_complete=_on_complete_live_set)

@@ -21,6 +21,7 @@ def run_start(*, conversation: Conversation, trigger: Message) -> Run:
         raise DomainError(
             f"The conversation's model {model!r} is no longer offered; pick one of {', '.join(settings.CC_MODELS)}."
         )
+    lifecycle.queue_reachable()
     run = Run.objects.create(
         conversation=conversation,
         trigger=trigger,

@@ -9,9 +9,9 @@ from agents import lifecycle
 
 @shared_task(name=lifecycle.RUN_TASK, acks_late=True)
 def run_turn(run_id: int) -> None:
-    lifecycle.run_execute(run_id, worker=run_turn.request.hostname or "celery")
+    lifecycle.run_execute(run_id, worker=lifecycle.worker_identity(run_turn.request.hostname))
 
 
 @shared_task(name=lifecycle.SUBAGENT_TASK)
 def run_subagent(subagent_id: int) -> None:
-    lifecycle.subagent_execute(subagent_id, worker=run_subagent.request.hostname or "celery")
+    lifecycle.subagent_execute(subagent_id, worker=lifecycle.worker_identity(run_subagent.request.hostname))

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 from celery import Celery
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
 
 app = Celery("controlcenter")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_init.connect
+def _new_instance(**kwargs) -> None:  # noqa: ANN003
+    # A worker is its process instance, not its name (OP-2): a worker restarted under the same
+    # --hostname is a new worker, and the runs of the one that died are reaped. Set before the
+    # pool starts, so pool processes (forked or spawned) inherit it.
+    os.environ["CC_WORKER_INSTANCE"] = uuid.uuid4().hex[:12]
 
 
 @worker_ready.connect

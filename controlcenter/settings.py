@@ -138,6 +138,10 @@ CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
 CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
 # Workers refresh a liveness key this often; a run whose worker misses three beats failed.
 CC_WORKER_HEARTBEAT_SECONDS = env_int("CC_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)
+# Work queued longer than this whose broker message is gone (a Redis flush or restart, an
+# enqueue that failed after commit) is queued again by the workers' sweep (OP-2); /healthz
+# reports queued work older than this as degraded.
+CC_QUEUE_SWEEP_SECONDS = env_int("CC_QUEUE_SWEEP_SECONDS", 30, minimum=1)
 # TD-12: prune tool output of turns older than the last KEEP_TURNS only when at least
 # MIN_TOKENS would be freed at once, so pruning is a rare rewrite, not a steady cache miss.
 CC_PRUNE_KEEP_TURNS = env_int("CC_PRUNE_KEEP_TURNS", 3, minimum=1)
@@ -250,6 +254,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- channels and celery --------------------------------------------------------
 if REDIS_URL:
+    CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 30
     # capacity: channels_redis silently drops the oldest buffered message of a consumer that is
     # more than `capacity` behind (default 100); a long run streams far more events than that to
     # a slow viewer, who would lose them until a reconnect. 1000 leaves room for seconds of lag.
@@ -259,7 +264,23 @@ if REDIS_URL:
             # max_connections: redis-py's asyncio pool holds 100 and then fails at once
             # ("Too many connections"): 200 websockets opening together made 30 of them fail
             # with 500 in the load bench. A burst now opens more connections for a moment.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000}], "capacity": 1000},
+            # socket_timeout (OP-1): every consumer waits for its next message with a server-side
+            # BZPOPMIN of 5 s (channels_redis's brpop_timeout). redis-py 8 gives every connection
+            # a 5 s socket timeout by default (it had none up to 7), so an idle wait hit the client
+            # timeout just before Redis answered: TimeoutError, and the websocket closed (1006)
+            # about every 5 s. The read must outlast the blocking command; 30 s still notices a
+            # dead Redis.
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "max_connections": 1000,
+                        "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
+                        "socket_connect_timeout": 5,
+                    }
+                ],
+                "capacity": 1000,
+            },
         }
     }
     CELERY_BROKER_URL = REDIS_URL

@@ -8,9 +8,7 @@ and said, never silently dropped. Large kept output goes to the scratchpad (SP-1
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -18,6 +16,7 @@ from typing import IO, Any
 
 from django.conf import settings
 
+from toolcatalog.tools import procgroup
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 
 DEFAULT_TIMEOUT_SECONDS = 120
@@ -78,7 +77,9 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         reader.start()
     timed_out = False
     try:
-        exit_code = process.wait(timeout=timeout)
+        # Killed at once on cancel, and with the worker if it dies (OP-3, OP-4).
+        with procgroup.tracked(process, key=context.conversation_id):
+            exit_code = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         _kill_group(process)
@@ -107,7 +108,10 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
                 f"Output above {cap} bytes per stream was cut; the counts of omitted bytes are given. "
                 "Redirect to a file in the workspace and read it in pages to see all of it."
             )
-    if timed_out:
+    if procgroup.was_cancelled(process):
+        observation["cancelled"] = True
+        observation["error"] = "The run was cancelled; the command was killed. Its output so far is above."
+    elif timed_out:
         observation["timed_out"] = True
         observation["error"] = f"The command did not finish within {timeout} s and was killed."
     elif exit_code != 0:
@@ -116,8 +120,7 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+    procgroup.kill_group(process.pid)
 
 
 TOOLS = [builtin("bash", bash)]
