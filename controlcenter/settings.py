@@ -28,7 +28,19 @@ from controlcenter.env import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("CC_VAR_DIR", str(BASE_DIR / "var")))
+
+
+def _assets(folder: str) -> Path:
+    # A checkout has templates/ and static/ at its top; an installed wheel carries them as
+    # package data (OP-6: BASE_DIR is then site-packages, where they are not).
+    checkout = BASE_DIR / folder
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "assets" / folder
+
+
+# Mutable data: under the checkout, or, for an installed product, where it is started.
+VAR_DIR = Path(
+    env_str("CC_VAR_DIR", str(BASE_DIR / "var" if (BASE_DIR / "manage.py").is_file() else Path.cwd() / "var"))
+)
 
 DEBUG = env_bool("DEBUG", False)
 
@@ -191,7 +203,7 @@ ASGI_APPLICATION = "controlcenter.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [_assets("templates")],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -216,7 +228,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [_assets("static")]
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Serve straight from the finders so `serve` works without a collectstatic step.
