@@ -148,12 +148,22 @@
     prompt.focus();
   }
 
-  function apply(event) {
+  // Everything of the run up to here is shown; a catch-up asks for what comes after it.
+  function contiguous(state) {
+    let n = 0;
+    while (state.seen.has(n + 1)) n += 1;
+    return n;
+  }
+
+  function apply(event, fromLog = false) {
     const state = runState(event.run_id);
     // Already shown (live and catch-up overlap). A set, not the highest seq: a run's log has
     // more than one writer while its subagents ask for approval (TD-14), so two events may
     // arrive out of order.
     if (state.seen.has(event.seq)) return;
+    // A live event after a gap (this tab joined mid-run, or missed some while reconnecting):
+    // the log has it and everything before it, so show them from there, in order (OP-1).
+    if (!fromLog && event.seq > contiguous(state) + 1) { catchUp(event.run_id); return; }
     state.seen.add(event.seq);
     state.lastSeq = Math.max(state.lastSeq, event.seq);
     const p = event.payload;
@@ -191,9 +201,16 @@
 
   async function catchUp(runId) {
     const state = runState(runId);
-    const response = await fetch(`/api/runs/${runId}/events/?after=${state.lastSeq}`, { credentials: "same-origin" });
-    if (!response.ok) return;
-    for (const event of await response.json()) apply({ ...event, run_id: runId });
+    // One request at a time; whatever arrived meanwhile is fetched by one more.
+    if (state.catchingUp) { state.catchUpAgain = true; return; }
+    state.catchingUp = true;
+    try {
+      const response = await fetch(`/api/runs/${runId}/events/?after=${contiguous(state)}`, { credentials: "same-origin" });
+      if (response.ok) for (const event of await response.json()) apply({ ...event, run_id: runId }, true);
+    } finally {
+      state.catchingUp = false;
+      if (state.catchUpAgain) { state.catchUpAgain = false; catchUp(runId); }
+    }
   }
 
   let retryDelay = 500;
