@@ -37,7 +37,8 @@ def _run(*args: str | Path, cwd: Path | None = None) -> str:
 @pytest.fixture
 def installed(tmp_path) -> Path:
     """A fresh venv holding the locked dependencies and the wheel; returns its bin/ folder."""
-    _run(UV, "build", "--wheel", "--quiet", "-o", tmp_path / "dist", ROOT)
+    # The sdist, then the wheel from it (as a release is built): MANIFEST.in must carry the assets.
+    _run(UV, "build", "--quiet", "-o", tmp_path / "dist", ROOT)
     (wheel,) = (tmp_path / "dist").glob("controlcenter-*.whl")
     requirements = tmp_path / "requirements.txt"
     _run(UV, "export", "--frozen", "--no-emit-project", "--quiet", "-o", requirements, cwd=ROOT)
