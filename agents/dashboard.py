@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from agents.models import ModelRequest, Run
 from conversations.models import Compaction
+from engine.tokens import cache_ratio
 from toolcatalog.models import RetrievalMiss, ToolActivation
 
 # Token categories, in the order the dashboard stacks them.
@@ -29,13 +30,6 @@ CATEGORIES = (
     ("cache_read", "cache_read_input_tokens", "Cache reads"),
     ("output", "output_tokens", "Output"),
 )
-# Waiting for a person's approval is in flight too: the run holds its conversation (UX-4).
-IN_FLIGHT = (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.WAITING)
-
-
-def cache_ratio(*, uncached: int, cache_write: int, cache_read: int) -> float | None:
-    prompt = uncached + cache_write + cache_read
-    return None if prompt == 0 else cache_read / prompt
 
 
 def _sums(prefix: str = "") -> dict[str, Any]:
@@ -117,7 +111,9 @@ def recent_runs(*, user: AbstractBaseUser, limit: int = 20) -> list[dict[str, An
 
 def runs_in_flight(*, user: AbstractBaseUser) -> list[dict[str, Any]]:
     rows = (
-        Run.objects.filter(conversation__owner=user, status__in=IN_FLIGHT)
+        # In flight = still holding its conversation (queued, running or waiting for a person).
+        Run.objects.active()
+        .filter(conversation__owner=user)
         .values("id", "status", "model", "conversation_id", "conversation__title", "created_at", "started_at")
         .order_by("id")
     )

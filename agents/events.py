@@ -15,9 +15,11 @@ import time
 from typing import Any
 
 from channels.layers import get_channel_layer
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
 
+from agents.dashboard import dashboard_snapshot
 from agents.models import Run, RunEvent
 from controlcenter.db import reconnecting
 
@@ -168,10 +170,6 @@ def publish_dashboard_update(*, user_id: int) -> None:
     by the sender, so the consumer stays transport. A failure is logged and swallowed:
     the run is already committed, and a reload shows the same figures.
     """
-    from django.contrib.auth import get_user_model
-
-    from agents.dashboard import dashboard_snapshot
-
     try:
         user = get_user_model().objects.get(pk=user_id)
         broadcast([dashboard_group(user_id)], {"type": "dashboard.update", "snapshot": dashboard_snapshot(user=user)})

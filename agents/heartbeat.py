@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import redis
 from django.conf import settings
@@ -27,19 +28,18 @@ def ttl_seconds() -> float:
     return 3 * settings.CC_WORKER_HEARTBEAT_SECONDS
 
 
-def _client() -> redis.Redis:
+def redis_client() -> redis.Redis:
+    """A short-timeout client of the broker's Redis: liveness, queue marks, reachability."""
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
-def beat_forever(hostname: str, stop: threading.Event) -> None:
-    """Refresh this worker's key, and fail the runs of workers whose keys expired (CH-5)."""
-    from agents.services import runs_reap_orphans
-
-    client = _client()
+def beat_forever(hostname: str, stop: threading.Event, on_complete: Callable[[list[str]], object]) -> None:
+    """Refresh this worker's key; hand the live set to `on_complete` (the reaper, CH-5) once it is complete."""
+    client = redis_client()
     while not stop.is_set():
         try:
             if beat(client, hostname):
-                runs_reap_orphans(live=live_workers())
+                on_complete(live_workers())
         except redis.RedisError:
             pass  # Redis being down is what /healthz reports; keep trying.
         except DatabaseError:
@@ -57,12 +57,12 @@ def beat(client: redis.Redis, hostname: str) -> bool:
     return now - float(client.get(EPOCH_KEY) or now) >= ttl_seconds()
 
 
-def start_heartbeat(hostname: str) -> threading.Event:
+def start_heartbeat(hostname: str, on_complete: Callable[[list[str]], object]) -> threading.Event:
     stop = threading.Event()
-    threading.Thread(target=beat_forever, args=(hostname, stop), daemon=True, name="cc-heartbeat").start()
+    threading.Thread(target=beat_forever, args=(hostname, stop, on_complete), daemon=True, name="cc-heartbeat").start()
     return stop
 
 
 def live_workers() -> list[str]:
-    client = _client()
+    client = redis_client()
     return sorted(key.decode()[len(KEY_PREFIX) :] for key in client.scan_iter(match=KEY_PREFIX + "*"))

@@ -11,6 +11,7 @@ from agents.models import Approval, ModelRequest, Run, RunEvent
 from controlcenter.errors import NotFound
 from conversations.models import Conversation
 from engine.loop import TOOL_ACTIVATION_MISS
+from engine.tokens import cache_ratio
 
 
 def run_visible_to(*, run_id: int, user: AbstractBaseUser) -> bool:
@@ -63,7 +64,11 @@ def run_model_requests(*, run: Run) -> list[dict[str, Any]]:
                 "request": request,
                 "prompt": prompt,
                 "verdict": cache_verdict(request),
-                "cache_ratio": request.cache_read_input_tokens / prompt if prompt else None,
+                "cache_ratio": cache_ratio(
+                    uncached=request.input_tokens,
+                    cache_write=request.cache_creation_input_tokens,
+                    cache_read=request.cache_read_input_tokens,
+                ),
             }
         )
     return rows
@@ -154,12 +159,6 @@ CACHE_GROUPS = {
 }
 
 
-def cache_ratio(*, input_tokens: int, cache_creation_input_tokens: int, cache_read_input_tokens: int) -> float:
-    """Cache reads over every prompt token processed (TD-15, RN-2); 0.0 when nothing was processed."""
-    total = input_tokens + cache_creation_input_tokens + cache_read_input_tokens
-    return round(cache_read_input_tokens / total, 4) if total else 0.0
-
-
 def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = None) -> list[dict]:
     """Usage summed per run, conversation, model or day (UTC) over the user's requests, with the cache ratio."""
     field = CACHE_GROUPS[group]
@@ -196,10 +195,12 @@ def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = No
                 # Requests that could not read the previous prefix because tools were loaded
                 # on a provider without deferred loading (TD-11): a cost counted, not hidden.
                 "activation_misses": row["activation_misses"],
-                "cache_ratio": cache_ratio(
-                    input_tokens=tokens["input_tokens"],
-                    cache_creation_input_tokens=tokens["cache_creation_input_tokens"],
-                    cache_read_input_tokens=tokens["cache_read_input_tokens"],
+                "cache_ratio": _rounded(
+                    cache_ratio(
+                        uncached=tokens["input_tokens"],
+                        cache_write=tokens["cache_creation_input_tokens"],
+                        cache_read=tokens["cache_read_input_tokens"],
+                    )
                 ),
             }
         )
@@ -218,3 +219,7 @@ def run_context_activity(*, run: Run) -> dict[str, Any]:
         "compactions": list(run.compactions.order_by("id")),
         "pruned": list(RunEvent.objects.filter(run=run, type="context_pruned").order_by("seq")),
     }
+
+
+def _rounded(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 4)

@@ -102,4 +102,5 @@ class CacheMetricSerializer(serializers.Serializer):
     output_tokens = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
     activation_misses = serializers.IntegerField()
-    cache_ratio = serializers.FloatField()
+    # Undefined (null) for a group whose requests processed no prompt token.
+    cache_ratio = serializers.FloatField(allow_null=True)

@@ -27,17 +27,22 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agents.approvals import approvals_expire
+from agents.models import Run, Subagent
 from engine.request import text_block
+from engine.scratchpad.offload import observation_size
+from engine.scratchpad.summary import text_summary
 from engine.toolbox import ToolBox, ToolBoxLayer
+from scratchpad import services as scratchpad_services
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +203,7 @@ _local_lock = threading.Lock()
 _embedded_db_lock = threading.RLock()
 
 
-def _db_turn():
+def db_turn() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if settings.CC_MODE == "services" else _embedded_db_lock
 
 
@@ -207,9 +212,7 @@ def _local_gate(fanout_id: str) -> threading.Event:
         return _local_gates.setdefault(fanout_id, threading.Event())
 
 
-def _redis():
-    import redis
-
+def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
@@ -241,11 +244,8 @@ def wait_for_release(fanout_id: str, timeout: float) -> bool:
 # --- the parent side ----------------------------------------------------------------
 
 
-def spawn_agents(*, run_id: int, arguments: dict[str, Any]) -> dict[str, Any]:
+def spawn_agents(*, run_id: int, arguments: dict[str, Any], enqueue_subagent: Callable[[int], None]) -> dict[str, Any]:
     """Fan out one child per task and return their answers in task order (the tool's observation)."""
-    from agents.dispatch import enqueue_subagent
-    from agents.models import Run, Subagent
-
     try:
         shape, specs = parse_spawn(
             arguments, profiles=subagent_profiles(), max_children=settings.CC_SUBAGENT_MAX_CHILDREN
@@ -254,7 +254,7 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"spawn_agents did not start any subagent: {exc}"}
     parent = Run.objects.get(pk=run_id)
     fanout_id = uuid.uuid4().hex
-    with _db_turn(), transaction.atomic():
+    with db_turn(), transaction.atomic():
         children = Subagent.objects.bulk_create(
             Subagent(parent=parent, fanout_id=fanout_id, index=index, count=len(specs), shape=shape,
                      profile=spec.profile, task=spec.task)
@@ -268,8 +268,6 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any]) -> dict[str, Any]:
 
 def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]:
     """Poll the children's rows until all have finished, the parent is cancelled, or the wait runs out."""
-    from agents.models import Run, Subagent
-
     deadline = time.monotonic() + settings.CC_SUBAGENT_TIMEOUT_SECONDS
     while True:
         children = list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index"))
@@ -285,8 +283,6 @@ def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]
 
 def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_out: bool) -> dict[str, Any]:
     """The answers in task order; any that would make the observation too large go to the scratchpad (SP-1)."""
-    from engine.scratchpad.offload import observation_size
-
     results = []
     for child in children:
         item: dict[str, Any] = {"index": child.index, "profile": child.profile, "ok": child.status == "succeeded"}
@@ -326,11 +322,8 @@ def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_o
 
 def _offload_answer(parent: Any, item: dict[str, Any]) -> None:
     """Store one child's answer in the scratchpad of the parent's turn; the item keeps its id and a summary."""
-    from engine.scratchpad.summary import text_summary
-    from scratchpad import services as scratchpad_services
-
     text = item.pop("text")
-    with _db_turn():
+    with db_turn():
         entry = scratchpad_services.put(
             turn_id=str(parent.pk),
             content=text,
@@ -353,12 +346,10 @@ def _offload_answer(parent: Any, item: dict[str, Any]) -> None:
 
 def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
     """Cancel a run's unfinished children: queued or waiting at once, running ones at their next check."""
-    from agents.models import Run, Subagent
-
     children = Subagent.objects.filter(parent_id=parent_id)
     if fanout_id is not None:
         children = children.filter(fanout_id=fanout_id)
-    with _db_turn():
+    with db_turn():
         stopped = children.filter(status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
             status=Run.Status.CANCELLED,
             cancel_requested=True,
@@ -367,164 +358,28 @@ def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
         )
         children.filter(status=Run.Status.RUNNING).update(cancel_requested=True)
         if stopped:
-            from agents.approvals import approvals_expire
-
             approvals_expire(run_id=parent_id, subagents_only=True)
     return stopped
-
-
-def subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
-    """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
-    from agents.models import Run, Subagent
-
-    with _db_turn():
-        lost = (
-            Subagent.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled)
-            .exclude(worker__in=live)
-            .update(
-                status=Run.Status.FAILED,
-                finished_at=timezone.now(),
-                error="the worker running this subagent stopped before it finished.",
-            )
-        )
-    if lost:
-        logger.warning("failed %d subagent(s) whose worker stopped mid-turn", lost)
-    return lost
 
 
 class SpawningToolBox(ToolBoxLayer):
     """Adds `spawn_agents` after the inner toolbox's tools (the parent run only)."""
 
-    def __init__(self, inner: ToolBox, *, run_id: int) -> None:
+    def __init__(self, inner: ToolBox, *, run_id: int, enqueue_subagent: Callable[[int], None] | None) -> None:
         super().__init__(inner)
         self.run_id = run_id
+        # None where the stack is only described (the Context view), never executed.
+        self.enqueue_subagent = enqueue_subagent
 
     def schemas(self) -> list[dict[str, Any]]:
         return [*self.inner.schemas(), SPAWN_AGENTS_SCHEMA]
 
     def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         if name == SPAWN_AGENTS:
-            return spawn_agents(run_id=self.run_id, arguments=arguments)
+            if self.enqueue_subagent is None:
+                raise RuntimeError("this toolbox describes the tools of a turn; it does not run them")
+            return spawn_agents(run_id=self.run_id, arguments=arguments, enqueue_subagent=self.enqueue_subagent)
         return self.inner.execute(name, arguments)
 
     def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.execute(name, arguments) if name == SPAWN_AGENTS else self.inner.execute_step(step, name, arguments)
-
-
-# --- the child side -----------------------------------------------------------------
-
-
-def subagent_toolbox(*, conversation_id: int, mode: Any) -> tuple[Any, Any]:
-    """A child's catalog toolbox and the approval gate over it: the parent run's surface (its mode,
-    resident set and deferred index; TD-8), without `spawn_agents`, whatever the child's task or
-    profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4)."""
-    from agents.approvals import GatedToolBox
-    from agents.turns import conversation_owner
-    from toolcatalog.toolbox import run_toolbox
-    from toolcatalog.workspace import workspace_root
-
-    catalog = run_toolbox(
-        workspace=workspace_root(conversation_id),
-        conversation_id=conversation_id,
-        user_id=conversation_owner(conversation_id),
-        mode=mode,
-        # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
-        approve=lambda tool, arguments: None,
-    )
-    return catalog, GatedToolBox(catalog)
-
-
-def subagent_execute(subagent_id: int, *, worker: str) -> None:
-    """Run (or resume) one child; the first child opens the gate on its first streamed event."""
-    from agents import approvals
-    from agents.models import ModelRequest, Run, Subagent
-    from agents.providers import get_provider
-    from engine.actions import ActionLimits, ApprovalNeeded
-    from engine.loop import TurnCancelled, run_turn
-
-    with _db_turn():
-        claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
-            status=Run.Status.RUNNING, worker=worker, started_at=timezone.now()
-        )
-    if not claimed:
-        logger.info("subagent %s is not queued any more; %s leaves it alone", subagent_id, worker)
-        return
-    child = Subagent.objects.select_related("parent", "parent__mode").get(pk=subagent_id)
-    parent = child.parent
-    resume = approvals.paused_turn_of(child)
-    first = child.index == 0
-    if not first and resume is None:
-        wait_for_release(child.fanout_id, settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS)
-    opened = resume is not None  # a resumed child started streaming long ago
-
-    def open_gate() -> None:
-        nonlocal opened
-        if first and not opened:
-            opened = True
-            release_siblings(child.fanout_id, child.count - 1)
-
-    def emit(kind: str, payload: dict[str, Any]) -> None:
-        if kind in ("text_delta", "tool_call", "usage"):
-            open_gate()
-
-    try:
-        profile = subagent_profiles().get(child.profile)
-        if profile is None:
-            raise ValueError(f"profile {child.profile!r} is no longer configured")
-        catalog, toolbox = subagent_toolbox(conversation_id=parent.conversation_id, mode=parent.mode)
-        outcome = run_turn(
-            provider=get_provider(parent.provider),
-            model=parent.model,
-            system=[*subagent_system(child.shape), *catalog.surface.system_blocks()],
-            history=subagent_history(profile=profile, task=child.task),
-            toolbox=toolbox,
-            emit=emit,
-            max_steps=profile.max_steps,
-            is_cancelled=_child_cancel_checker(child.pk),
-            limits=ActionLimits(per_run=profile.max_actions, per_tool=settings.CC_TOOL_ACTION_LIMITS),
-            max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
-            resume=resume,
-            decisions=approvals.decisions_for(parent, subagent=child),
-        )
-    except ApprovalNeeded as pause:
-        with _db_turn():
-            waiting = approvals.approval_pause(run=parent, pause=pause, subagent=child)
-        if waiting is None:
-            _child_finish(child, Run.Status.CANCELLED, error="cancelled before it finished.")
-        return
-    except TurnCancelled:
-        _child_finish(child, Run.Status.CANCELLED, error="cancelled before it finished.")
-        return
-    except Exception as exc:
-        logger.exception("subagent %s failed", child)
-        _child_finish(child, Run.Status.FAILED, error=f"{type(exc).__name__}: {exc}")
-        return
-    finally:
-        open_gate()  # a failed or paused first child must not hold its siblings for the whole wait
-    final = outcome.messages[-1]["content"] if outcome.messages else []
-    answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
-    with _db_turn(), transaction.atomic():
-        ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
-        _child_finish(child, Run.Status.SUCCEEDED, answer=answer)
-
-
-def _child_finish(child: Any, status: str, *, answer: str = "", error: str = "") -> None:
-    from agents.models import Run, Subagent
-
-    with _db_turn():
-        # Conditional: a child cancelled meanwhile keeps that verdict.
-        Subagent.objects.filter(pk=child.pk, status=Run.Status.RUNNING).update(
-            status=status, answer=answer, error=error, pending_turn=None, finished_at=timezone.now()
-        )
-
-
-def _child_cancel_checker(subagent_id: int):
-    """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
-    from agents.models import Run, Subagent
-    from engine.loop import CANCEL_POLL_SECONDS, polled_at_most_every
-
-    def is_cancelled() -> bool:
-        child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
-        return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
-
-    return polled_at_most_every(CANCEL_POLL_SECONDS, is_cancelled)

@@ -1,17 +1,17 @@
+"""The Celery tasks: transport only; the lifecycle (claim, execute, finish) is agents/lifecycle.py."""
+
 from __future__ import annotations
 
 from celery import shared_task
 
-from agents import services
+from agents import lifecycle
 
 
-@shared_task(name="agents.run_turn", acks_late=True)
+@shared_task(name=lifecycle.RUN_TASK, acks_late=True)
 def run_turn(run_id: int) -> None:
-    services.run_execute(run_id=run_id, worker=run_turn.request.hostname or "celery")
+    lifecycle.run_execute(run_id, worker=lifecycle.worker_identity(run_turn.request.hostname))
 
 
-@shared_task(name="agents.run_subagent")
+@shared_task(name=lifecycle.SUBAGENT_TASK)
 def run_subagent(subagent_id: int) -> None:
-    from agents.subagents import subagent_execute
-
-    subagent_execute(subagent_id, worker=run_subagent.request.hostname or "celery")
+    lifecycle.subagent_execute(subagent_id, worker=lifecycle.worker_identity(run_subagent.request.hostname))

@@ -57,13 +57,18 @@ def turn_pruned(messages: list[dict[str, Any]]) -> PruneResult:
 
 
 def turn_toolboxes(
-    *, run_id: int, conversation_id: int, mode: Mode | None = None
+    *,
+    run_id: int,
+    conversation_id: int,
+    mode: Mode | None = None,
+    enqueue_subagent: Callable[[int], None] | None = None,
 ) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """The run's catalog toolbox, and the stack the loop talks to, outermost first:
 
     approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
     offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
     catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
+    A run passes how its subagents are queued; without it the stack is only described (Context view).
     """
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
@@ -74,11 +79,30 @@ def turn_toolboxes(
         approve=lambda tool, arguments: None,
     )
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
-    spawning = SpawningToolBox(catalog, run_id=run_id) if catalog.surface.mode.admits(SPAWN_AGENTS) else catalog
+    spawning = (
+        SpawningToolBox(catalog, run_id=run_id, enqueue_subagent=enqueue_subagent)
+        if catalog.surface.mode.admits(SPAWN_AGENTS)
+        else catalog
+    )
     scratchpad = turn_toolbox(inner=spawning, run_id=run_id, conversation_id=conversation_id)
     stack = approvals.GatedToolBox(scratchpad)
     fit_surface_to_window(catalog, stack.schemas())  # LM-2: a small window gets a smaller resident set
     return catalog, stack
+
+
+def subagent_toolboxes(*, conversation_id: int, mode: Mode | None) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
+    """A child's catalog toolbox and the approval gate over it: the parent run's surface (its mode,
+    resident set and deferred index; TD-8), without `spawn_agents`, whatever the child's task or
+    profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4)."""
+    catalog = run_toolbox(
+        workspace=workspace_root(conversation_id),
+        conversation_id=conversation_id,
+        user_id=conversation_owner(conversation_id),
+        mode=mode,
+        # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
+        approve=lambda tool, arguments: None,
+    )
+    return catalog, approvals.GatedToolBox(catalog)
 
 
 def conversation_owner(conversation_id: int) -> int | None:
@@ -250,7 +274,7 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
 
     The one composition of the window: the page, `GET /api/conversations/<id>/context`
     and the `/context` command all call it. The request is built with the parts a run
-    uses (`agents.services.run_execute`, through this module): the system prompt plus the deferred-name index
+    uses (`agents.lifecycle.run_execute`, through this module): the system prompt plus the deferred-name index
     as system blocks, the catalog surface (mode filter, then deferral) wrapped by the
     scratchpad's turn toolbox for the tool block, and the stored path after the runtime's
     pruning of stale tool output. The turn is the conversation's latest run, so its live

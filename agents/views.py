@@ -22,6 +22,7 @@ from conversations import services as conversation_services
 from conversations.models import Conversation, Message
 from conversations.views import owned_conversation
 from engine.actions import result_as_text
+from engine.tokens import cache_ratio
 from toolcatalog.selectors import modes_list
 
 
@@ -42,8 +43,9 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             ("duration_ms", "duration_ms"),
         )
     }
-    prompt = totals["uncached"] + totals["cache_write"] + totals["cache_read"]
-    totals["cache_ratio"] = totals["cache_read"] / prompt if prompt else None
+    totals["cache_ratio"] = cache_ratio(
+        uncached=totals["uncached"], cache_write=totals["cache_write"], cache_read=totals["cache_read"]
+    )
     return render(
         request,
         "agents/run_detail.html",

@@ -3,7 +3,7 @@
 `python manage.py bench cache --json [--catalog FILE] [--turns 40]`
 
 Every turn is a real run: `message_send` queues it, a Celery worker started for the
-bench runs `agents.services.run_execute` (the run's toolbox stack, system prompt with
+bench runs `agents.lifecycle.run_execute` (the run's toolbox stack, system prompt with
 the deferred-name index, history view and pruning, `run_turn`, persistence), with the
 Anthropic adapter pointed at an in-process `EmulatorServer` (its cache rules, a test
 clock: 20 s per request, 60 s between turns). `spawn_agents` fans out to child tasks on

@@ -29,8 +29,8 @@ from django.test.utils import override_settings
 from engine.providers.emulator import Emulator
 from engine.providers.emulator_server import EmulatorServer
 
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
-from agents.services import run_execute
 from agents.summary import SUMMARY_SYSTEM
 from conversations.models import Compaction, Conversation, Message
 from engine.context.transcript import request_tokens

@@ -16,8 +16,8 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from agents.dispatch import embedded_recover  # noqa: E402
 from agents.events import register_server_loop  # noqa: E402
+from agents.lifecycle import embedded_recover  # noqa: E402
 from controlcenter.mode import log_mode  # noqa: E402
 from controlcenter.routing import websocket_urlpatterns  # noqa: E402
 from toolcatalog.mcp_server import mcp_endpoint  # noqa: E402

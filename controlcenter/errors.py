@@ -22,3 +22,10 @@ class NotFound(DomainError):
 class Conflict(DomainError):
     code = "conflict"
     status = 409
+
+
+class ServiceUnavailable(DomainError):
+    """A service the request needs (the run queue) is down; nothing was changed, try again later."""
+
+    code = "unavailable"
+    status = 503

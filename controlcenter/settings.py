@@ -29,7 +29,19 @@ from controlcenter.env import (
 from engine.window import budget_for_window
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("CC_VAR_DIR", str(BASE_DIR / "var")))
+
+
+def _assets(folder: str) -> Path:
+    # A checkout has templates/ and static/ at its top; an installed wheel carries them as
+    # package data (OP-6: BASE_DIR is then site-packages, where they are not).
+    checkout = BASE_DIR / folder
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "assets" / folder
+
+
+# Mutable data: under the checkout, or, for an installed product, where it is started.
+VAR_DIR = Path(
+    env_str("CC_VAR_DIR", str(BASE_DIR / "var" if (BASE_DIR / "manage.py").is_file() else Path.cwd() / "var"))
+)
 
 DEBUG = env_bool("DEBUG", False)
 
@@ -177,6 +189,10 @@ CC_WINDOW_BUDGET = budget_for_window(CC_CONTEXT_WINDOW_TOKENS)
 # The resident tool block takes at most this share of the window; the least used tools are deferred.
 CC_TOOL_WINDOW_PERCENT = env_int("CC_TOOL_WINDOW_PERCENT", 25, minimum=1)
 CC_MAX_OUTPUT_TOKENS = env_int("CC_MAX_OUTPUT_TOKENS", CC_WINDOW_BUDGET.max_output_tokens, minimum=1)
+# Work queued longer than this whose broker message is gone (a Redis flush or restart, an
+# enqueue that failed after commit) is queued again by the workers' sweep (OP-2); /healthz
+# reports queued work older than this as degraded.
+CC_QUEUE_SWEEP_SECONDS = env_int("CC_QUEUE_SWEEP_SECONDS", 30, minimum=1)
 # TD-12: prune tool output of turns older than the last KEEP_TURNS only when at least
 # MIN_TOKENS would be freed at once, so pruning is a rare rewrite, not a steady cache miss.
 CC_PRUNE_KEEP_TURNS = env_int("CC_PRUNE_KEEP_TURNS", 3, minimum=1)
@@ -234,7 +250,7 @@ ASGI_APPLICATION = "controlcenter.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [_assets("templates")],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -264,7 +280,7 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [_assets("static")]
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Serve straight from the finders so `serve` works without a collectstatic step.
@@ -305,6 +321,7 @@ SPECTACULAR_SETTINGS = {
 
 # --- channels and celery --------------------------------------------------------
 if REDIS_URL:
+    CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS = 30
     # capacity: channels_redis silently drops the oldest buffered message of a consumer that is
     # more than `capacity` behind (default 100); a long run streams far more events than that to
     # a slow viewer, who would lose them until a reconnect. 1000 leaves room for seconds of lag.
@@ -314,7 +331,23 @@ if REDIS_URL:
             # max_connections: redis-py's asyncio pool holds 100 and then fails at once
             # ("Too many connections"): 200 websockets opening together made 30 of them fail
             # with 500 in the load bench. A burst now opens more connections for a moment.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "max_connections": 1000}], "capacity": 1000},
+            # socket_timeout (OP-1): every consumer waits for its next message with a server-side
+            # BZPOPMIN of 5 s (channels_redis's brpop_timeout). redis-py 8 gives every connection
+            # a 5 s socket timeout by default (it had none up to 7), so an idle wait hit the client
+            # timeout just before Redis answered: TimeoutError, and the websocket closed (1006)
+            # about every 5 s. The read must outlast the blocking command; 30 s still notices a
+            # dead Redis.
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "max_connections": 1000,
+                        "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
+                        "socket_connect_timeout": 5,
+                    }
+                ],
+                "capacity": 1000,
+            },
         }
     }
     CELERY_BROKER_URL = REDIS_URL

@@ -20,3 +20,9 @@ def estimate_text_tokens(text: str) -> int:
 
 def estimate_json_tokens(value: Any) -> int:
     return estimate_text_tokens(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+
+
+def cache_ratio(*, uncached: int, cache_write: int, cache_read: int) -> float | None:
+    """Cache reads over every prompt token processed (TD-15, RN-2); undefined (None) when none was."""
+    prompt = uncached + cache_write + cache_read
+    return cache_read / prompt if prompt else None

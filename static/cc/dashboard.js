@@ -155,17 +155,20 @@
   render(JSON.parse(document.getElementById("dashboard-snapshot").textContent));
 
   let retryDelay = 500;
+  let connectedBefore = false;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/dashboard/`);
     socket.onopen = async () => {
       liveState.textContent = "live";
       root.dataset.live = "1";
-      if (retryDelay > 500) { // after a reconnect, what was pushed meanwhile is lost: refetch
+      retryDelay = 500;
+      // After any reconnect, however quick, what was pushed meanwhile is lost: refetch (OP-1).
+      if (connectedBefore) {
         const response = await fetch("/dashboard/data/", { credentials: "same-origin" });
         if (response.ok) render(await response.json());
       }
-      retryDelay = 500;
+      connectedBefore = true;
     };
     socket.onmessage = (message) => {
       const data = JSON.parse(message.data);

@@ -17,9 +17,10 @@ import time
 import pytest
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
 from agents.providers import get_provider
-from agents.services import run_execute, turn_system, turn_toolboxes
+from agents.turns import turn_system, turn_toolboxes
 from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
 from controlcenter.stack import free_port
 from conversations.services import conversation_create

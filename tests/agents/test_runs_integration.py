@@ -10,8 +10,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run, RunEvent
-from agents.services import run_execute
 from controlcenter.routing import websocket_urlpatterns
 from conversations.models import Conversation, Message
 from tests.support.waiting import run_finished

@@ -90,7 +90,7 @@ def worker(model_server, settings, tmp_path):
 
 
 def run_to_end(owner, provider: str) -> Run:
-    from agents.dispatch import enqueue_run
+    from agents.lifecycle import enqueue_run
 
     catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
     conversation = Conversation.objects.create(owner=owner, title=f"activation on {provider}")

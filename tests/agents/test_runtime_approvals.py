@@ -8,8 +8,8 @@ import uuid
 import pytest
 from django.db import connection
 
+from agents.lifecycle import run_execute
 from agents.models import Approval, Run, RunEvent
-from agents.services import run_execute
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator, ScriptedPolicy
@@ -146,7 +146,7 @@ def test_an_approval_pending_across_a_worker_restart_is_resumed_by_the_new_worke
 
     if settings.CC_MODE != "services":
         pytest.fail("this test needs DATABASE_URL and REDIS_URL (a real Celery worker)")
-    from agents.dispatch import enqueue_run
+    from agents.lifecycle import enqueue_run
 
     env = worker_env(model_server, tmp_path)
     first = WorkerProcess(env, f"first-{uuid.uuid4().hex[:6]}@%h", tmp_path / "first.log", queue=settings.CC_RUN_QUEUE)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run, RunEvent
-from agents.services import run_execute
 from agents.turns import reactive_compaction_hook as _reactive_compaction
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create

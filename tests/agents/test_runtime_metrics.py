@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
-from agents.services import run_execute
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator, ScriptedPolicy
 from engine.emulator.server import EmulatorServer

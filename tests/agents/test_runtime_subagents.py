@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from agents.lifecycle import run_execute
 from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
-from agents.services import run_execute
 from agents.subagents import SPAWN_AGENTS, fanout_observation
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
@@ -312,10 +312,11 @@ def test_a_large_child_answer_goes_to_the_scratchpad_and_the_parent_reads_it_who
     ],
 )
 def test_bad_spawn_arguments_are_a_tool_error_and_spawn_nothing(alice, arguments, message):
+    from agents.lifecycle import enqueue_subagent
     from agents.subagents import spawn_agents
 
     run = make_run(alice)
-    observation = spawn_agents(run_id=run.pk, arguments=arguments)
+    observation = spawn_agents(run_id=run.pk, arguments=arguments, enqueue_subagent=enqueue_subagent)
     assert observation["ok"] is False
     assert observation["error"].startswith("spawn_agents did not start any subagent: ")
     assert message in observation["error"], observation["error"]
@@ -356,7 +357,7 @@ def pending_child_approvals(api, run: Run, count: int) -> list[dict[str, Any]]:
 def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_or_denied(
     fanout, alice, alice_api, bob_api
 ):
-    from agents.dispatch import enqueue_run
+    from agents.lifecycle import enqueue_run
 
     worker = fanout(bash_children)
     if worker is None:
@@ -423,7 +424,7 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("RN-4", "TD-14")
 def test_cancelling_the_parent_cancels_children_waiting_for_approval(fanout, alice, alice_api):
-    from agents.dispatch import enqueue_run
+    from agents.lifecycle import enqueue_run
 
     if fanout(bash_children) is None:
         pytest.fail("this test needs services mode: a real Celery worker runs the parent and its children")
@@ -479,7 +480,7 @@ def test_a_child_whose_worker_is_gone_is_failed_by_the_reaper_so_its_parent_hear
 
     from django.utils import timezone
 
-    from agents.services import runs_reap_orphans
+    from agents.lifecycle import runs_reap_orphans
 
     run = make_run(alice)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, worker="alive@host", started_at=timezone.now())

@@ -278,7 +278,7 @@ def test_after_a_redis_restart_no_worker_reaps_until_every_live_worker_could_bea
 def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings, tmp_path):
     import threading
 
-    from agents.services import run_execute, runs_reap_orphans
+    from agents.lifecycle import run_execute, runs_reap_orphans
 
     settings.CC_TOOL_AUTO_APPROVE = ["bash"]
     settings.CC_WORKSPACE_ROOT = tmp_path

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from agents import chat
+from agents.lifecycle import run_execute
 from agents.models import Run
-from agents.services import run_execute
 from agents.turns import turn_history as _turn_history
 from controlcenter.errors import DomainError
 from conversations import selectors, services

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents import chat
+from agents.lifecycle import run_execute
 from agents.models import Run
-from agents.services import run_execute
 from controlcenter.errors import Conflict
 from conversations import selectors
 from conversations.models import Message

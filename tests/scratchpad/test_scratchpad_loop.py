@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agents import services as agent_services
+from agents import lifecycle
 from agents.models import Run
 from conversations.models import Message
 from engine.actions import result_text
@@ -258,7 +258,7 @@ def test_run_execute_collects_expired_entries_and_offloads_a_large_listing(alice
     for i in range(120):
         (workspace / f"report-{i:04d}-with-a-rather-long-descriptive-name.txt").write_text("x")
 
-    agent_services.run_execute(run_id=run.pk, worker="test")
+    lifecycle.run_execute(run_id=run.pk, worker="test")
 
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error

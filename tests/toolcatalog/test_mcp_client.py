@@ -26,8 +26,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import Approval, Run, RunEvent
-from agents.services import run_execute
 from conversations.models import Conversation
 from conversations.services import conversation_create
 from engine.actions import tool_result

@@ -9,8 +9,8 @@ from django.core.exceptions import ValidationError
 from django.test import override_settings
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest
-from agents.services import run_execute
 from agents.turns import SYSTEM_PROMPT
 from conversations.models import Message
 from conversations.services import conversation_create

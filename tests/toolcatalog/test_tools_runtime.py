@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import Run
-from agents.services import run_execute
 from conversations.models import Message
 from conversations.services import conversation_create
 from toolcatalog.workspace import workspace_root

@@ -9,13 +9,14 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client
 
-from agents.dashboard import cache_ratio, dashboard_snapshot
+from agents.dashboard import dashboard_snapshot
 from agents.events import publish_dashboard_update
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run, RunEvent
 from agents.selectors import cache_verdict, run_timeline
-from agents.services import run_execute
 from controlcenter.routing import websocket_urlpatterns
 from conversations.models import Conversation, Message
+from engine.tokens import cache_ratio
 
 
 def _run(owner, *, title="c", model="m-1", status=Run.Status.SUCCEEDED, usage=()) -> Run:

@@ -99,6 +99,7 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
             f"{_limit_hit(result, limits, fsize)}."
         )
     elif result.killed:
+        observation["cancelled"] = True  # the partial output above is what it wrote until then (OP-3)
         observation["error"] = "The command was cancelled and killed, with every process it started."
     elif result.stopped_by is not None:
         observation["error"] = f"The command went past the disk quota: {result.stopped_by}."

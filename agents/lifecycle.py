@@ -1,0 +1,619 @@
+"""One run lifecycle (AR-1): enqueue → claim → execute → finish → publish, for runs and subagents.
+
+Every state change is a conditional UPDATE (STYLE #5), so whoever wins a race decides:
+
+    queued ──claim──▶ running ──finish──▶ succeeded | failed | cancelled
+      ▲                  │
+      └──all decided── waiting (for a person, RN-4)
+
+A run announces its end with exactly one `run_finished` event, sent by whoever won the
+finish; a subagent has no event log of its own (its parent polls its row). The reaper
+fails what a dead worker held; its view of "held by a worker" is the `running` status
+(queued and waiting work belongs to no worker; `agents.models.ACTIVE_STATUSES` is what
+still holds a conversation).
+
+Where work runs: services mode sends a Celery task by name (agents/tasks.py only calls
+back into this module); embedded mode submits the same function to a thread pool here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db.models import DateTimeField, Max, QuerySet
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from agents import approvals, heartbeat, subagents, turns
+from agents.events import RunEventPublisher
+from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
+from agents.providers import get_provider
+from controlcenter.db import reconnecting
+from controlcenter.errors import ServiceUnavailable
+from conversations.models import Compaction, Conversation, Message
+from engine.actions import ActionLimits, ApprovalNeeded
+from engine.catalog.toolbox import CatalogToolBox
+from engine.context.transcript import overhead_tokens
+from engine.loop import CANCEL_POLL_SECONDS, TurnCancelled, TurnOutcome, polled_at_most_every, run_turn
+from engine.providers.protocol import PromptTooLong, ProviderError
+from engine.tokens import estimate_json_tokens
+from scratchpad import services as scratchpad_services
+from toolcatalog import sandbox
+from toolcatalog.services import activations_record
+
+logger = logging.getLogger(__name__)
+
+RUN_TASK = "agents.run_turn"
+SUBAGENT_TASK = "agents.run_subagent"
+
+WORKER_LOST = (
+    "The worker running this turn stopped before the turn ended ({worker}); nothing of the turn was stored, "
+    "so the conversation's messages are exactly as they were before. Retry the run."
+)
+# OP-4: a tool that was running is killed with its worker, but what it did until then stays.
+WORKER_LOST_MID_TOOL = (
+    " It stopped during the tool call {name} ({tool_use_id}); that call's processes were killed with the worker, "
+    "but what it changed in the workspace before then is still there."
+)
+SUBAGENT_WORKER_LOST = "the worker running this subagent stopped before it finished."
+SUBAGENT_CANCELLED = "cancelled before it finished."
+
+
+# --- enqueue ------------------------------------------------------------------------
+#
+# The database is the source of truth for work (OP-2). A broker message is only a wake-up
+# call: next to each one a mark `cc:queued:<kind>:<id>` says "the broker holds this". A Redis
+# flush or restart loses messages and marks together, and an enqueue that failed sets no
+# mark, so the workers' sweep queues again exactly the queued rows without a mark. A message
+# sent twice is harmless: the claim is a conditional UPDATE, one wins, the other is a no-op.
+
+QUEUE_MARK_TTL_SECONDS = 600
+_TASKS = {"run": RUN_TASK, "subagent": SUBAGENT_TASK}
+
+
+def _mark(kind: str, pk: int) -> str:
+    return f"cc:queued:{kind}:{pk}"
+
+
+def _send(kind: str, pk: int) -> None:
+    """Send the task, then mark it held; a broker that is down is logged, and the sweep sends it later."""
+    try:
+        # The project app is current: controlcenter/__init__.py creates it before any app module loads.
+        current_app.send_task(_TASKS[kind], (pk,), queue=settings.CC_RUN_QUEUE)
+        heartbeat.redis_client().set(_mark(kind, pk), "sent", ex=QUEUE_MARK_TTL_SECONDS)
+    except Exception as exc:  # kombu and redis-py raise their own families; both mean "not queued"
+        logger.warning("could not queue %s %s (%s); the sweep queues it once the broker is back", kind, pk, exc)
+
+
+def enqueue_run(run_id: int) -> None:
+    if settings.CC_MODE == "services":
+        _send("run", run_id)
+    else:
+        _embedded_pool().submit(_in_thread, run_execute, run_id)
+
+
+def enqueue_subagent(subagent_id: int) -> None:
+    """One child of a fan-out (TD-14), where runs run: at its start, or again once its approvals are decided."""
+    if settings.CC_MODE == "services":
+        _send("subagent", subagent_id)
+    else:
+        _subagent_pool().submit(_in_thread, subagent_execute, subagent_id)
+
+
+def queue_reachable() -> None:
+    """Refuse new work up front while the broker is down (OP-2): 503, and nothing is stored."""
+    if settings.CC_MODE != "services":
+        return
+    try:
+        heartbeat.redis_client().ping()
+    except Exception as exc:
+        logger.warning("the run queue is unreachable: %s", exc)
+        raise ServiceUnavailable(
+            "The run queue (Redis) is unreachable, so nothing was saved. Send the message again in a moment; "
+            "/healthz shows when the queue is back."
+        ) from None
+
+
+def _stale_queued(model: type[Run] | type[Subagent], cutoff: datetime) -> QuerySet:
+    # Queued since its creation, or since the last approval decision that queued it again.
+    return (
+        model.objects.filter(status=Run.Status.QUEUED)
+        .annotate(queued_since=Coalesce(Max("approvals__decided_at"), "created_at", output_field=DateTimeField()))
+        .filter(queued_since__lt=cutoff)
+    )
+
+
+def stale_queued_counts(*, older_than: float | None = None) -> dict[str, int]:
+    """How many runs and subagents have been queued longer than the sweep interval (for /healthz)."""
+    seconds = settings.CC_QUEUE_SWEEP_SECONDS if older_than is None else older_than
+    cutoff = timezone.now() - timedelta(seconds=seconds)
+    return {"runs": _stale_queued(Run, cutoff).count(), "subagents": _stale_queued(Subagent, cutoff).count()}
+
+
+def sweep_lost_work() -> list[str]:
+    """Queue again the work queued longer than the sweep interval whose broker message is gone."""
+    cutoff = timezone.now() - timedelta(seconds=settings.CC_QUEUE_SWEEP_SECONDS)
+    client = heartbeat.redis_client()
+    requeued = []
+    for kind, model in (("run", Run), ("subagent", Subagent)):
+        for pk in _stale_queued(model, cutoff).values_list("pk", flat=True):
+            # NX: with several workers sweeping, one of them sends it.
+            if client.set(_mark(kind, pk), "sweep", nx=True, ex=QUEUE_MARK_TTL_SECONDS):
+                current_app.send_task(_TASKS[kind], (pk,), queue=settings.CC_RUN_QUEUE)
+                requeued.append(f"{kind} {pk}")
+    if requeued:
+        logger.warning("queued again %d item(s) the broker had lost: %s", len(requeued), ", ".join(requeued))
+    return requeued
+
+
+@cache
+def _embedded_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="cc-embedded-worker")
+
+
+@cache
+def _subagent_pool() -> ThreadPoolExecutor:
+    # Own pool: the parent run holds a thread of the run pool while it waits for its children.
+    return ThreadPoolExecutor(max_workers=4, thread_name_prefix="cc-embedded-subagent")
+
+
+def _in_thread(execute: Callable[..., None], pk: int) -> None:
+    close_old_connections()
+    try:
+        execute(pk, worker=f"embedded@{socket.gethostname()}")
+    except Exception:
+        logger.exception("embedded worker failed on %s %s", execute.__name__, pk)
+    finally:
+        close_old_connections()
+
+
+def embedded_recover() -> None:
+    """At start of an embedded server: the previous process's runs died with it."""
+    runs_reap_orphans(live=(), grace_seconds=0)
+    for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
+        enqueue_run(run_id)
+
+
+# --- claim and finish (the conditional UPDATEs) ----------------------------------------
+
+
+def run_claim(*, run_id: int, worker: str) -> bool:
+    """Exactly one worker moves a run from queued to running."""
+    claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
+        status=Run.Status.RUNNING, started_at=timezone.now(), worker=worker
+    )
+    return claimed == 1
+
+
+def subagent_claim(*, subagent_id: int, worker: str) -> bool:
+    with subagents.db_turn():
+        claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
+            status=Run.Status.RUNNING, worker=worker, started_at=timezone.now()
+        )
+    return claimed == 1
+
+
+def _run_finished(run: Run, status: str, error: str) -> bool:
+    # Conditional: a run the reaper already failed keeps the reaper's verdict (and its one run_finished).
+    return (
+        reconnecting(
+            lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(
+                status=status, error=error, finished_at=timezone.now()
+            )
+        )
+        == 1
+    )
+
+
+def run_finish(run: Run, status: str, error: str = "", publisher: RunEventPublisher | None = None) -> bool:
+    """End a running run; the winner of the conditional UPDATE announces it, so there is one run_finished."""
+    if not _run_finished(run, status, error):
+        return False
+    (publisher or RunEventPublisher(run)).publish("run_finished", {"status": status, "error": error})
+    return True
+
+
+def subagent_finish(child: Subagent, status: str, *, answer: str = "", error: str = "") -> bool:
+    with subagents.db_turn():
+        # Conditional: a child cancelled meanwhile keeps that verdict.
+        return (
+            Subagent.objects.filter(pk=child.pk, status=Run.Status.RUNNING).update(
+                status=status, answer=answer, error=error, pending_turn=None, finished_at=timezone.now()
+            )
+            == 1
+        )
+
+
+def run_cancel_now(run: Run) -> bool:
+    """A queued or waiting run is cancelled at once (a running one stops at its next check)."""
+    if not Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
+        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
+    ):
+        return False
+    approvals.approvals_expire(run_id=run.pk)
+    RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+    return True
+
+
+# --- execute ------------------------------------------------------------------------
+
+
+def _drive(
+    turn: Callable[[], TurnOutcome],
+    *,
+    pause: Callable[[ApprovalNeeded], list[Approval] | None],
+    finish: Callable[[str, str], bool],
+    failure: Callable[[Exception], str],
+    cancelled_error: str = "",
+) -> TurnOutcome | None:
+    """Run the turn; every way it can end without an outcome to store ends here, for runs and subagents alike."""
+    try:
+        return turn()
+    except ApprovalNeeded as waiting_for:
+        try:
+            waiting = pause(waiting_for)
+        except Exception as exc:
+            logger.exception("could not pause for approval")
+            finish(Run.Status.FAILED, f"internal error while pausing for approval: {type(exc).__name__}: {exc}")
+            return None
+        if waiting is None:  # cancelled meanwhile: nobody is asked
+            finish(Run.Status.CANCELLED, cancelled_error)
+        return None
+    except TurnCancelled:
+        finish(Run.Status.CANCELLED, cancelled_error)
+        return None
+    except Exception as exc:
+        finish(Run.Status.FAILED, failure(exc))
+        return None
+
+
+def run_execute(run_id: int, *, worker: str) -> None:
+    """Run (or resume) one agent turn for a queued run; persist it at the turn boundary (CH-5)."""
+    if not run_claim(run_id=run_id, worker=worker):
+        logger.info("run %s is not queued any more; %s leaves it alone", run_id, worker)
+        return
+    run = Run.objects.select_related("conversation", "trigger", "mode").get(pk=run_id)
+    publisher = RunEventPublisher(run)
+    first_event_seen = False
+
+    def emit(event_type: str, payload: dict[str, Any]) -> None:
+        nonlocal first_event_seen
+        publisher.publish(event_type, payload)
+        if not first_event_seen:
+            first_event_seen = True
+            reconnecting(lambda: Run.objects.filter(pk=run.pk).update(first_event_at=timezone.now()))
+
+    started = {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None}
+    retry_of = _retry_of(run)
+    emit("run_started", {**started, "worker": worker, **({"retry_of": retry_of} if retry_of else {})})
+    history: list[dict[str, Any]] = []
+    catalog: CatalogToolBox | None = None
+
+    def turn() -> TurnOutcome:
+        nonlocal history, catalog
+        # Scratchpad (SP-10): collect expired entries at the start of every turn.
+        scratchpad_services.gc()
+        catalog, toolbox = turns.turn_toolboxes(
+            run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode, enqueue_subagent=enqueue_subagent
+        )
+        system = turns.turn_system(catalog)
+
+        def overhead() -> int:
+            # Measured when the provider refuses: tools loaded during the turn count too.
+            return overhead_tokens(system, toolbox.schemas())
+
+        history = turns.turn_history(run, overhead_tokens=overhead(), emit=emit)
+        with _tools_killed_on_cancel(run.conversation_id, lambda: _run_cancelled(run.pk)):
+            return run_turn(
+                provider=get_provider(run.provider),
+                model=run.model,
+                system=system,
+                history=history,
+                toolbox=toolbox,
+                emit=emit,
+                is_cancelled=_run_cancel_checker(run.pk),
+                limits=ActionLimits(per_run=settings.CC_RUN_MAX_ACTIONS, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+                max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+                resume=approvals.paused_turn_of(run),
+                decisions=approvals.decisions_for(run),
+                on_prompt_too_long=turns.reactive_compaction_hook(run, emit, overhead=overhead),
+                max_tokens=settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
+            )
+
+    def failure(exc: Exception) -> str:
+        if isinstance(exc, PromptTooLong):
+            # A pass whose retry was refused too must not become the view later turns send (CH-12).
+            Compaction.objects.filter(run=run, trigger="reactive").delete()
+            return _too_long_message(run, history, exc)
+        if isinstance(exc, ProviderError):
+            return f"{type(exc).__name__}: {exc}"
+        logger.exception("run %s failed", run.pk)
+        return f"internal error: {type(exc).__name__}: {exc}"
+
+    outcome = _drive(
+        turn,
+        pause=lambda waiting_for: approvals.approval_pause(run=run, pause=waiting_for, publisher=publisher),
+        finish=lambda status, error: run_finish(run, status, error, publisher),
+        failure=failure,
+    )
+    if outcome is None or catalog is None:
+        return
+    if reconnecting(lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists()):
+        # Asked to stop while the last step ran (the loop checks at most every 0.5 s), or it
+        # ended a fan-out's wait (TD-14): the cancel wins over the reply, which is not stored.
+        run_finish(run, Run.Status.CANCELLED, "", publisher)
+        return
+    reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
+    if reply is None:
+        # Failed meanwhile (its worker was taken for dead) or cancelled: the turn is dropped,
+        # so a retry that may already be running is the only answer stored (no duplicates).
+        logger.warning("run %s ended while its turn ran; the turn was not stored", run.pk)
+        return
+    publisher.publish(
+        "run_finished",
+        {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
+    )
+
+
+@transaction.atomic
+def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message | None:
+    # Only a run that is still running may store its turn, decided under the row lock.
+    if not list(Run.objects.select_for_update().filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")):
+        return None
+    parent = run.trigger
+    for message in outcome.messages:
+        parent = Message.objects.create(
+            conversation_id=run.conversation_id, parent=parent, role=message["role"], content=message["content"]
+        )
+    # Move the tip only if nobody branched away while the turn ran; otherwise the
+    # reply stays reachable on its own branch (CH-7).
+    Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
+        tip=parent, updated_at=timezone.now()
+    )
+    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
+    activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
+    Run.objects.filter(pk=run.pk).update(pending_turn=None)
+    _run_finished(run, Run.Status.SUCCEEDED, "")
+    return parent
+
+
+def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLong) -> str:
+    measured = exc.tokens if exc.tokens is not None else estimate_json_tokens(history)
+    limit = f" against a maximum of {exc.maximum}" if exc.maximum is not None else ""
+    return (
+        f"The prompt is too long for {run.model}: {measured} tokens{limit} "
+        f"({len(history)} messages in the conversation path). Nothing of this turn was kept; "
+        "shorten the conversation (branch from an earlier message) or start a new one."
+    )
+
+
+def _run_cancelled(run_id: int) -> bool:
+    return reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists())
+
+
+def _run_cancel_checker(run_id: int) -> Callable[[], bool]:
+    return polled_at_most_every(CANCEL_POLL_SECONDS, lambda: _run_cancelled(run_id))
+
+
+# How often a running turn's watcher asks whether it was cancelled: a cancel kills the tool's
+# process group within this (OP-3); the loop then ends the run at its next check.
+CANCEL_KILL_POLL_SECONDS = 0.25
+
+
+@contextlib.contextmanager
+def _tools_killed_on_cancel(conversation_id: int, is_cancelled: Callable[[], bool]) -> Iterator[None]:
+    """While the turn runs, a watcher kills its tools' process groups as soon as it is cancelled.
+
+    The loop itself only checks between steps and stream chunks, so a tool that sleeps would
+    otherwise hold the cancel until it ends by itself."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        try:
+            while not stop.wait(CANCEL_KILL_POLL_SECONDS):
+                try:
+                    if is_cancelled():
+                        sandbox.kill_running(conversation_id)
+                except DatabaseError:
+                    connection.close()  # dropped: the next poll reconnects
+        finally:
+            connection.close()  # this thread's own connection
+
+    watcher = threading.Thread(target=watch, daemon=True, name="cc-cancel-watch")
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(timeout=2)
+
+
+def subagent_execute(subagent_id: int, *, worker: str) -> None:
+    """Run (or resume) one child; the first child opens the gate on its first streamed event."""
+    if not subagent_claim(subagent_id=subagent_id, worker=worker):
+        logger.info("subagent %s is not queued any more; %s leaves it alone", subagent_id, worker)
+        return
+    child = Subagent.objects.select_related("parent", "parent__mode").get(pk=subagent_id)
+    parent = child.parent
+    resume = approvals.paused_turn_of(child)
+    first = child.index == 0
+    if not first and resume is None:
+        subagents.wait_for_release(child.fanout_id, settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS)
+    opened = resume is not None  # a resumed child started streaming long ago
+
+    def open_gate() -> None:
+        nonlocal opened
+        if first and not opened:
+            opened = True
+            subagents.release_siblings(child.fanout_id, child.count - 1)
+
+    def emit(kind: str, payload: dict[str, Any]) -> None:
+        if kind in ("text_delta", "tool_call", "usage"):
+            open_gate()
+
+    def turn() -> TurnOutcome:
+        profile = subagents.subagent_profiles().get(child.profile)
+        if profile is None:
+            raise ValueError(f"profile {child.profile!r} is no longer configured")
+        catalog, toolbox = turns.subagent_toolboxes(conversation_id=parent.conversation_id, mode=parent.mode)
+        with _tools_killed_on_cancel(parent.conversation_id, lambda: _subagent_cancelled(child.pk)):
+            return run_turn(
+                provider=get_provider(parent.provider),
+                model=parent.model,
+                system=[*subagents.subagent_system(child.shape), *catalog.surface.system_blocks()],
+                history=subagents.subagent_history(profile=profile, task=child.task),
+                toolbox=toolbox,
+                emit=emit,
+                max_steps=profile.max_steps,
+                is_cancelled=_subagent_cancel_checker(child.pk),
+                limits=ActionLimits(per_run=profile.max_actions, per_tool=settings.CC_TOOL_ACTION_LIMITS),
+                max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
+                resume=resume,
+                decisions=approvals.decisions_for(parent, subagent=child),
+            )
+
+    def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
+        with subagents.db_turn():
+            return approvals.approval_pause(run=parent, pause=waiting_for, subagent=child)
+
+    def failure(exc: Exception) -> str:
+        logger.exception("subagent %s failed", child)
+        return f"{type(exc).__name__}: {exc}"
+
+    try:
+        outcome = _drive(
+            turn,
+            pause=pause,
+            finish=lambda status, error: subagent_finish(child, status, error=error),
+            failure=failure,
+            cancelled_error=SUBAGENT_CANCELLED,
+        )
+    finally:
+        open_gate()  # a failed or paused first child must not hold its siblings for the whole wait
+    if outcome is None:
+        return
+    final = outcome.messages[-1]["content"] if outcome.messages else []
+    answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
+    with subagents.db_turn(), transaction.atomic():
+        ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
+        subagent_finish(child, Run.Status.SUCCEEDED, answer=answer)
+
+
+def _subagent_cancelled(subagent_id: int) -> bool:
+    """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
+    child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
+    return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
+
+
+def _subagent_cancel_checker(subagent_id: int) -> Callable[[], bool]:
+    return polled_at_most_every(CANCEL_POLL_SECONDS, lambda: _subagent_cancelled(subagent_id))
+
+
+# --- waiting → queued: a person decided -------------------------------------------------
+
+
+def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) -> Approval:
+    """Record a person's decision; once no call of the run (or subagent) waits any more, queue it again."""
+    with transaction.atomic():
+        approval, ready = approvals.approval_record(approval_id=approval_id, user=user, decision=decision)
+        if isinstance(ready, Subagent):
+            subagent_id = ready.pk
+            transaction.on_commit(lambda: enqueue_subagent(subagent_id))
+        elif isinstance(ready, Run):
+            run_id = ready.pk
+            transaction.on_commit(lambda: enqueue_run(run_id))
+    return approval
+
+
+# --- the reaper ---------------------------------------------------------------------
+
+
+def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = None) -> list[int]:
+    """Fail, as retryable, the runs (and subagents) whose worker is gone; no turn was half-written (CH-5)."""
+    grace = heartbeat.ttl_seconds() if grace_seconds is None else grace_seconds
+    settled = timezone.now() - timedelta(seconds=grace)
+    candidates = Run.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled).exclude(worker__in=live)
+    reaped = []
+    for run in candidates.select_related("conversation"):
+        error = WORKER_LOST.format(worker=run.worker or "unknown worker")
+        interrupted = interrupted_call(run.pk)
+        if interrupted is not None:
+            error += WORKER_LOST_MID_TOOL.format(name=interrupted["name"], tool_use_id=interrupted["id"])
+        # Conditional: another worker's reaper, or the run itself finishing, may win the race.
+        if run_finish(run, Run.Status.FAILED, error):
+            subagents.subagents_cancel(parent_id=run.pk)
+            reaped.append(run.pk)
+    if reaped:
+        logger.warning("failed %d run(s) whose worker stopped mid-turn: %s", len(reaped), reaped)
+    _subagents_reap_orphans(live=live, settled=settled)
+    return reaped
+
+
+def interrupted_call(run_id: int) -> dict[str, Any] | None:
+    """The run's last tool call that has no result in its event log: the one running when it stopped."""
+    events = RunEvent.objects.filter(run_id=run_id, type__in=["tool_call", "tool_result"]).order_by("seq")
+    open_calls: dict[str, dict[str, Any]] = {}
+    for kind, payload in events.values_list("type", "payload"):
+        if kind == "tool_call":
+            open_calls[payload.get("id", "")] = payload
+        else:
+            open_calls.pop(payload.get("id", payload.get("tool_use_id", "")), None)
+    if not open_calls:
+        return None
+    call = list(open_calls.values())[-1]
+    return {"id": call.get("id", ""), "name": call.get("name", ""), "input": call.get("input", {})}
+
+
+def _retry_of(run: Run) -> dict[str, Any] | None:
+    """What the earlier run answering the same message was doing when it stopped (OP-4), for run_started."""
+    earlier = Run.objects.filter(trigger_id=run.trigger_id, pk__lt=run.pk).order_by("-pk").first()
+    if earlier is None or not earlier.retryable:
+        return None
+    return {"run": earlier.pk, "status": earlier.status, "interrupted_call": interrupted_call(earlier.pk)}
+
+
+def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
+    """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
+    with subagents.db_turn():
+        lost = (
+            Subagent.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled)
+            .exclude(worker__in=live)
+            .update(status=Run.Status.FAILED, finished_at=timezone.now(), error=SUBAGENT_WORKER_LOST)
+        )
+    if lost:
+        logger.warning("failed %d subagent(s) whose worker stopped mid-turn", lost)
+    return lost
+
+
+# Outside a Celery worker (embedded mode, tests) one instance per process.
+_PROCESS_INSTANCE = uuid.uuid4().hex[:12]
+
+
+def worker_identity(hostname: str | None) -> str:
+    """The name a worker claims runs and beats under: its --hostname plus its process instance
+    (OP-2), so a worker restarted under the same name does not pass for the one that died."""
+    return f"{hostname or 'celery'}#{os.environ.get('CC_WORKER_INSTANCE') or _PROCESS_INSTANCE}"
+
+
+def _on_complete_live_set(live: list[str]) -> None:
+    runs_reap_orphans(live=live)
+    sweep_lost_work()
+
+
+def worker_started(hostname: str) -> threading.Event:
+    """A Celery worker is up: beat for it; once the live set is complete, reap and sweep for everyone."""
+    return heartbeat.start_heartbeat(worker_identity(hostname), on_complete=_on_complete_live_set)

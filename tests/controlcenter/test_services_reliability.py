@@ -1,0 +1,244 @@
+"""Services mode as an operator meets it (OP-1..OP-4): real faults on a private stack.
+
+Each test runs its own `redis-server` (controlcenter/stack.py), web server and Celery workers
+on the test database; the machine's shared Redis is never flushed or restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import websockets
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from agents.models import Run, RunEvent
+from controlcenter.processes import WorkerProcess
+from controlcenter.stack import Stack
+from conversations.models import Message
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+# Writes a numbered line every 0.1 s for 30 s: whether the command still runs shows in the file.
+TICKING = "please run `for i in $(seq 1 300); do echo $i; echo $i >> ticks.txt; sleep 0.1; done`"
+SOAK_SECONDS = float(os.environ.get("CC_SOAK_SECONDS", "120"))
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def stack(tmp_path):
+    from django.conf import settings
+
+    if settings.CC_MODE != "services":
+        pytest.fail("these tests need DATABASE_URL and REDIS_URL (the README's test command sets them)")
+    started = Stack(connection.settings_dict["NAME"], tmp_path, {"CC_QUEUE_SWEEP_SECONDS": "3"})
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def api(alice):
+    def client(web) -> httpx.Client:
+        token = Token.objects.get_or_create(user=alice)[0].key
+        return httpx.Client(base_url=web.base_url, headers={"Authorization": f"Token {token}"}, timeout=15)
+
+    return client
+
+
+def _ticks(stack: Stack, conversation_id: int) -> int:
+    path = Path(stack.env["CC_WORKSPACE_ROOT"])
+    files = list(path.glob(f"**/{conversation_id}/ticks.txt")) or list(path.glob("**/ticks.txt"))
+    return len(files[0].read_text().split()) if files else 0
+
+
+def _still_writing(stack: Stack, conversation_id: int, seconds: float = 1.0) -> bool:
+    before = _ticks(stack, conversation_id)
+    time.sleep(seconds)
+    return _ticks(stack, conversation_id) > before
+
+
+def _start_ticking(client: httpx.Client, stack: Stack) -> tuple[int, int]:
+    conversation = client.post("/api/conversations/", json={"title": "ticks"}).json()
+    sent = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": TICKING})
+    assert sent.status_code == 201, sent.text
+    wait_for(lambda: _ticks(stack, conversation["id"]) >= 5, 30, "the command to start writing")
+    return conversation["id"], sent.json()["run"]["id"]
+
+
+@pytest.mark.req("OP-2")
+@pytest.mark.req("OP-4")
+def test_a_worker_killed_and_restarted_under_the_same_name_reaps_its_run_and_its_command_died_with_it(stack, api):
+    web = stack.start_web()
+    env = {**stack.env, "PGAPPNAME": stack.app_name("worker", 0)}
+    name = f"same-{uuid.uuid4().hex[:6]}@%h"
+    worker = WorkerProcess(env, name, stack.workdir / "worker.log")
+    worker.wait_ready()
+    client = api(web)
+    conversation_id, run_id = _start_ticking(client, stack)
+
+    worker.kill()  # kill -9, the whole worker process group
+    time.sleep(0.5)  # the watchdog reads EOF and kills the command's own session
+    assert not _still_writing(stack, conversation_id), "the killed worker's command kept writing"
+
+    worker.start()  # the same command line, the same --hostname
+    worker.wait_ready()
+    killed_at = time.monotonic()
+    run = wait_for(lambda: Run.objects.filter(pk=run_id, status=Run.Status.FAILED).first(), 20, "the run to be reaped")
+    # Three heartbeats of 1 s, plus the worker's own start and first complete beat.
+    assert time.monotonic() - killed_at < 8
+    assert run.retryable and "stopped during the tool call bash" in run.error, run.error
+    assert "what it changed in the workspace" in run.error
+
+    retried = client.post(f"/api/runs/{run_id}/retry/")
+    assert retried.status_code == 201, retried.text
+    retry_id = retried.json()["id"]
+    started = wait_for(
+        lambda: RunEvent.objects.filter(run_id=retry_id, type="run_started").first(), 30, "the retry to start"
+    )
+    assert started.seq == 1
+    assert started.payload["retry_of"]["run"] == run_id
+    assert started.payload["retry_of"]["interrupted_call"]["name"] == "bash"
+    assert "ticks.txt" in started.payload["retry_of"]["interrupted_call"]["input"]["command"]
+    assert client.post(f"/api/runs/{retry_id}/cancel/").status_code == 200
+    worker.stop()
+
+
+@pytest.mark.req("OP-3")
+def test_cancel_kills_the_running_command_within_a_second_and_the_run_ends_cancelled_within_two(stack, api):
+    web = stack.start_web()
+    stack.start_worker()
+    client = api(web)
+    conversation_id, run_id = _start_ticking(client, stack)
+
+    cancelled_at = time.monotonic()
+    assert client.post(f"/api/runs/{run_id}/cancel/").status_code == 200
+    time.sleep(1.0)
+    assert not _still_writing(stack, conversation_id, seconds=0.5), "the command outlived the cancel by > 1 s"
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run_id, status=Run.Status.CANCELLED).first(), 10, "the run to end cancelled"
+    )
+    assert (run.finished_at - run.started_at).total_seconds() > 0
+    assert time.monotonic() - cancelled_at < 2.5  # 2 s, and the polls of this test
+    result = RunEvent.objects.get(run_id=run_id, type="tool_result").payload["output"]
+    assert result["cancelled"] is True and result["ok"] is False
+    assert result["stdout"].startswith("1\n2\n3\n")  # the partial output is kept
+    # Nothing of the cancelled turn entered the transcript; the conversation takes the next message.
+    assert list(Message.objects.filter(conversation_id=conversation_id).values_list("role", flat=True)) == ["user"]
+    nxt = client.post(f"/api/conversations/{conversation_id}/messages/", json={"text": "hello"})
+    assert nxt.status_code == 201, nxt.text
+
+
+@pytest.mark.req("OP-2")
+def test_queued_work_lost_with_the_broker_is_sent_again_once_and_redis_down_refuses_a_send(stack, api):
+    web = stack.start_web()
+    client = api(web)
+    conversation = client.post("/api/conversations/", json={"title": "lost"}).json()
+    sent = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": "hello"})
+    assert sent.status_code == 201, sent.text
+    run_id = sent.json()["run"]["id"]
+    redis.Redis.from_url(stack.redis.url).flushall()  # the private Redis: the queued task is gone
+
+    def degraded():
+        body = client.get("/healthz").json()
+        return body if body["status"] == "degraded" and body["checks"]["queue"]["runs"] == 1 else None
+
+    body = wait_for(degraded, 10, "/healthz to report the stale queued run")
+    assert body["checks"]["queue"]["ok"] is False
+
+    stack.start_worker()  # its sweep finds the queued run with no message and sends it again
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run_id, status=Run.Status.SUCCEEDED).first(), 60, "the swept run to finish"
+    )
+    assert list(RunEvent.objects.filter(run=run, type="run_started").values_list("seq", flat=True)) == [1]
+    wait_for(lambda: client.get("/healthz").status_code == 200, 10, "/healthz to be ok again")
+
+    # Redis down during a send: 503 with a clear message, and nothing stored.
+    messages_before = Message.objects.count()
+    runs_before = Run.objects.count()
+    stack.redis.kill()
+    refused = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": "are you there?"})
+    assert refused.status_code == 503, refused.text
+    assert "The run queue (Redis) is unreachable, so nothing was saved." in refused.text
+    assert (Message.objects.count(), Run.objects.count()) == (messages_before, runs_before)
+    stack.redis.start()
+    again = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": "are you there?"})
+    assert again.status_code == 201, again.text
+    assert wait_for(lambda: Run.objects.filter(pk=again.json()["run"]["id"]).exclude(
+        status__in=["queued", "running"]).first(), 60, "the next run").status == Run.Status.SUCCEEDED  # fmt: skip
+
+
+def _login(base_url: str) -> str:
+    browser = httpx.Client(base_url=base_url, timeout=15)
+    browser.get("/login/")
+    signed_in = browser.post(
+        "/login/",
+        data={"username": "alice", "password": "alice-password-1", "csrfmiddlewaretoken": browser.cookies["csrftoken"]},
+    )
+    assert signed_in.status_code == 302, signed_in.text
+    return "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+
+
+@pytest.mark.req("OP-1")
+def test_twenty_idle_websockets_stay_open_for_the_soak_and_then_each_gets_a_streamed_run_once(stack, api):
+    web = stack.start_web()
+    stack.start_worker()
+    client = api(web)
+    cookies = _login(web.base_url)
+    conversation = client.post("/api/conversations/", json={"title": "soak"}).json()
+    url = web.base_url.replace("http", "ws") + f"/ws/conversations/{conversation['id']}/"
+    headers = {"Cookie": cookies, "Origin": web.base_url}
+
+    async def soak() -> tuple[int, list[list[int]]]:
+        sockets = [await websockets.connect(url, additional_headers=headers) for _ in range(20)]
+        disconnects = 0
+        deadline = time.monotonic() + SOAK_SECONDS
+        while time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+            disconnects = sum(1 for s in sockets if s.close_code is not None)
+            if disconnects:
+                break
+        sent = await asyncio.to_thread(
+            client.post, f"/api/conversations/{conversation['id']}/messages/", json={"text": "hello"}
+        )
+        run_id = sent.json()["run"]["id"]
+
+        async def collect(socket_) -> list[int]:
+            seqs = []
+            while True:
+                event = json.loads(await asyncio.wait_for(socket_.recv(), timeout=30))
+                if event.get("run_id") != run_id:
+                    continue
+                seqs.append(event["seq"])
+                if event["type"] == "run_finished":
+                    return seqs
+
+        if disconnects:
+            return disconnects, []
+        seen = await asyncio.gather(*(collect(s) for s in sockets))
+        for s in sockets:
+            await s.close()
+        return disconnects, seen
+
+    disconnects, seen = asyncio.run(soak())
+    assert disconnects == 0, f"{disconnects} of 20 idle websockets were closed by the server within {SOAK_SECONDS}s"
+    run = Run.objects.get(conversation_id=conversation["id"])
+    stored = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    assert all(seqs == stored for seqs in seen), "a socket lost or doubled events"
+    assert "Timeout reading" not in (stack.workdir / "web-0.log").read_text()
