@@ -26,14 +26,14 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test.utils import override_settings
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
 
 from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
 from agents.summary import SUMMARY_SYSTEM
 from conversations.models import Compaction, Conversation, Message
 from engine.context.transcript import request_tokens
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 
 MODEL = "claude-bench-compaction"
 NOTES = "What I checked, step by step, and what I would look at next before changing the build. " * 12

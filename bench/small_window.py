@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from engine.providers.emulator import Emulator, TestClock
-from engine.providers.emulator_server import EmulatorServer
 
 from engine.actions import result_text
+from engine.emulator import Emulator, TestClock
+from engine.emulator.server import EmulatorServer
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 MODEL = "claude-sonnet-4-5"

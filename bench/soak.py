@@ -29,11 +29,11 @@ import websockets
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
-from engine.providers.emulator import Emulator
-from engine.providers.emulator_server import EmulatorServer
 
 from bench.load import _bench_user, _session_cookie, _token, summary
 from controlcenter.stack import Stack
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,14 +18,14 @@ import time
 import httpx
 import pytest
 from django.db import connection
-from engine.providers.emulator import Emulator, ScriptedPolicy
-from engine.providers.emulator_server import EmulatorServer
 from rest_framework.authtoken.models import Token
 
 from agents.models import Approval, Run, RunEvent
 from controlcenter.processes import ROOT
 from controlcenter.stack import Stack
 from conversations.models import Conversation
+from engine.emulator import Emulator, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 from scratchpad.models import Entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
