@@ -53,7 +53,8 @@ async def _measure(conversation: Any, turns: int, warmup: int) -> tuple[list[flo
         first = None
         while True:
             event = (await asyncio.wait_for(layer.receive(channel), timeout=30))["event"]
-            if event["run_id"] != run_.pk:
+            # The conversation's group also carries conversation_changed, which belongs to no run.
+            if event.get("run_id") != run_.pk:
                 continue
             first = first or time.perf_counter()
             if event["type"] == "run_finished":
