@@ -22,9 +22,9 @@ from tests.support.factories import UserFactory
 def _fast_password_hasher(settings):
     """A real hash costs 0.4 s a user and hundreds of tests create one; no test is about the hash itself.
 
-    Servers started as subprocesses keep the real hashers: they log in the admin they bootstrap.
+    Servers started as subprocesses keep the real hashers and still verify these hashes.
     """
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.OneIterationPBKDF2PasswordHasher"]
 
 
 @pytest.fixture
@@ -119,26 +119,19 @@ def _stop(server: subprocess.Popen) -> None:
     server.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def embedded_server(tmp_path_factory):
-    """One embedded server (SQLite, in-process worker) shared by the tests that only need a server.
-
-    Each such test works in conversations it creates itself. A test that reads the server's log
-    from its start, or needs a fresh database, takes `isolated_embedded_server` instead.
-    """
-    server, base, log_path = _start_embedded_server(tmp_path_factory.mktemp("embedded"))
-    yield base, log_path
-    _stop(server)
-
-
 @pytest.fixture
-def isolated_embedded_server(tmp_path):
+def embedded_server(tmp_path):
+    """A fresh embedded server (SQLite, in-process worker) for one test; tests seed its database
+    through `tmp_path / "var"`."""
     server, base, log_path = _start_embedded_server(tmp_path)
     yield base, log_path
     _stop(server)
 
 
 @pytest.fixture(scope="module")
-def embedded_server_module(embedded_server):
-    """The session's embedded server, for modules written against a module-scoped one."""
-    return embedded_server
+def embedded_server_module(tmp_path_factory):
+    """One embedded server for a module's browser journeys, each in its own conversation; seed it
+    through the log's folder (`log.parent / "var"`)."""
+    server, base, log_path = _start_embedded_server(tmp_path_factory.mktemp("embedded"))
+    yield base, log_path
+    _stop(server)

@@ -35,6 +35,8 @@ async def _send_and_watch(api, user, conversation_id: int, text: str) -> tuple[d
     events = []
     while True:
         event = await communicator.receive_json_from(timeout=20)
+        if event["type"] == "conversation_changed":
+            continue  # the tabs' cue to redraw (UX-4), not one of the run's events
         events.append(event)
         if event["type"] == "run_finished":
             break

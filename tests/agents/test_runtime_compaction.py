@@ -241,6 +241,9 @@ def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(al
     # A window where head, tail and even one snapshot page leave the target behind: only a summary fits.
     settings.CC_CONTEXT_WINDOW_TOKENS = 8_000
     settings.CC_COMPACT_AT_PERCENT, settings.CC_COMPACT_TO_PERCENT = 80, 50
+    # Full-size pages (not the window-scaled ones, LM-2), so that a page cannot fit.
+    settings.CC_SNAPSHOT_PAGE_PIXELS = 1072
+    settings.CC_TOOL_WINDOW_PERCENT = 100  # and the full resident tool set, as before LM-2 trimmed it
     settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
     with EmulatorServer(Emulator()) as server:
         settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
@@ -287,7 +290,7 @@ class _AlwaysTooLong:
 
 @pytest.mark.req("CH-12")
 def test_a_pass_whose_retry_is_refused_too_is_not_kept_for_later_turns(alice, settings, monkeypatch):
-    from agents import services as run_services
+    from agents import lifecycle as run_services
 
     settings.CC_COMPACT_TAIL_TOKENS = 1_000
     conversation = _long_conversation(alice)

@@ -28,9 +28,11 @@ from conversations import selectors
 from conversations.compaction import tail_budget
 from conversations.models import Compaction, Conversation
 from engine.context import ladder
+from engine.context.snapshots import page_for_window
 from engine.context.transcript import api_messages, request_tokens
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
+from engine.window import budget_for_window
 
 MODEL = "claude-sonnet-4-5"
 WINDOW = 20_000
@@ -175,6 +177,8 @@ def test_a_long_session_keeps_compacting_from_the_stored_messages(worker, model_
             rungs=("elide", "drop_images", "snapshot"),
             target_tokens=compaction.target_tokens,
             tail_tokens=tail_budget(compaction.target_tokens),
+            # The worker's pages are sized to its window (LM-2).
+            shape=page_for_window(budget_for_window(WINDOW).page_pixels),
         )
         assert api_messages(fresh.messages) == compaction.view, f"compaction {compaction.pk} is not from the source"
         if earlier is not None and _pages(earlier.view) and _pages(compaction.view):

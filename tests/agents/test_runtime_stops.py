@@ -33,6 +33,18 @@ class RecordingBox:
         self.calls.append((name, arguments))
         return {"ok": True}
 
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.execute(name, arguments)
+
+    def requires_approval(self, name: str) -> bool:
+        return False
+
+    def resident_count(self) -> int | None:
+        return None
+
+    def restore_loaded(self, names: list[str]) -> None:
+        pass
+
 
 def turn(provider: Any, box: RecordingBox | None = None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     events: list[tuple[str, dict[str, Any]]] = []

@@ -12,8 +12,8 @@ import websockets
 pytestmark = pytest.mark.integration
 
 
-def test_embedded_server_answers_a_message_with_a_streamed_reply(isolated_embedded_server):
-    base, log_path = isolated_embedded_server
+def test_embedded_server_answers_a_message_with_a_streamed_reply(embedded_server):
+    base, log_path = embedded_server
     with httpx.Client(base_url=base, timeout=10) as http:
         health = http.get("/healthz").json()
         assert health["mode"] == "embedded"
@@ -45,7 +45,9 @@ def test_embedded_server_answers_a_message_with_a_streamed_reply(isolated_embedd
                 assert response.status_code == 201, response.text
                 events = []
                 while not events or events[-1]["type"] != "run_finished":
-                    events.append(json.loads(await asyncio.wait_for(socket_.recv(), timeout=15)))
+                    event = json.loads(await asyncio.wait_for(socket_.recv(), timeout=15))
+                    if event["type"] != "conversation_changed":  # the tabs' cue to redraw (UX-4)
+                        events.append(event)
                 return events
 
         events = asyncio.run(watch_and_send())

@@ -166,8 +166,9 @@ def activation_session(tmp_path, *, deferral: bool = True) -> tuple[Recording, l
     script: list[Any] = [
         [tool_call("search_tools", query="assign a ticket to a person")],
         "Found the ticket tools.",
-        [tool_call("git_log")],
-        "git_log answered.",
+        # A deferred tool this installation runs: one it could not run would not be loaded (MC-2).
+        [tool_call("save_memory", content="the tickets are loaded")],
+        "save_memory answered.",
         [tool_call("read_file", path="notes.txt")],
         "Read the notes.",
     ]
@@ -199,11 +200,11 @@ def test_activations_by_search_and_by_direct_call_keep_every_request_append_only
     for before, after in zip(steps, steps[1:], strict=False):
         assert after.usage.cache_read_input_tokens == before.usage.prompt_tokens
     loaded_by_search = steps[1].tools_loaded
-    assert "assign_ticket" in loaded_by_search and steps[3].tools_loaded == ["git_log"]
+    assert "assign_ticket" in loaded_by_search and steps[3].tools_loaded == ["save_memory"]
     assert all(step.cache_miss == "" for step in steps)  # the emulator keeps deferred tools out of the prefix
     # A later turn (a new toolbox) offers what the history loaded again, as deferred tools.
     deferred = [tool["name"] for tool in requests[-1].tools if tool.get("defer_loading")]
-    assert deferred == [*loaded_by_search, "git_log"]
+    assert deferred == [*loaded_by_search, "save_memory"]
 
 
 @pytest.mark.req("TD-10")
