@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the Chromium `page` fixture is imported, then taken as a parameter)
 """The tree navigator, fork, the Context view and /shake in a real headless Chromium against the
 embedded server. Each test saves a screenshot of its page in var/test-artifacts/."""
 
@@ -39,9 +40,11 @@ print(json.dumps({'conversation': c.pk, 'a3': a3.pk, 'b2': b2.pk, 'a1': a1.pk}))
 @pytest.mark.req("CH-7")
 @pytest.mark.req("CH-9")
 @pytest.mark.req("CH-10")
-def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyboard(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
-    seeded = _seed(tmp_path, SEED)
+def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyboard(
+    embedded_server_module, page, tmp_path
+):
+    base, log = embedded_server_module
+    seeded = _seed(log.parent, SEED)
     _sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/")
     expect(page.locator("article.message").last).to_contain_text("Only text files here.")
@@ -86,9 +89,9 @@ def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyb
 
 
 @pytest.mark.req("CH-8")
-def test_fork_from_the_tree_opens_the_copy(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
-    seeded = _seed(tmp_path, SEED)
+def test_fork_from_the_tree_opens_the_copy(embedded_server_module, page, tmp_path):
+    base, log = embedded_server_module
+    seeded = _seed(log.parent, SEED)
     _sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
     page.click("#fork")
@@ -104,9 +107,9 @@ def test_fork_from_the_tree_opens_the_copy(embedded_server, page, tmp_path):  # 
 
 @pytest.mark.req("TD-15")
 @pytest.mark.req("CH-10")
-def test_context_view_opens_from_the_slash_command_with_the_apis_figures(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
-    seeded = _seed(tmp_path, SEED.replace("c.tip = b2", "c.tip = a3"))
+def test_context_view_opens_from_the_slash_command_with_the_apis_figures(embedded_server_module, page, tmp_path):
+    base, log = embedded_server_module
+    seeded = _seed(log.parent, SEED.replace("c.tip = b2", "c.tip = a3"))
     _sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/")
     page.fill("#composer-input", "/context")
@@ -129,9 +132,9 @@ def test_context_view_opens_from_the_slash_command_with_the_apis_figures(embedde
 
 @pytest.mark.req("CH-1")
 @pytest.mark.req("CH-10")
-def test_shake_shows_what_each_free_rung_did(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
-    seeded = _seed(tmp_path, SEED.replace("c.tip = b2", "c.tip = a3"))
+def test_shake_shows_what_each_free_rung_did(embedded_server_module, page, tmp_path):
+    base, log = embedded_server_module
+    seeded = _seed(log.parent, SEED.replace("c.tip = b2", "c.tip = a3"))
     _sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/")
     page.fill("#composer-input", "/shake")
@@ -150,9 +153,9 @@ def test_shake_shows_what_each_free_rung_did(embedded_server, page, tmp_path):  
 
 
 @pytest.mark.req("CH-7")
-def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
-    seeded = _seed(tmp_path, SEED)
+def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server_module, page, tmp_path):
+    base, log = embedded_server_module
+    seeded = _seed(log.parent, SEED)
     _sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
     first_prompt = page.locator("#tree [role=treeitem]").first
@@ -179,10 +182,10 @@ def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server, page, 
 
 @pytest.mark.req("SP-6")
 @pytest.mark.req("TD-15")
-def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
+def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embedded_server_module, page, tmp_path):
+    base, log = embedded_server_module
     seeded = _seed(
-        tmp_path,
+        log.parent,
         SEED.replace("print(", "seeded = (") + "from scratchpad.services import put_observation\n"
         "r = Run.objects.create(conversation=c, trigger=e2, provider='offline', model='offline-1', "
         "status='succeeded')\n"
@@ -236,12 +239,12 @@ print(json.dumps({'conversation': c.pk, 'ids': ids}))
 
 @pytest.mark.req("CH-7")
 def test_a_long_tree_is_windowed_and_folds_open_by_keyboard_then_the_tip_moves_inside_them(
-    embedded_server,
-    page,  # noqa: F811
+    embedded_server_module,
+    page,
     tmp_path,
 ):
-    base, _ = embedded_server
-    seeded = _seed(tmp_path, LONG_SEED)
+    base, log = embedded_server_module
+    seeded = _seed(log.parent, LONG_SEED)
     ids = seeded["ids"]
     _sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")

@@ -42,11 +42,11 @@ def _new_conversation(page, title: str) -> None:  # noqa: F811
     expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the websocket is open
 
 
-def _seed(tmp_path, code: str) -> dict:
+def _seed(folder, code: str) -> dict:
     """Write rows into the embedded server's database, as an earlier session would have."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     env.update(
-        CC_VAR_DIR=str(tmp_path / "var"),
+        CC_VAR_DIR=str(folder / "var"),
         PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     )
     prelude = (
@@ -68,8 +68,8 @@ def _seed(tmp_path, code: str) -> dict:
 
 
 @pytest.mark.req("CH-10")
-def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server, page):  # noqa: F811
-    base, _ = embedded_server
+def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page):  # noqa: F811
+    base, log = embedded_server_module
     _sign_in(page, base)
     _new_conversation(page, "slash")
     composer = page.locator("#composer-input")
@@ -123,8 +123,8 @@ def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server, page):  # n
 
 
 @pytest.mark.req("RN-4")
-def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(embedded_server, page):  # noqa: F811
-    base, _ = embedded_server
+def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(embedded_server_module, page):  # noqa: F811
+    base, log = embedded_server_module
     _sign_in(page, base)
     _new_conversation(page, "approvals")
 
@@ -163,10 +163,10 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
 
 @pytest.mark.req("RN-4", "TD-14")
 def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_decides_them(
-    embedded_server,
+    embedded_server_module,
     page,  # noqa: F811
 ):
-    base, _ = embedded_server
+    base, log = embedded_server_module
     _sign_in(page, base)
     _new_conversation(page, "subagent approvals")
 
@@ -197,8 +197,8 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
 
 
 @pytest.mark.req("RN-2")
-def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(embedded_server, page):  # noqa: F811
-    base, _ = embedded_server
+def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(embedded_server_module, page):  # noqa: F811
+    base, log = embedded_server_module
     _sign_in(page, base)
     _new_conversation(page, "run page")
     page.fill("#composer-input", "please list the files in the workspace")
@@ -234,11 +234,11 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
 
 @pytest.mark.req("RN-2")
 @pytest.mark.req("TD-15")
-def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server, page, tmp_path):  # noqa: F811
-    base, _ = embedded_server
+def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server_module, page, tmp_path):  # noqa: F811
+    base, log = embedded_server_module
     # An earlier run that read most of its prompt from the cache: 900 of 1,000 tokens.
     _seed(
-        tmp_path,
+        log.parent,
         "c = Conversation.objects.create(owner=admin, title='earlier')\n"
         "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'hi'}])\n"
         "r = Run.objects.create(conversation=c, trigger=m, provider='offline', model='offline-1', "
@@ -269,8 +269,8 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
     _screenshot(page, "dashboard")
 
 
-def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server, page):  # noqa: F811
-    base, _ = embedded_server
+def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server_module, page):  # noqa: F811
+    base, log = embedded_server_module
     _sign_in(page, base)
     _new_conversation(page, "alpha")
     page.fill("#composer-input", "the word zebra appears here")
