@@ -423,7 +423,9 @@ async def _watch_phase(
         await asyncio.to_thread(crowd.join, 30)
 
     def decoded(frames: list[tuple[str, float]]) -> list[tuple[int, float]]:
-        return [(json.loads(frame)["seq"], at) for frame, at in frames]
+        # conversation_changed (the tabs' redraw cue) belongs to no run and has no sequence number.
+        events = [(json.loads(frame), at) for frame, at in frames]
+        return [(event["seq"], at) for event, at in events if "seq" in event]
 
     return {
         "run_id": run_id,
