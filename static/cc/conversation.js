@@ -257,9 +257,6 @@
     // Already shown (live and catch-up overlap). A set, not the highest seq: a run's log has
     // more than one writer while its subagents ask for approval (TD-14).
     if (state.seen.has(event.seq)) return;
-    // A live event after a gap (this tab joined mid-run, or missed some while reconnecting):
-    // the log has it and everything before it, so show them from there, in order (OP-1).
-    if (!fromLog && event.seq > contiguous(state) + 1) { catchUp(event.run_id); return; }
     state.seen.add(event.seq);
     state.lastSeq = Math.max(state.lastSeq, event.seq);
     const p = event.payload;
