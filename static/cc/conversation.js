@@ -155,7 +155,20 @@
       working(runs.get(runId), article.dataset.runStatus === "queued" ? "Queued: waiting for a worker…" : "Working…");
       catchUp(runId);
     }
-    setActiveRun(box.dataset.activeRun ? Number(box.dataset.activeRun) : null);
+    const previous = activeRun;
+    const next = box.dataset.activeRun ? Number(box.dataset.activeRun) : null;
+    setActiveRun(next);
+    // A run that ended while this page was away (a reconnect): say how it ended, as its live event would have.
+    if (previous && !next) reportEnded(previous);
+  }
+
+  async function reportEnded(runId) {
+    const response = await fetch(`/api/runs/${runId}/`, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const run = await response.json();
+    if (["succeeded", "failed", "cancelled"].includes(run.status)) {
+      statusLine.textContent = run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`;
+    }
   }
 
   // A "working" line at the end of a live reply: thinking, running a tool, waiting for you.

@@ -234,11 +234,11 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
 
 @pytest.mark.req("RN-2")
 @pytest.mark.req("TD-15")
-def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server_module, page, tmp_path):  # noqa: F811
-    base, log = embedded_server_module
+def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server, page, tmp_path):  # noqa: F811
+    base, log = embedded_server
     # An earlier run that read most of its prompt from the cache: 900 of 1,000 tokens.
     _seed(
-        log.parent,
+        tmp_path,
         "c = Conversation.objects.create(owner=admin, title='earlier')\n"
         "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'hi'}])\n"
         "r = Run.objects.create(conversation=c, trigger=m, provider='offline', model='offline-1', "
@@ -269,8 +269,8 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
     _screenshot(page, "dashboard")
 
 
-def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server_module, page):  # noqa: F811
-    base, log = embedded_server_module
+def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server, page):  # noqa: F811
+    base, log = embedded_server
     _sign_in(page, base)
     _new_conversation(page, "alpha")
     page.fill("#composer-input", "the word zebra appears here")
