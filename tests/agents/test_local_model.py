@@ -115,7 +115,10 @@ def test_a_forced_list_dir_call_runs_the_tool_and_the_model_answers_after_it(loc
     assert results and results[0]["name"] == "list_dir"
     # The tool ran: its output or its own error about the arguments the model chose, never a crash.
     assert "notes.txt" in json.dumps(results[0]["output"]) or results[0]["output"].get("ok") is False
-    assert len(outcome.steps) == 2 and outcome.messages[-1]["role"] == "assistant"
+    # The model answered after the tool's result (that answer may itself call a tool: a 135M model
+    # prompted with tools sometimes does, and the turn then ends at max_steps).
+    assert len(outcome.steps) == 2
+    assert [message["role"] for message in outcome.messages][:3] == ["assistant", "user", "assistant"]
     assert all(step.usage.output_tokens > 0 for step in outcome.steps)
 
 
