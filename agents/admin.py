@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 
 from agents.models import Approval, ModelRequest, Run, Subagent
 from agents.resident import MIN_RUNS, resident_recommendation
@@ -43,7 +43,7 @@ class SubagentInline(admin.TabularInline):
     extra = 0
     can_delete = False
     fields = ["fanout_id", "index", "profile", "shape", "status", "task", "error", "started_at", "finished_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # flat names, which the stubs' field groups hide
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -66,7 +66,7 @@ admin.site.unregister(Mode)
 class ModeResidentAdmin(ModeAdmin):
     actions = ["recommend_resident"]
 
-    def get_urls(self):  # type: ignore[no-untyped-def]
+    def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.resident_view)
         return [path("<int:mode_id>/resident/", view, name="toolcatalog_mode_resident"), *super().get_urls()]
 

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from agents import chat, lifecycle, selectors, services, turns
 from agents.models import Approval
 from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEventSerializer, RunSerializer
-from controlcenter.api import MAX_QUERY_INT, query_int
+from controlcenter.api import MAX_QUERY_INT, query_int, request_user
 from conversations import selectors as conversation_selectors
 from conversations.selectors import conversation_for_user
 from conversations.serializers import MessageCreateSerializer, MessageEditSerializer, MessageSerializer
@@ -27,21 +27,21 @@ COMMAND_RESULT = inline_serializer(
 class RunDetailApi(APIView):
     @extend_schema(responses=RunSerializer)
     def get(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        run = get_object_or_404(selectors.runs_for_user(user=request_user(request)), pk=run_id)
         return Response(RunSerializer(run).data)
 
 
 class RunCancelApi(APIView):
     @extend_schema(request=None, responses=RunSerializer)
     def post(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        run = get_object_or_404(selectors.runs_for_user(user=request_user(request)), pk=run_id)
         return Response(RunSerializer(services.run_cancel(run=run)).data)
 
 
 class RunRetryApi(APIView):
     @extend_schema(request=None, responses={201: RunSerializer})
     def post(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        run = get_object_or_404(selectors.runs_for_user(user=request_user(request)), pk=run_id)
         return Response(RunSerializer(services.run_retry(run=run)).data, status=status.HTTP_201_CREATED)
 
 
@@ -57,7 +57,7 @@ class RunEventsApi(APIView):
         responses=RunEventSerializer(many=True),
     )
     def get(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        run = get_object_or_404(selectors.runs_for_user(user=request_user(request)), pk=run_id)
         events = selectors.run_events_after(run=run, after=query_int(request.query_params, "after", 0))
         return Response(RunEventSerializer(events, many=True).data)
 
@@ -65,7 +65,7 @@ class RunEventsApi(APIView):
 class RunApprovalsApi(APIView):
     @extend_schema(responses=ApprovalSerializer(many=True))
     def get(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        run = get_object_or_404(selectors.runs_for_user(user=request_user(request)), pk=run_id)
         return Response(ApprovalSerializer(selectors.approvals_of(run=run), many=True).data)
 
 
@@ -77,7 +77,7 @@ class ConversationApprovalsApi(APIView):
         responses=ApprovalSerializer(many=True),
     )
     def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         wanted = request.query_params.get("status")
         if wanted is not None and wanted not in Approval.Status.values:
             raise ValidationError({"status": f"{wanted!r} is not one of {', '.join(Approval.Status.values)}."})
@@ -92,7 +92,9 @@ class ApprovalDecideApi(APIView):
 
     @extend_schema(request=None, responses=ApprovalSerializer)
     def post(self, request: Request, approval_id: int) -> Response:
-        approval = lifecycle.approval_decide(approval_id=approval_id, user=request.user, decision=self.decision)
+        approval = lifecycle.approval_decide(
+            approval_id=approval_id, user=request_user(request), decision=self.decision
+        )
         return Response(ApprovalSerializer(approval).data)
 
 
@@ -121,7 +123,7 @@ class CacheMetricsApi(APIView):
         if group not in selectors.CACHE_GROUPS:
             raise ValidationError({"group": f"{group!r} is not one of {', '.join(selectors.CACHE_GROUPS)}."})
         run_id = query_int(request.query_params, "run")
-        rows = selectors.cache_metrics(user=request.user, group=group, run_id=run_id)
+        rows = selectors.cache_metrics(user=request_user(request), group=group, run_id=run_id)
         return Response(CacheMetricSerializer(rows, many=True).data)
 
 
@@ -155,7 +157,7 @@ class MessageCreateApi(APIView):
         ),
     )
     def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         return Response(conversation_selectors.message_tree(conversation=conversation))
 
     @extend_schema(
@@ -166,7 +168,7 @@ class MessageCreateApi(APIView):
         },
     )
     def post(self, request: Request, conversation_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         payload = MessageCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         sent = chat.message_send(conversation=conversation, text=payload.validated_data["text"])
@@ -190,7 +192,7 @@ class MessageEditApi(APIView):
         responses={201: inline_serializer("MessageEdited", {"message": MessageSerializer(), "run": RunSerializer()})},
     )
     def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         payload = MessageEditSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         sent = chat.message_edit(conversation=conversation, message_id=message_id, text=payload.validated_data["text"])
@@ -210,7 +212,7 @@ class MessageRegenerateApi(APIView):
         },
     )
     def post(self, request: Request, conversation_id: int, message_id: int) -> Response:
-        conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         sent = chat.message_regenerate(conversation=conversation, message_id=message_id)
         return Response(
             {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
@@ -222,7 +224,9 @@ class ContextApi(APIView):
     @extend_schema(responses=inline_serializer("ContextView", {"used_tokens": serializers.IntegerField()}))
     def get(self, request: Request, conversation_id: int) -> Response:
         return Response(
-            turns.context_view(conversation=conversation_for_user(user=request.user, conversation_id=conversation_id))
+            turns.context_view(
+                conversation=conversation_for_user(user=request_user(request), conversation_id=conversation_id)
+            )
         )
 
 
@@ -230,7 +234,7 @@ class RetryApi(APIView):
     @extend_schema(request=None, responses={201: RunSerializer})
     def post(self, request: Request, conversation_id: int) -> Response:
         run = chat.conversation_retry(
-            conversation=conversation_for_user(user=request.user, conversation_id=conversation_id)
+            conversation=conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         )
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
@@ -238,6 +242,6 @@ class RetryApi(APIView):
 class RunEntriesApi(APIView):
     @extend_schema(responses=EntrySerializer(many=True))
     def get(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(selectors.runs_for_user(user=request.user), pk=run_id)
+        run = get_object_or_404(selectors.runs_for_user(user=request_user(request)), pk=run_id)
         entries = scratchpad_services.list_for_turn(turn_id=str(run.pk))
         return Response(EntrySerializer(entries, many=True).data)

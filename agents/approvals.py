@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict
-from typing import Any
+from typing import Any, cast
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import connections, transaction
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ from agents.events import RunEventPublisher
 from agents.models import Approval, ModelRequest, Run, Subagent
 from controlcenter.db import usable_connection
 from controlcenter.errors import Conflict, NotFound
-from engine.actions import ApprovalNeeded
+from engine.actions import ApprovalNeeded, Decision
 from engine.loop import PausedTurn, StepRecord
 from engine.toolbox import ToolBox, ToolBoxLayer
 
@@ -54,10 +54,11 @@ def paused_turn_of(holder: Run | Subagent) -> PausedTurn | None:
     return PausedTurn(**holder.pending_turn) if holder.pending_turn else None
 
 
-def decisions_for(run: Run, *, subagent: Subagent | None = None) -> dict[str, str]:
+def decisions_for(run: Run, *, subagent: Subagent | None = None) -> dict[str, Decision]:
     """The decided calls of the run itself, or of one of its subagents."""
     decided = Approval.objects.filter(run=run, subagent=subagent).exclude(status=Approval.Status.PENDING)
-    return dict(decided.values_list("tool_use_id", "status"))
+    # Approved or denied: only a cancelled run or child has expired approvals, and it never resumes.
+    return cast(dict[str, Decision], dict(decided.values_list("tool_use_id", "status")))
 
 
 def _subagent_payload(subagent: Subagent) -> dict[str, Any]:
@@ -138,9 +139,7 @@ def approval_pause(
     return approvals
 
 
-def approval_record(
-    *, approval_id: int, user: AbstractBaseUser, decision: str
-) -> tuple[Approval, Run | Subagent | None]:
+def approval_record(*, approval_id: int, user: User, decision: str) -> tuple[Approval, Run | Subagent | None]:
     """Record a person's decision, in the caller's transaction. When no call of the run (or
     subagent) waits any more it is moved back to queued and returned, for the caller to enqueue."""
     if decision not in (Approval.Status.APPROVED, Approval.Status.DENIED):

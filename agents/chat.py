@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
@@ -150,11 +150,11 @@ def conversation_retry(*, conversation: Conversation) -> Run:
     """
     with transaction.atomic():
         locked = conversation_locked(conversation)
-        if locked.tip_id is None:
+        tip = locked.tip
+        if tip is None:
             raise NothingLoaded(
                 f"Conversation {locked.pk} has no persisted transcript; there is nothing loaded to retry."
             )
-        tip = locked.tip
         if tip.role == Message.Role.ASSISTANT:
             raise NothingToRetry(f"The last turn finished (message {tip.pk} is its answer); there is nothing to retry.")
         return run_start(conversation=locked, trigger=tip)
@@ -191,6 +191,7 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
         tree = selectors.message_tree(conversation=conversation)
         return CommandResult(name, f"{len(tree['messages'])} messages; the tip is {tree['tip']}.", tree)
     if name == "branch":
+        assert command.message_id is not None  # parse() refuses /branch without one
         conversation_branch(conversation=conversation, message_id=command.message_id)
         return CommandResult(name, f"The tip is now message {conversation.tip_id}.", {"tip": conversation.tip_id})
     if name == "fork":
@@ -199,6 +200,7 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
             name, f"Forked into conversation {fork.pk}.", {"conversation": fork.pk, "tip": fork.tip_id}
         )
     if name == "checkpoint":
+        assert command.label is not None  # parse() refuses /checkpoint without one
         checkpoint = checkpoint_create(conversation=conversation, label=command.label)
         return CommandResult(
             name,
@@ -225,7 +227,7 @@ def compaction_dict(compaction: Compaction) -> dict[str, Any]:
     }
 
 
-def conversations_with_activity(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
+def conversations_with_activity(*, user: User, search: str = "") -> QuerySet[Conversation]:
     """The user's conversations, most recently active first, each with its message count and
     its latest run; `search` matches titles and the text of the user's own messages."""
     latest_run = Run.objects.filter(conversation=OuterRef("pk")).order_by("-id")

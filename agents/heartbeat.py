@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ def ttl_seconds() -> float:
 
 def redis_client() -> redis.Redis:
     """A short-timeout client of the broker's Redis: liveness, queue marks, reachability."""
+    if settings.REDIS_URL is None:
+        raise ImproperlyConfigured("Redis is used in services mode only, and REDIS_URL is not set.")
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 

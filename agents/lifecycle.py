@@ -32,7 +32,7 @@ from typing import Any
 
 from celery import current_app
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.db.models import DateTimeField, Max, QuerySet
 from django.db.models.functions import Coalesce
@@ -526,7 +526,7 @@ def _subagent_cancel_checker(subagent_id: int) -> Callable[[], bool]:
 # --- waiting → queued: a person decided -------------------------------------------------
 
 
-def approval_decide(*, approval_id: int, user: AbstractBaseUser, decision: str) -> Approval:
+def approval_decide(*, approval_id: int, user: User, decision: str) -> Approval:
     """Record a person's decision; once no call of the run (or subagent) waits any more, queue it again."""
     with transaction.atomic():
         approval, ready = approvals.approval_record(approval_id=approval_id, user=user, decision=decision)

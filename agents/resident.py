@@ -11,6 +11,7 @@ applies the chosen ones as one new mode version, so the tools prefix changes onc
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -104,7 +105,7 @@ def resident_recommendation(*, mode: Mode, days: int = DEFAULT_DAYS, now: dt.dat
     run_ids = list(runs.values_list("id", flat=True))
     spec = mode_spec(mode)
     surface = _surface(spec)
-    base = {"mode": mode.name, "version": mode.version, "days": days, "runs": len(run_ids)}
+    base: dict[str, Any] = {"mode": mode.name, "version": mode.version, "days": days, "runs": len(run_ids)}
     requests = ModelRequest.objects.filter(run_id__in=run_ids).count()
     block = surface_context(surface)["tool_block_tokens"]
     if len(run_ids) < MIN_RUNS:
@@ -122,7 +123,7 @@ def resident_recommendation(*, mode: Mode, days: int = DEFAULT_DAYS, now: dt.dat
         .values("tool_name")
         .annotate(activations=Count("id"), runs=Count("run", distinct=True))
     }
-    calls = {
+    calls: dict[str, Mapping[str, Any]] = {
         row["name"]: row
         for row in RunEvent.objects.filter(run_id__in=run_ids, type="tool_call")
         .values(name=F("payload__name"))
@@ -136,6 +137,7 @@ def resident_recommendation(*, mode: Mode, days: int = DEFAULT_DAYS, now: dt.dat
     )
     first_load = ToolActivation.objects.filter(run_id__in=list(first_miss)).values("run_id", "tool_name")
     after_miss: dict[str, set[int]] = {}
+    row: Mapping[str, Any] | None  # a first load, then a tool's loads, then its calls
     for row in first_load.annotate(first=Min("created_at")):
         if first_miss[row["run_id"]] <= row["first"]:
             after_miss.setdefault(row["tool_name"], set()).add(row["run_id"])

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
@@ -14,15 +14,15 @@ from engine.loop import TOOL_ACTIVATION_MISS
 from engine.tokens import cache_ratio
 
 
-def run_visible_to(*, run_id: int, user: AbstractBaseUser) -> bool:
+def run_visible_to(*, run_id: int, user: User) -> bool:
     return Run.objects.filter(pk=run_id, conversation__owner=user).exists()
 
 
-def conversation_visible_to(*, conversation_id: int, user: AbstractBaseUser) -> bool:
+def conversation_visible_to(*, conversation_id: int, user: User) -> bool:
     return Conversation.objects.filter(pk=conversation_id, owner=user).exists()
 
 
-def runs_for_user(*, user: AbstractBaseUser) -> QuerySet[Run]:
+def runs_for_user(*, user: User) -> QuerySet[Run]:
     return Run.objects.filter(conversation__owner=user)
 
 
@@ -36,7 +36,7 @@ _TIMELINE_TEXT_PREVIEW = 400
 _PAYLOAD_PREVIEW = 400
 
 
-def run_for_user(*, user: AbstractBaseUser, run_id: int) -> Run:
+def run_for_user(*, user: User, run_id: int) -> Run:
     """The run if `user` owns its conversation; another user's answers exactly like a missing one."""
     try:
         return Run.objects.select_related("conversation", "mode").get(pk=run_id, conversation__owner=user)
@@ -159,7 +159,7 @@ CACHE_GROUPS = {
 }
 
 
-def cache_metrics(*, user: AbstractBaseUser, group: str, run_id: int | None = None) -> list[dict]:
+def cache_metrics(*, user: User, group: str, run_id: int | None = None) -> list[dict]:
     """Usage summed per run, conversation, model or day (UTC) over the user's requests, with the cache ratio."""
     field = CACHE_GROUPS[group]
     requests = ModelRequest.objects.filter(run__conversation__owner=user)

@@ -33,6 +33,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
@@ -213,6 +214,8 @@ def _local_gate(fanout_id: str) -> threading.Event:
 
 
 def _redis() -> redis.Redis:
+    if settings.REDIS_URL is None:
+        raise ImproperlyConfigured("Redis is used in services mode only, and REDIS_URL is not set.")
     return redis.Redis.from_url(settings.REDIS_URL)
 
 

@@ -143,7 +143,12 @@ def turn_context(
     if transcript.transcript_tokens(history) + overhead_tokens <= trigger_at:
         return TurnContext(history, None)
     target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead_tokens)
-    free = {"conversation_id": trigger.conversation_id, "tip_id": trigger.pk, "target_tokens": target, "run": run}
+    free: dict[str, Any] = {
+        "conversation_id": trigger.conversation_id,
+        "tip_id": trigger.pk,
+        "target_tokens": target,
+        "run": run,
+    }
     # With a provider to call, a free pass that would leave the request past the trigger is not
     # kept: the summary rung is then the only one that can fit the window (CH-14).
     fits = trigger_at - overhead_tokens if summarize is not None else None
@@ -215,7 +220,7 @@ def reactive_compaction(
     )
     if done.compaction is None:
         return None
-    return done.compaction.view, done.compaction
+    return done.view, done.compaction
 
 
 def turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:

@@ -16,6 +16,7 @@ from agents import chat, costs, selectors, turns
 from agents.dashboard import dashboard_snapshot
 from agents.models import ModelRequest, Run
 from agents.rendering import markdown_html
+from controlcenter.api import request_user
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors as conversation_selectors
 from conversations import services as conversation_services
@@ -29,7 +30,7 @@ from toolcatalog.selectors import modes_list
 @login_required
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     try:
-        run = selectors.run_for_user(user=request.user, run_id=run_id)
+        run = selectors.run_for_user(user=request_user(request), run_id=run_id)
     except NotFound:
         raise Http404("No such run.") from None
     requests = selectors.run_model_requests(run=run)
@@ -61,13 +62,13 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "agents/dashboard.html", {"snapshot": dashboard_snapshot(user=request.user)})
+    return render(request, "agents/dashboard.html", {"snapshot": dashboard_snapshot(user=request_user(request))})
 
 
 @login_required
 def dashboard_data(request: HttpRequest) -> JsonResponse:
     """The same figures as JSON: the page refetches them after a websocket reconnect."""
-    return JsonResponse(dashboard_snapshot(user=request.user))
+    return JsonResponse(dashboard_snapshot(user=request_user(request)))
 
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
@@ -94,14 +95,14 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         try:
             conversation = conversation_services.conversation_create(
-                owner=request.user, title=request.POST.get("title", "")
+                owner=request_user(request), title=request.POST.get("title", "")
             )
         except DomainError as exc:
             error = exc.message
         else:
             return redirect("conversation-detail", conversation_id=conversation.pk)
     search = request.GET.get("q", "").replace("\x00", "").strip()  # PostgreSQL refuses a NUL in a query
-    conversations = chat.conversations_with_activity(user=request.user, search=search)[:100]
+    conversations = chat.conversations_with_activity(user=request_user(request), search=search)[:100]
     return render(
         request,
         "conversations/list.html",
@@ -201,7 +202,8 @@ def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str,
     )
     by_run: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
-        by_run.setdefault(row["run_id"], []).append(row)
+        # The stubs type the row without the `**` sums annotated above.
+        by_run.setdefault(row["run_id"], []).append(row)  # type: ignore[arg-type]
     for item in shown:
         if item["run_id"] in by_run:
             item["usage"] = costs.usage_summary(by_run[item["run_id"]])
@@ -262,7 +264,9 @@ def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:
 @login_required
 def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpResponse:
     try:
-        conversation = conversation_selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_selectors.conversation_for_user(
+            user=request_user(request), conversation_id=conversation_id
+        )
     except NotFound:
         raise Http404("No such conversation.") from None
     return render(
@@ -286,7 +290,9 @@ def conversation_messages(request: HttpRequest, conversation_id: int) -> HttpRes
     """The messages fragment the conversation page swaps in after every change it hears of:
     one template for the first load and for live updates, so the two never differ (UX-1)."""
     try:
-        conversation = conversation_selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = conversation_selectors.conversation_for_user(
+            user=request_user(request), conversation_id=conversation_id
+        )
     except NotFound:
         raise Http404("No such conversation.") from None
     return render(request, "conversations/_messages.html", _page_messages(request, conversation))

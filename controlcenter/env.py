@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 
@@ -48,6 +49,10 @@ def redact_url(value: str) -> str:
         return "<a value that is not a URL>"
 
 
+@overload
+def env_str(name: str, default: str, *, environ: Mapping[str, str] | None = None) -> str: ...
+@overload
+def env_str(name: str, default: None = None, *, environ: Mapping[str, str] | None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None, *, environ: Mapping[str, str] | None = None) -> str | None:
     value = _raw(name, environ)
     return default if value is None else value

@@ -16,11 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def services_env(database_name: str) -> dict[str, str]:
     """The environment a child process needs to share this process's database and Redis."""
     from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
 
     env = dict(os.environ)
     db = settings.DATABASES["default"]
     host = db["HOST"] or "127.0.0.1"
     env["DATABASE_URL"] = f"postgres://{db['USER']}:{db['PASSWORD']}@{host}:{db['PORT'] or 5432}/{database_name}"
+    if settings.REDIS_URL is None:
+        raise ImproperlyConfigured("A worker shares this process's Redis, and REDIS_URL is not set.")
     env["REDIS_URL"] = settings.REDIS_URL
     # This checkout first; entries the caller already had stay after it.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)

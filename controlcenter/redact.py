@@ -71,7 +71,7 @@ def install_log_redaction(secrets: Iterable[str]) -> None:
     known[:] = sorted(set(secrets), key=len, reverse=True)
     previous = logging.getLogRecordFactory()
     if getattr(previous, "redacts", False):
-        previous = previous.wrapped  # settings reloaded: replace, never stack
+        previous = previous.wrapped  # type: ignore[attr-defined]  # settings reloaded: replace, never stack
 
     def clean(value: Any) -> Any:
         if value is None or isinstance(value, bool | int | float):

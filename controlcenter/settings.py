@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import secrets
 from pathlib import Path
+from typing import Any
 
 from controlcenter.env import (
     ImproperEnvironment,
@@ -87,7 +88,7 @@ CC_MODE = "embedded" if _database is None else "services"
 
 if _database is None:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "controlcenter.sqlite3",
@@ -444,7 +445,7 @@ CC_SUBAGENT_MAX_CHILDREN = env_int("CC_SUBAGENT_MAX_CHILDREN", 16, minimum=1)
 # Subagent profiles (TD-14): a child's role and its limits. A profile never changes the
 # tools or the system prompt (those come from the shape, so siblings share one cached
 # prefix); its instructions go into the child's first user message, before the task.
-CC_SUBAGENT_PROFILES: dict[str, dict[str, object]] = {
+CC_SUBAGENT_PROFILES: dict[str, dict[str, str | int]] = {
     "worker": {
         "instructions": "Do the task with the tools you have and report what you did and found.",
         "max_steps": 10,

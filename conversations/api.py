@@ -8,6 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlcenter.api import request_user
 from conversations import selectors, services
 from conversations.serializers import (
     BranchSerializer,
@@ -34,7 +35,7 @@ class ConversationListApi(APIView):
         query = ConversationListQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         page = query.validated_data
-        conversations = selectors.conversations_for_user(user=request.user, search=page["q"])
+        conversations = selectors.conversations_for_user(user=request_user(request), search=page["q"])
         return Response(
             ConversationSerializer(conversations[page["offset"] : page["offset"] + page["limit"]], many=True).data
         )
@@ -43,7 +44,7 @@ class ConversationListApi(APIView):
     def post(self, request: Request) -> Response:
         payload = ConversationCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        conversation = services.conversation_create(owner=request.user, **payload.validated_data)
+        conversation = services.conversation_create(owner=request_user(request), **payload.validated_data)
         return Response(ConversationSerializer(conversation).data, status=status.HTTP_201_CREATED)
 
 
@@ -55,7 +56,7 @@ class ConversationDetailApi(APIView):
         )
     )
     def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = selectors.conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         return Response(
             {
                 "conversation": ConversationSerializer(conversation).data,
@@ -66,7 +67,7 @@ class ConversationDetailApi(APIView):
     @extend_schema(request=ConversationUpdateSerializer, responses=ConversationSerializer)
     def patch(self, request: Request, conversation_id: int) -> Response:
         """Pick the model and mode the next run uses, or rename the conversation."""
-        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = selectors.conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         payload = ConversationUpdateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         changes = payload.validated_data
@@ -77,7 +78,7 @@ class ConversationDetailApi(APIView):
     @extend_schema(request=None, responses={204: None})
     def delete(self, request: Request, conversation_id: int) -> Response:
         """Delete the conversation with its messages and runs; 409 while a run works in it."""
-        conversation = selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        conversation = selectors.conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         services.conversation_delete(conversation=conversation)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -91,7 +92,7 @@ class ModelListApi(APIView):
 
 
 def _conversation(request: Request, conversation_id: int):
-    return selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+    return selectors.conversation_for_user(user=request_user(request), conversation_id=conversation_id)
 
 
 class MessageDetailApi(APIView):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 
@@ -34,7 +34,8 @@ class CompactionPass:
     @property
     def view(self) -> list[dict[str, Any]]:
         """What the path sends after this pass: the new view if recorded, else what it sent before."""
-        return self.compaction.view if self.compaction is not None else self.view_now
+        # Created by compaction_pass below with its view set; only the column allows none.
+        return cast("list[dict[str, Any]]", self.compaction.view) if self.compaction is not None else self.view_now
 
     @property
     def reason(self) -> str:

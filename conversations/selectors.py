@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import QuerySet
 
@@ -22,7 +22,7 @@ from engine.request import text_block
 PREVIEW_CHARS = 160
 
 
-def conversations_for_user(*, user: AbstractBaseUser, search: str = "") -> QuerySet[Conversation]:
+def conversations_for_user(*, user: User, search: str = "") -> QuerySet[Conversation]:
     # Newest first, ties broken by id so that pages never overlap or skip.
     queryset = Conversation.objects.filter(owner=user).order_by("-updated_at", "-id")
     if search:
@@ -38,7 +38,7 @@ def models_offered() -> list[dict[str, Any]]:
     ]
 
 
-def conversation_for_user(*, user: AbstractBaseUser, conversation_id: int) -> Conversation:
+def conversation_for_user(*, user: User, conversation_id: int) -> Conversation:
     """The conversation if `user` owns it; another user's answers exactly like a missing one."""
     try:
         return Conversation.objects.get(pk=conversation_id, owner=user)
@@ -141,13 +141,14 @@ def view_of_path(*, conversation_id: int, path: list[PathMessage]) -> list[dict[
     candidates = Compaction.objects.filter(conversation_id=conversation_id, view__isnull=False).order_by("-id")
     latest = next((pk for pk, tip in candidates.values_list("pk", "tip_id") if tip in on_path), None) if path else None
     compaction = Compaction.objects.only("tip_id", "view").get(pk=latest) if latest is not None else None
-    start = on_path[compaction.tip_id] + 1 if compaction else 0
+    # The stubs see neither that the compaction was picked for its tip on the path nor its view__isnull=False.
+    start = on_path[compaction.tip_id] + 1 if compaction else 0  # type: ignore[index]
     later = path[start:]
     # Notes before the compaction's tip are inside its view (it was built from this same
     # history); the tip itself may be the checkpoint the first later prompt follows.
     notes = rewind_notes(conversation_id=conversation_id, path=path[max(0, start - 1) :])
     with _no_collection():
-        return [*(compaction.view if compaction else []), *(_sendable(m, notes.get(m.id)) for m in later)]
+        return [*(compaction.view if compaction else []), *(_sendable(m, notes.get(m.id)) for m in later)]  # type: ignore[misc]
 
 
 def _sendable(message: PathMessage, notes: list[str] | None) -> dict[str, Any]:
@@ -296,7 +297,9 @@ def tree_slice(*, conversation: Conversation, first: int, count: int, keep: str)
 
 def _tree_layout(conversation: Conversation) -> treeview.Layout:
     # Ids and parents only: cheap for 10,000 messages; content is read for the drawn rows alone.
-    structure = list(Message.objects.filter(conversation=conversation).order_by("id").values_list("id", "parent_id"))
+    structure: list[tuple[int, int | None]] = list(
+        Message.objects.filter(conversation=conversation).order_by("id").values_list("id", "parent_id")
+    )
     return treeview.layout(structure, conversation.tip_id)
 
 

@@ -19,7 +19,8 @@ class PathMessageSerializer(serializers.Serializer):
     """A message of the current path (`selectors.PathMessage`), in the same shape as MessageSerializer."""
 
     id = serializers.IntegerField()
-    parent = serializers.IntegerField(source="parent_id", allow_null=True)
+    # A declared field may shadow a Field attribute (the metaclass moves it away); the stubs cannot tell.
+    parent = serializers.IntegerField(source="parent_id", allow_null=True)  # type: ignore[assignment]
     role = serializers.ChoiceField(choices=Message.Role.choices)
     content = serializers.JSONField()
     created_at = serializers.DateTimeField()
@@ -86,7 +87,7 @@ class ForkSerializer(serializers.Serializer):
 
 
 class CheckpointCreateSerializer(serializers.Serializer):
-    label = serializers.CharField(max_length=64, trim_whitespace=False)
+    label = serializers.CharField(max_length=64, trim_whitespace=False)  # type: ignore[assignment]  # as `parent`
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
@@ -96,7 +97,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class RewindSerializer(serializers.Serializer):
-    label = serializers.CharField(required=False, allow_null=True, max_length=64, default=None)
+    label = serializers.CharField(required=False, allow_null=True, max_length=64, default=None)  # type: ignore[assignment]
 
 
 class RewindDigestSerializer(serializers.ModelSerializer):

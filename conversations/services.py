@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -25,7 +25,7 @@ from toolcatalog.models import Mode
 TITLE_MAX = 200
 
 
-def conversation_create(*, owner: AbstractBaseUser, title: str = "") -> Conversation:
+def conversation_create(*, owner: User, title: str = "") -> Conversation:
     title = title.strip()
     if len(title) > TITLE_MAX:
         raise DomainError(f"The title has {len(title)} characters; the limit is {TITLE_MAX}.")
@@ -178,7 +178,7 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
         raise DomainError(str(exc)) from None
     with transaction.atomic():
         locked = conversation_locked(conversation)
-        if locked.tip_id is None:
+        if locked.tip is None:
             raise DomainError("The conversation has no messages yet; there is no turn boundary to mark.")
         tip = selectors.as_plain(locked.tip)
         if not transcript.is_clean_boundary([tip]):
@@ -188,7 +188,7 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
             )
         if Checkpoint.objects.filter(conversation=locked, label=label).exists():
             raise DomainError(f"A checkpoint named {label!r} already exists here; choose another label.")
-        return Checkpoint.objects.create(conversation=locked, label=label, message_id=locked.tip_id)
+        return Checkpoint.objects.create(conversation=locked, label=label, message=locked.tip)
 
 
 def conversation_rewind(*, conversation: Conversation, label: str | None = None) -> RewindDigest:
@@ -198,6 +198,7 @@ def conversation_rewind(*, conversation: Conversation, label: str | None = None)
         path = selectors.current_path(locked)
         position = {message.id: index for index, message in enumerate(path)}
         checkpoints = list(Checkpoint.objects.filter(conversation=locked))
+        checkpoint: Checkpoint | None
         if label is None:
             behind = [c for c in checkpoints if c.message_id in position and c.message_id != locked.tip_id]
             if not behind:

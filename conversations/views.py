@@ -4,6 +4,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from controlcenter.api import request_user
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors
 from conversations.models import Conversation
@@ -11,7 +12,7 @@ from conversations.models import Conversation
 
 def owned_conversation(request: HttpRequest, conversation_id: int) -> Conversation:
     try:
-        return selectors.conversation_for_user(user=request.user, conversation_id=conversation_id)
+        return selectors.conversation_for_user(user=request_user(request), conversation_id=conversation_id)
     except NotFound:
         raise Http404("No such conversation.") from None
 

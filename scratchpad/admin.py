@@ -27,7 +27,8 @@ class EntryAdmin(admin.ModelAdmin):
         source = selectors.DbChunkSource(entry)
         text = read_slice(source, 0, min(PREVIEW_CHARS, entry.length))
         more = entry.length - len(text)
-        return f"{text}\n[... {more} more characters]" if more > 0 else str(text)
+        # Text, not bytes: a binary entry returned its summary above.
+        return f"{text}\n[... {more} more characters]" if more > 0 else str(text)  # type: ignore[str-bytes-safe]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlcenter.api import request_user
 from controlcenter.errors import DomainError, NotFound
 from engine.scratchpad.read_tool import run_read
 from scratchpad import selectors, services
@@ -19,7 +20,7 @@ _INT_PARAMS = ("n", "start", "end", "context", "max_matches")
 
 
 def _entry_for(request: Request, entry_id: str) -> Entry:
-    entry = selectors.entry_for_user(user=request.user, entry_id=entry_id)
+    entry = selectors.entry_for_user(user=request_user(request), entry_id=entry_id)
     if entry is None:
         raise NotFound(f"Scratchpad entry {entry_id} does not exist.")
     return entry

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -86,10 +86,10 @@ def entry_for_turn(
     return visible.filter(pk=entry_id).first()
 
 
-def entries_for_user(*, user: AbstractBaseUser, now: datetime | None = None) -> QuerySet[Entry]:
+def entries_for_user(*, user: User, now: datetime | None = None) -> QuerySet[Entry]:
     """Live entries whose run's conversation belongs to `user` (RN-3)."""
     return live_entries(now=now).filter(conversation__owner=user)
 
 
-def entry_for_user(*, user: AbstractBaseUser, entry_id: str, now: datetime | None = None) -> Entry | None:
+def entry_for_user(*, user: User, entry_id: str, now: datetime | None = None) -> Entry | None:
     return entries_for_user(user=user, now=now).filter(pk=entry_id).first()

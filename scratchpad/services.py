@@ -273,7 +273,8 @@ def list_for_turn(*, turn_id: str, conversation_id: int | None = None, now: date
 def full_content(entry: Entry) -> str | bytes:
     source = selectors.DbChunkSource(entry)
     parts = [chunk.value for chunk in source.chunks(0)]
-    return (b"" if entry.kind == Entry.Kind.BINARY else "").join(parts)
+    # A binary entry's chunks are bytes, any other's str: one kind per entry.
+    return (b"" if entry.kind == Entry.Kind.BINARY else "").join(parts)  # type: ignore[arg-type]
 
 
 def full_observation(entry: Entry) -> Any:

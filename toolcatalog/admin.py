@@ -79,6 +79,7 @@ class McpServerForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        assert data is not None  # ModelForm.clean returns cleaned_data; the stubs allow None for overrides
         stored = McpServer.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
         for field in ("env", "headers"):
             given = data.get(field) or {}
@@ -95,7 +96,7 @@ class McpServerForm(forms.ModelForm):
         for field in ("env", "headers", "args"):
             if field in self.cleaned_data:
                 setattr(self.instance, field, self.cleaned_data[field])
-        super()._post_clean()
+        super()._post_clean()  # type: ignore[misc]  # a private hook of Django's forms the stubs leave out
 
 
 @admin.register(McpServer)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import json.decoder
 import json.scanner
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,11 +37,14 @@ class _Located(dict):
 class _LocatingDecoder(json.JSONDecoder):
     """A JSON decoder whose objects remember the line they start on."""
 
+    # Set by JSONDecoder.__init__ at run time; typeshed does not declare it.
+    parse_object: Callable[..., tuple[Any, int]]
+
     def __init__(self, text: str) -> None:
         super().__init__()
         base = self.parse_object
 
-        def parse_object(s_and_end, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def parse_object(s_and_end: tuple[str, int], *args: Any, **kwargs: Any) -> tuple[_Located, int]:
             text, end = s_and_end
             value, new_end = base(s_and_end, *args, **kwargs)
             located = _Located(value)
@@ -49,7 +53,7 @@ class _LocatingDecoder(json.JSONDecoder):
 
         self.parse_object = parse_object
         # The C scanner ignores parse_object; the Python one calls it.
-        self.scan_once = json.scanner.py_make_scanner(self)
+        self.scan_once = json.scanner.py_make_scanner(self)  # type: ignore[attr-defined]  # typeshed omits it
 
 
 @dataclass

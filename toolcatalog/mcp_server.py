@@ -238,7 +238,7 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
     scope = getattr(ctx.request, "scope", None) or {}
     user_id = scope.get(USER_SCOPE_KEY)
     if user_id is None:
-        observation = {"ok": False, "error": "This call carries no authenticated user."}
+        observation: dict[str, Any] = {"ok": False, "error": "This call carries no authenticated user."}
     else:
         try:
             observation = await sync_to_async(_call_in_thread, thread_sensitive=False)(
@@ -312,7 +312,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         user_id, problem = await authenticate(scope)
-        if problem:
+        if user_id is None:
             await _unauthorized(send, problem)
             return
         scope[USER_SCOPE_KEY] = user_id

@@ -114,7 +114,7 @@ class Tool(models.Model):
 
     @property
     def qualified_name(self) -> str:
-        return qualified_name(self.name, self.server.name if self.server_id else None)
+        return qualified_name(self.name, self.server.name if self.server is not None else None)
 
     @property
     def schema_tokens(self) -> int:

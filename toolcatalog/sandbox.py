@@ -450,7 +450,8 @@ class _CappedReader(threading.Thread):
         self.total = 0
 
     def run(self) -> None:
-        while chunk := self.stream.read1(_READ_CHUNK):
+        # A pipe of Popen is a BufferedReader; the stubs' IO[bytes] has no read1.
+        while chunk := self.stream.read1(_READ_CHUNK):  # type: ignore[union-attr]
             self.total += len(chunk)
             room = self.cap - len(self.kept)
             if room > 0:

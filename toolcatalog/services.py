@@ -363,6 +363,7 @@ def mcp_server_apply_listing(*, server: McpServer, listed: list[ImportedTool]) -
 def _apply_listing(server: McpServer, listed: list[ImportedTool]) -> McpImportResult:
     refused: list[str] = []
     valid: dict[str, ImportedTool] = {}
+    tool: ImportedTool | Tool | None  # the listing's tools, then the catalog's rows
     for tool in listed:
         if problem := _imported_problem(server, tool):
             refused.append(f"{server.name}: {tool.name!r}: {problem}")
@@ -383,6 +384,7 @@ def _apply_listing(server: McpServer, listed: list[ImportedTool]) -> McpImportRe
     for name, imported in valid.items():
         tool = existing.get(name)
         if tool is None:
+            assert group is not None  # created above, as this tool is new
             Tool.objects.create(
                 name=name,
                 group=group,
@@ -449,7 +451,8 @@ def mcp_server_save(
         values = {**current, **values}
     values.setdefault("transport", "")
     errors = config_problems(name=name, **{k: v for k, v in values.items() if k != "enabled"})
-    duplicate = McpServer.objects.filter(name=name).exclude(pk=server.pk if server is not None else None)
+    # pk=None excludes nothing (IS NULL); the stubs allow no None in a lookup.
+    duplicate = McpServer.objects.filter(name=name).exclude(pk=server.pk if server is not None else None)  # type: ignore[misc]
     if not errors and duplicate.exists():
         errors["name"] = f"There is already an MCP server named {name!r}."
     if errors:

@@ -40,7 +40,7 @@ def system_resolver(host: str, port: int) -> list[str]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise ToolFailure(f"Cannot resolve host {host!r}: {exc.strerror or exc}.") from exc
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def _allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
