@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from conversations.models import Conversation
+from tests.support.factories import ConversationFactory
 from tests.support.history import add_turn
 
 
 @pytest.fixture
 def conversation(alice) -> Conversation:
-    return Conversation.objects.create(owner=alice, title="History")
+    return ConversationFactory(owner=alice, title="History")
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents import chat
-from conversations.models import Conversation, Message
+from conversations.models import Message
+from tests.support.factories import ConversationFactory, MessageFactory
 from tests.support.history import add_turn
 
 pytestmark = [pytest.mark.django_db, pytest.mark.req("CH-7")]
@@ -37,7 +38,7 @@ def test_deleting_a_message_above_the_tip_moves_the_tip_out_of_the_deleted_subtr
 
 def test_deleting_the_root_of_the_path_while_other_messages_remain_is_refused_with_the_reason(admin_client, explored):
     root = Message.objects.filter(conversation=explored, parent=None).get()
-    Message.objects.create(conversation=explored, parent=None, role="user", content=[{"type": "text", "text": "x"}])
+    MessageFactory(conversation=explored, parent=None, text="x")
     count, tip = Message.objects.count(), explored.tip_id
     page = _delete(admin_client, root).content.decode()
     assert "is the root of the current path" in page
@@ -46,7 +47,7 @@ def test_deleting_the_root_of_the_path_while_other_messages_remain_is_refused_wi
 
 
 def test_deleting_the_only_root_empties_the_conversation_and_leaves_no_tip(admin_client, alice):
-    conversation = Conversation.objects.create(owner=alice, title="short")
+    conversation = ConversationFactory(owner=alice, title="short")
     add_turn(conversation, "Hello.", "Hi.")
     root = Message.objects.get(conversation=conversation, parent=None)
     _delete(admin_client, root)

@@ -7,6 +7,7 @@ import pytest
 from agents.models import Run
 from conversations import selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from tests.support.factories import ConversationFactory
 from tests.support.history import add_turn
 
 pytestmark = pytest.mark.django_db
@@ -92,7 +93,7 @@ def test_compact_context_export_and_slash_commands_over_the_api(alice_api, explo
 def test_retry_over_the_api_says_which_empty_case_it_is(alice_api, alice, explored):
     response = alice_api.post(url(explored, "retry/"))
     assert response.status_code == 409 and response.json()["error"]["code"] == "nothing_to_retry"
-    empty = Conversation.objects.create(owner=alice, title="Empty")
+    empty = ConversationFactory(owner=alice, title="Empty")
     response = alice_api.post(url(empty, "retry/"))
     assert response.status_code == 409 and response.json()["error"]["code"] == "nothing_loaded"
 

@@ -13,6 +13,7 @@ from agents.turns import turn_history as _turn_history
 from controlcenter.errors import DomainError
 from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
+from tests.support.factories import CheckpointFactory
 from tests.support.history import add_turn
 
 pytestmark = pytest.mark.django_db
@@ -43,7 +44,7 @@ def test_rewind_returns_to_the_checkpoint_and_keeps_a_digest_of_the_exploration(
 @pytest.mark.req("CH-9")
 def test_rewind_without_a_label_goes_to_the_latest_checkpoint_behind_the_tip(explored):
     first = selectors.current_path(explored)[1].pk
-    Checkpoint.objects.create(conversation=explored, label="early", message_id=first)
+    CheckpointFactory(conversation=explored, label="early", message_id=first)
     services.checkpoint_create(conversation=explored, label="late")
     late = explored.tip_id
     add_turn(explored, "Explore.", "Explored.")

@@ -9,6 +9,7 @@ from agents.models import Run
 from controlcenter.errors import DomainError
 from conversations import commands, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from tests.support.factories import ModelRequestFactory, RunFactory
 from tests.support.history import add_turn
 
 
@@ -164,13 +165,11 @@ def test_export_a_path_as_json_and_markdown(explored):
 @pytest.mark.django_db
 @pytest.mark.req("CH-12")
 def test_context_is_calibrated_by_the_last_measured_request(explored, alice, client):
-    from agents.models import ModelRequest
-
     plain = chat.message_send(conversation=explored, text="/context").command.data
     assert plain["calibration"] == 1.0 and plain["calibrated_tokens"] == plain["used_tokens"]
-    run = Run.objects.create(conversation=explored, trigger=explored.tip, provider="offline", model=plain["model"])
+    run = RunFactory(conversation=explored, trigger=explored.tip, model=plain["model"])
     # The provider counted 10 % more than the runtime estimated for the last request.
-    ModelRequest.objects.create(run=run, step=1, model=plain["model"], input_tokens=1_100, estimated_tokens=1_000)
+    ModelRequestFactory(run=run, input_tokens=1_100, estimated_tokens=1_000)
     view = chat.message_send(conversation=explored, text="/context").command
     assert view.data["calibration"] == 1.1
     assert view.data["calibrated_tokens"] == round(view.data["used_tokens"] * 1.1)

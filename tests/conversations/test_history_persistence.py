@@ -10,6 +10,7 @@ from agents.models import Run
 from controlcenter.errors import Conflict
 from conversations import selectors
 from conversations.models import Message
+from tests.support.factories import ConversationFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.django_db
 def test_retry_tells_nothing_to_retry_from_nothing_loaded(conversation, explored):
     with pytest.raises(chat.NothingToRetry, match="nothing to retry") as finished:
         chat.conversation_retry(conversation=explored)
-    empty = type(conversation).objects.create(owner=conversation.owner, title="Empty")
+    empty = ConversationFactory(owner=conversation.owner, title="Empty")
     with pytest.raises(chat.NothingLoaded, match="no persisted transcript") as unloaded:
         chat.conversation_retry(conversation=empty)
     assert finished.value.code == "nothing_to_retry" != unloaded.value.code == "nothing_loaded"

@@ -13,6 +13,7 @@ from agents.models import Run
 from controlcenter.errors import Conflict, DomainError
 from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message
+from tests.support.factories import ConversationFactory
 from tests.support.history import add_turn
 
 pytestmark = pytest.mark.django_db
@@ -87,7 +88,7 @@ def test_branch_refuses_a_message_that_stops_mid_turn_and_another_conversations_
     tip = explored.tip_id
     with pytest.raises(DomainError, match="middle of a turn"):
         services.conversation_branch(conversation=explored, message_id=tool_call.pk)
-    other = Conversation.objects.create(owner=alice, title="Other")
+    other = ConversationFactory(owner=alice, title="Other")
     stranger = add_turn(other, "Hi", "Hello")[0]
     with pytest.raises(DomainError, match="not part of conversation"):
         services.conversation_branch(conversation=explored, message_id=stranger.pk)
@@ -168,6 +169,6 @@ def test_the_path_loads_in_one_query_as_plain_rows_equal_to_the_stored_messages(
         assert (row.role, row.content, row.parent_id) == (message.role, message.content, message.parent_id)
         assert datetime.fromisoformat(row.created_at) == message.created_at
     # A tip of another conversation loads nothing rather than someone else's path.
-    other = Conversation.objects.create(owner=explored.owner, title="other")
+    other = ConversationFactory(owner=explored.owner, title="other")
     assert selectors.path_to(conversation_id=other.pk, tip_id=explored.tip_id) == []
     assert selectors.path_to(conversation_id=explored.pk, tip_id=None) == []

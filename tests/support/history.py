@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from conversations.models import Conversation, Message
+from tests.support.factories import MessageFactory
 
 _ids = itertools.count(1)
 
@@ -26,7 +27,7 @@ def add_turn(
 
     def add(role: str, content: list[dict[str, Any]]) -> Message:
         nonlocal parent
-        parent = Message.objects.create(conversation=conversation, parent=parent, role=role, content=content)
+        parent = MessageFactory(conversation=conversation, parent=parent, role=role, content=content)
         created.append(parent)
         return parent
 

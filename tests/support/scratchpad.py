@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from agents.models import Run
-from conversations.models import Conversation, Message
 from engine.actions import result_text
 from engine.providers.protocol import MessageDone, ProviderEvent, TextDelta, ToolUseBlock, Usage
 from engine.request import ModelRequestSpec
 from engine.toolbox import ToolBoxLayer
+from tests.support.factories import RunFactory
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.workspace import resolve_inside
 
@@ -118,23 +118,14 @@ def tools_in(root: Path) -> ScratchTools:
 
 
 def make_run(owner: Any, text: str = "hello", status: str = Run.Status.RUNNING) -> Run:
-    conversation = Conversation.objects.create(owner=owner, title="t")
-    message = Message.objects.create(conversation=conversation, role="user", content=[{"type": "text", "text": text}])
-    conversation.tip = message
-    conversation.save(update_fields=["tip"])
-    return Run.objects.create(
-        conversation=conversation, trigger=message, provider="offline", model="offline-1", status=status
+    return RunFactory(
+        conversation__owner=owner, conversation__title="t", trigger__text=text, trigger__as_tip=True, status=status
     )
 
 
 def next_run(run: Run, text: str = "again") -> Run:
     """A later turn of the same conversation."""
-    message = Message.objects.create(
-        conversation=run.conversation, role="user", content=[{"type": "text", "text": text}]
-    )
-    return Run.objects.create(
-        conversation=run.conversation, trigger=message, provider="offline", model="offline-1", status=run.status
-    )
+    return RunFactory(conversation=run.conversation, trigger__parent=None, trigger__text=text, status=run.status)
 
 
 def server_log(lines: int, *, errors_at_end: int = 0) -> str:

@@ -10,9 +10,9 @@ from django.utils import timezone
 
 from agents.models import ModelRequest, Run, RunEvent
 from agents.resident import resident_recommendation
-from conversations.models import Conversation, Message
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from tests.support.catalog import CATALOG_PATH
+from tests.support.factories import ModeFactory, ModelRequestFactory, RunFactory
 from toolcatalog.models import Mode, ModeVersion, RetrievalMiss, ToolActivation
 from toolcatalog.selectors import run_surface
 from toolcatalog.services import ResidentChangeRefused, catalog_import, mode_resident_apply
@@ -20,9 +20,7 @@ from toolcatalog.toolbox import run_toolbox
 
 
 def _run(owner, mode: Mode, *, days_ago: float = 1) -> Run:
-    conversation = Conversation.objects.create(owner=owner, title="history")
-    trigger = Message.objects.create(conversation=conversation, role="user", content=[{"type": "text", "text": "go"}])
-    run = Run.objects.create(conversation=conversation, trigger=trigger, provider="offline", model="m", mode=mode)
+    run = RunFactory(conversation__owner=owner, conversation__title="history", trigger__text="go", model="m", mode=mode)
     Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - dt.timedelta(days=days_ago))
     return run
 
@@ -32,13 +30,13 @@ def _history(owner) -> tuple[Mode, list[str]]:
     every resident tool is called in a third of the runs except kill_background and todo_list. 6 older
     runs, outside the window, all loaded web_search."""
     catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
-    mode = Mode.objects.create(name="coder", allow=["*"])
+    mode = ModeFactory(name="coder", allow=["*"])
     resident = [tool.name for tool in run_surface(mode=mode, deferral=True)[0].resident]
     called = [name for name in resident if name not in ("kill_background", "todo_list")]
     events = []
     for i in range(12):
         run = _run(owner, mode)
-        ModelRequest.objects.create(run=run, step=1, model="m")
+        ModelRequestFactory(run=run)
         events += [
             RunEvent(run=run, seq=seq, type="tool_call", payload={"name": name, "input": {}})
             for seq, name in enumerate(called)
@@ -131,7 +129,7 @@ def test_applying_makes_a_new_version_and_the_tools_prefix_changes_exactly_once(
 @pytest.mark.django_db
 def test_a_stale_unknown_or_contradictory_change_is_refused_and_changes_nothing(alice):
     catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
-    mode = Mode.objects.create(name="reader", allow=["read_*", "git_*"])
+    mode = ModeFactory(name="reader", allow=["read_*", "git_*"])
     bad = [
         ({"make_resident": ["git_status"], "make_deferred": [], "expected_version": 7}, "at version 1, not 7"),
         ({"make_resident": ["send_email"], "make_deferred": [], "expected_version": 1}, "Not tools of mode reader"),
