@@ -43,7 +43,7 @@ def builtin_executor(workspace: Path, conversation_id: int | None = None, user_i
     from toolcatalog.mcp_client import mcp_executor
 
     context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id)
-    forward = mcp_executor()
+    forward = mcp_executor(workspace)
 
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
         tool = BUILTINS.get(name)
