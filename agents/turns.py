@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from agents import approvals
-from agents.models import ModelRequest, Run
+from agents.models import ConversationToolPins, ModelRequest, Run
 from agents.providers import get_provider
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from agents.summary import run_summarizer
@@ -23,6 +23,7 @@ from conversations import export, selectors
 from conversations.compaction import compaction_pass
 from conversations.models import Compaction, Conversation, Message
 from conversations.window import window_budget
+from engine.catalog.pins import pinnable
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import transcript
 from engine.loop import ReactiveCompaction
@@ -33,7 +34,7 @@ from engine.tokens import estimate_text_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
-from toolcatalog.selectors import fit_surface_to_window, surface_context
+from toolcatalog.selectors import catalog_records, fit_surface_to_window, surface_context
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -77,6 +78,7 @@ def turn_toolboxes(
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
+        pins=conversation_tool_pins(conversation_id),
     )
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = (
@@ -101,8 +103,23 @@ def subagent_toolboxes(*, conversation_id: int, mode: Mode | None) -> tuple[Cata
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
+        pins=conversation_tool_pins(conversation_id),
     )
     return catalog, approvals.GatedToolBox(catalog)
+
+
+def conversation_tool_pins(conversation_id: int) -> dict[str, Any]:
+    """The imported tools as the conversation first saw them (MC-4); taken now at its first turn.
+
+    Its later turns, and its subagents, build their surface from these definitions: an MCP
+    server's refresh never rewrites the tools of a conversation already running.
+    """
+    stored = ConversationToolPins.objects.filter(conversation_id=conversation_id).values_list("pins", flat=True).first()
+    if stored is not None:
+        return stored
+    pins = pinnable(catalog_records())
+    taken, _ = ConversationToolPins.objects.get_or_create(conversation_id=conversation_id, defaults={"pins": pins})
+    return taken.pins
 
 
 def conversation_owner(conversation_id: int) -> int | None:

@@ -160,9 +160,22 @@ if __name__ == "__main__":
     parser.add_argument("--token", default="")
     parser.add_argument("--without", nargs="*", default=[])
     parser.add_argument("--tag", default="")
+    parser.add_argument("--v2", action="store_true", help="a new version: echo's schema changed, a tool added")
     options = parser.parse_args()
     for name in options.without:
         server.remove_tool(name)
+    if options.v2:
+
+        def echo_v2(text: str, times: int = 1) -> str:
+            _log("echo", {"text": text, "times": times})
+            return " ".join([f"echo: {text}"] * times)
+
+        def novel() -> str:
+            return "new in v2"
+
+        server.remove_tool("echo")
+        server.add_tool(echo_v2, name="echo", description="Repeat the text back, TIMES times (v2).")
+        server.add_tool(novel, name="novel", description="A tool version 2 added.")
     if options.http:
         _http(options.http, options.token)
     else:
