@@ -17,6 +17,7 @@ import pytest
 from django.core.management import call_command
 
 from toolcatalog.mcp_client import connections
+from toolcatalog.models import McpServer
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -170,3 +171,30 @@ McpConnections().call_tool(spec, "detach", {{"tag": "{tag}"}}, workspace=Path("{
 print("detached", flush=True)
 time.sleep(600)
 """
+
+
+@pytest.mark.req("MC-1")
+def test_network_is_a_stdio_setting_and_a_clear_error_anywhere_else(django_user_model):
+    from rest_framework.test import APIClient
+
+    from toolcatalog.mcp_config import parse_servers_file
+
+    configs, problems = parse_servers_file(
+        {
+            "mcpServers": {
+                "local": {"command": "mcp-server-fetch", "network": True},
+                "remote": {"url": "https://example.com/mcp", "network": True},
+                "vague": {"command": "x", "network": "yes"},
+            }
+        }
+    )
+    assert configs["local"]["network"] is True
+    assert "network applies to stdio servers" in problems["remote"]
+    assert "true or false" in problems["vague"]
+    staff = django_user_model.objects.create_user(username="op", password="op-password-1", is_staff=True)
+    api = APIClient()
+    api.force_authenticate(staff)
+    config = {"name": "remote", "transport": "http", "url": "https://example.com/mcp", "network": True}
+    refused = api.post("/api/mcp-servers/", config, format="json")
+    assert refused.status_code == 400 and "network" in refused.content.decode()
+    assert not McpServer.objects.exists()
