@@ -114,12 +114,14 @@ def conversation_tool_pins(conversation_id: int) -> dict[str, Any]:
     Its later turns, and its subagents, build their surface from these definitions: an MCP
     server's refresh never rewrites the tools of a conversation already running.
     """
-    stored = ConversationToolPins.objects.filter(conversation_id=conversation_id).values_list("pins", flat=True).first()
+    stored: dict[str, Any] | None = (
+        ConversationToolPins.objects.filter(conversation_id=conversation_id).values_list("pins", flat=True).first()
+    )
     if stored is not None:
         return stored
     pins = pinnable(catalog_records())
     taken, _ = ConversationToolPins.objects.get_or_create(conversation_id=conversation_id, defaults={"pins": pins})
-    return taken.pins
+    return dict(taken.pins)
 
 
 def conversation_owner(conversation_id: int) -> int | None:

@@ -184,6 +184,12 @@ class ServerProcess:
         return self.sandboxed.process.poll()
 
 
+async def _read_pipe(loop: asyncio.AbstractEventLoop, stream: Any) -> _ReadPipe:
+    reader = asyncio.StreamReader(limit=2**24)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stream)
+    return _ReadPipe(reader, transport)
+
+
 async def spawn(spec: McpServerSpec, workspace: Path) -> ServerProcess:
     """Start `spec`'s server in the sandbox of `workspace`, on this (long-lived) thread.
 
@@ -210,13 +216,9 @@ async def spawn(spec: McpServerSpec, workspace: Path) -> ServerProcess:
     assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
     loop = asyncio.get_running_loop()
     try:
-        pipes = []
-        for stream in (popen.stdout, popen.stderr):
-            reader = asyncio.StreamReader(limit=2**24)
-            transport, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), stream)
-            pipes.append(_ReadPipe(reader, transport))
-        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
-        writer = asyncio.StreamWriter(transport, protocol, None, loop)  # type: ignore[arg-type]
+        pipes = [await _read_pipe(loop, stream) for stream in (popen.stdout, popen.stderr)]
+        write_transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
+        writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
     except BaseException:
         sandbox.finish(sandboxed)
         raise
