@@ -63,13 +63,15 @@ def turn_toolboxes(
     conversation_id: int,
     mode: Mode | None = None,
     enqueue_subagent: Callable[[int], None] | None = None,
+    take_pins: bool = True,
 ) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """The run's catalog toolbox, and the stack the loop talks to, outermost first:
 
     approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
     offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
     catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
-    A run passes how its subagents are queued; without it the stack is only described (Context view).
+    A run passes how its subagents are queued; without it the stack is only described (Context view),
+    and `take_pins=False` describes it without pinning the catalog for a conversation that never ran.
     """
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
@@ -78,7 +80,7 @@ def turn_toolboxes(
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
-        pins=conversation_tool_pins(conversation_id),
+        pins=conversation_tool_pins(conversation_id, take=take_pins),
     )
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = (
@@ -108,16 +110,17 @@ def subagent_toolboxes(*, conversation_id: int, mode: Mode | None) -> tuple[Cata
     return catalog, approvals.GatedToolBox(catalog)
 
 
-def conversation_tool_pins(conversation_id: int) -> dict[str, Any]:
+def conversation_tool_pins(conversation_id: int, *, take: bool = True) -> dict[str, Any] | None:
     """The imported tools as the conversation first saw them (MC-4); taken now at its first turn.
 
     Its later turns, and its subagents, build their surface from these definitions: an MCP
-    server's refresh never rewrites the tools of a conversation already running.
+    server's refresh never rewrites the tools of a conversation already running. Not yet taken
+    and not `take`: None, the catalog as it is (what the first turn would pin).
     """
     stored: dict[str, Any] | None = (
         ConversationToolPins.objects.filter(conversation_id=conversation_id).values_list("pins", flat=True).first()
     )
-    if stored is not None:
+    if stored is not None or not take:
         return stored
     pins = pinnable(catalog_records())
     taken, _ = ConversationToolPins.objects.get_or_create(conversation_id=conversation_id, defaults={"pins": pins})
@@ -303,7 +306,9 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     turn_id = latest_run.pk if latest_run else 0
     # The very functions run_execute builds its requests with (TD-15).
     # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
-    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
+    catalog, toolbox = turn_toolboxes(
+        run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode, take_pins=False
+    )
     path = selectors.current_path(conversation)
     pruning = turn_pruned(selectors.view_of_path(conversation_id=conversation.pk, path=path))
     request = ModelRequestSpec(

@@ -367,9 +367,9 @@ def _server_options(
 ) -> list[str]:
     """bwrap options for `start()`'s server parameters; opened directories are added to `fds`.
 
-    Each directory goes in as an O_PATH descriptor, like the workspace: a root worker's sandbox
-    uid needs no search permission on the directories above it (a Python under /root). The
-    `--setenv` pairs travel in the options pipe, so no command line shows their values.
+    Each directory goes in as a descriptor the worker opened, like the workspace (bwrap still
+    resolves its path as the sandbox uid: `_searchable_parents`). The `--setenv` pairs travel in
+    the options pipe, so no command line shows their values.
     """
     options: list[str] = []
     for number, directory in enumerate(read_only):

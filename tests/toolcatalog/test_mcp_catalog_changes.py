@@ -10,12 +10,14 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 
+from agents import heartbeat
 from agents.chat import message_send
 from agents.lifecycle import run_execute
 from agents.models import Run, RunEvent
@@ -26,6 +28,16 @@ from toolcatalog.mcp_client import connections
 from toolcatalog.models import Tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def live_worker_name():
+    # Turns run in this process; a real worker of the session must see it alive, or it reaps them.
+    name = f"test-mc4-{uuid.uuid4().hex[:8]}"
+    stop = heartbeat.start_heartbeat(name, on_complete=lambda live: None)
+    yield name
+    stop.set()
+
 
 PROBE = Path(__file__).parents[1] / "support" / "mcp_servers" / "probe_server.py"
 MODEL = "claude-sonnet-4-5"
@@ -63,7 +75,9 @@ def _system_text(payload: dict[str, Any]) -> str:
 
 
 @pytest.mark.req("MC-4")
-def test_a_refresh_changes_new_conversations_and_leaves_running_ones_as_they_began(alice, tmp_path, settings):
+def test_a_refresh_changes_new_conversations_and_leaves_running_ones_as_they_began(
+    alice, tmp_path, settings, live_worker_name
+):
     connections.close()
     settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
     settings.CC_MODEL, settings.CC_MODELS = MODEL, {MODEL: "anthropic"}
@@ -77,7 +91,7 @@ def test_a_refresh_changes_new_conversations_and_leaves_running_ones_as_they_beg
         def turn(conversation, text: str) -> tuple[Run, dict[str, Any]]:
             _, run = message_send(conversation=conversation, text=text)
             before = len(recorder.payloads)
-            run_execute(run_id=run.pk, worker="test")
+            run_execute(run_id=run.pk, worker=live_worker_name)
             run.refresh_from_db()
             assert run.status == Run.Status.SUCCEEDED, run.error
             return run, recorder.payloads[before]
