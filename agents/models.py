@@ -209,3 +209,21 @@ class Subagent(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED_STATUSES
+
+
+class ConversationToolPins(models.Model):
+    """The imported tools as a conversation first saw them (MC-4), taken at its first turn.
+
+    Later turns build their surface from these definitions, so a refresh of an MCP server never
+    rewrites a running conversation's tools; a new conversation takes the catalog as it is then.
+    """
+
+    conversation = models.OneToOneField(
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="tool_pins"
+    )
+    # Qualified tool name -> engine.catalog.pins.pin_of(record).
+    pins = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"tool pins of conversation {self.conversation_id}"

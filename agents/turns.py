@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from agents import approvals
-from agents.models import ModelRequest, Run
+from agents.models import ConversationToolPins, ModelRequest, Run
 from agents.providers import get_provider
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from agents.summary import run_summarizer
@@ -23,6 +23,7 @@ from conversations import export, selectors
 from conversations.compaction import compaction_pass
 from conversations.models import Compaction, Conversation, Message
 from conversations.window import window_budget
+from engine.catalog.pins import pinnable
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import transcript
 from engine.loop import ReactiveCompaction
@@ -33,7 +34,7 @@ from engine.tokens import estimate_text_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
-from toolcatalog.selectors import fit_surface_to_window, surface_context
+from toolcatalog.selectors import catalog_records, fit_surface_to_window, surface_context
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -62,13 +63,15 @@ def turn_toolboxes(
     conversation_id: int,
     mode: Mode | None = None,
     enqueue_subagent: Callable[[int], None] | None = None,
+    take_pins: bool = True,
 ) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """The run's catalog toolbox, and the stack the loop talks to, outermost first:
 
     approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
     offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
     catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
-    A run passes how its subagents are queued; without it the stack is only described (Context view).
+    A run passes how its subagents are queued; without it the stack is only described (Context view),
+    and `take_pins=False` describes it without pinning the catalog for a conversation that never ran.
     """
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
@@ -77,6 +80,7 @@ def turn_toolboxes(
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
+        pins=conversation_tool_pins(conversation_id, take=take_pins),
     )
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = (
@@ -101,8 +105,26 @@ def subagent_toolboxes(*, conversation_id: int, mode: Mode | None) -> tuple[Cata
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
+        pins=conversation_tool_pins(conversation_id),
     )
     return catalog, approvals.GatedToolBox(catalog)
+
+
+def conversation_tool_pins(conversation_id: int, *, take: bool = True) -> dict[str, Any] | None:
+    """The imported tools as the conversation first saw them (MC-4); taken now at its first turn.
+
+    Its later turns, and its subagents, build their surface from these definitions: an MCP
+    server's refresh never rewrites the tools of a conversation already running. Not yet taken
+    and not `take`: None, the catalog as it is (what the first turn would pin).
+    """
+    stored: dict[str, Any] | None = (
+        ConversationToolPins.objects.filter(conversation_id=conversation_id).values_list("pins", flat=True).first()
+    )
+    if stored is not None or not take:
+        return stored
+    pins = pinnable(catalog_records())
+    taken, _ = ConversationToolPins.objects.get_or_create(conversation_id=conversation_id, defaults={"pins": pins})
+    return dict(taken.pins)
 
 
 def conversation_owner(conversation_id: int) -> int | None:
@@ -289,7 +311,9 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     turn_id = latest_run.pk if latest_run else 0
     # The very functions run_execute builds its requests with (TD-15).
     # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
-    catalog, toolbox = turn_toolboxes(run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode)
+    catalog, toolbox = turn_toolboxes(
+        run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode, take_pins=False
+    )
     path = selectors.current_path(conversation)
     pruning = turn_pruned(selectors.view_of_path(conversation_id=conversation.pk, path=path))
     request = ModelRequestSpec(

@@ -1,5 +1,7 @@
 """Cost of calling an imported stdio MCP tool, cold (process start) and warm (reused), against a built-in.
 
+The server runs in the tool sandbox, as in a run (bubblewrap start-up is part of the cold figure).
+
 python manage.py bench mcp --json [--repeat 50] [--command mcp-server-time]
 
 The server is `mcp-server-time` (dev extra) unless --command names another stdio server
@@ -39,9 +41,11 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     spec = McpServerSpec(name="time", transport="stdio", command=command, timeout_seconds=60)
     arguments = {"timezone": "UTC"}
     connections = McpConnections()
+    workspace = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
 
     def call() -> dict[str, Any]:
-        return observation_of("time", "get_current_time", connections.call_tool(spec, "get_current_time", arguments))
+        result = connections.call_tool(spec, "get_current_time", arguments, workspace=workspace)
+        return observation_of("time", "get_current_time", result)
 
     cold: list[float] = []
     for _ in range(options["cold"]):
@@ -55,6 +59,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         call()
         warm.append((time.perf_counter() - started) * 1000)
     connections.close()
+    shutil.rmtree(workspace, ignore_errors=True)
 
     builtin: list[float] = []
     with tempfile.TemporaryDirectory() as directory:

@@ -67,7 +67,7 @@ class McpServerForm(forms.ModelForm):
 
     class Meta:
         model = McpServer
-        fields = ["name", "transport", "command", "args", "env", "cwd", "url", "headers", "enabled"]
+        fields = ["name", "transport", "command", "args", "env", "cwd", "url", "headers", "network", "enabled"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

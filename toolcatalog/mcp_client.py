@@ -3,9 +3,10 @@
 One `McpConnections` per process (the worker's, the web server's for /mcp) keeps one
 live connection per configured server on a private event loop thread:
 
-- a stdio server is started on first use (`spawn_stdio_process`, the ONE place a server
-  process is created, so a sandbox can wrap it), reused across calls and runs, restarted
-  after it died, and stopped when idle (CC_MCP_IDLE_SECONDS) and at process exit;
+- a stdio server runs in the tool sandbox (`toolcatalog.mcp_stdio`), one process per server
+  and workspace: it sees the calling conversation's workspace (or the /mcp user's), never
+  another one. It is started on first use, reused across calls and runs, restarted after it
+  died, and stopped when idle (CC_MCP_IDLE_SECONDS) and at process exit;
 - an HTTP session is reused, and opened again when the server forgot it (a restart);
 - every call is bounded by CC_MCP_CALL_TIMEOUT_SECONDS; whatever goes wrong comes back as a
   tool error naming the server, with the server's secrets hidden (MC-3).
@@ -18,40 +19,32 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import hashlib
 import json
 import logging
-import os
-import signal
-import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import httpx2
 import mcp_types as types
 from django.conf import settings
 from mcp import Client, MCPError
-from mcp.client.stdio import get_default_environment
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.message import SessionMessage
 
 from controlcenter.redact import redact_text, register_secrets
 from engine.actions import ATTACHED_IMAGES
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
+from toolcatalog import mcp_stdio
 from toolcatalog.mcp_import import ImportedTool, McpServerSpec, list_tools_of
+from toolcatalog.mcp_stdio import STOP_GRACE_SECONDS, ServerProcess
 
 logger = logging.getLogger(__name__)
-
-_STDERR_LINES = 20
-_STOP_GRACE_SECONDS = 2.0
 
 
 class McpCallError(Exception):
@@ -65,127 +58,34 @@ class McpCallError(Exception):
         self.unavailable = unavailable
 
 
-# --- starting a stdio server ------------------------------------------------------------------
-
-
-async def spawn_stdio_process(argv: list[str], env: dict[str, str], cwd: str | None) -> anyio.abc.Process:
-    """Start a stdio MCP server: the one place its process is created (the sandbox wraps `argv` here).
-
-    Its own process group, so stopping it stops whatever it started too.
-    """
-    return await anyio.open_process(
-        argv,
-        env=env,
-        cwd=cwd or None,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-
-
-@dataclass
-class _StdioState:
-    process: anyio.abc.Process | None = None
-    stderr: collections.deque[str] | None = None
-
-
-@asynccontextmanager
-async def _stdio_transport(spec: McpServerSpec, state: _StdioState) -> AsyncIterator[Any]:
-    """Newline-delimited JSON-RPC over the server's stdin/stdout (the MCP stdio transport)."""
-    env = {**get_default_environment(), **spec.env}
-    process = await spawn_stdio_process([spec.command, *spec.args], env, spec.cwd)
-    state.process, state.stderr = process, collections.deque(maxlen=_STDERR_LINES)
-    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](16)
-
-    async def read_stdout() -> None:
-        assert process.stdout is not None
-        buffer = b""
-        async with read_writer:
-            with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                async for chunk in process.stdout:
-                    *lines, buffer = (buffer + chunk).split(b"\n")
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        try:
-                            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                        except ValueError as exc:
-                            await read_writer.send(exc)
-                            continue
-                        await read_writer.send(SessionMessage(message))
-
-    async def read_stderr() -> None:
-        assert process.stderr is not None and state.stderr is not None
-        buffer = b""
-        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            async for chunk in process.stderr:
-                *lines, buffer = (buffer + chunk).split(b"\n")
-                state.stderr.extend(line.decode("utf-8", "replace") for line in lines if line.strip())
-
-    async def write_stdin() -> None:
-        assert process.stdin is not None
-        async with write_reader:
-            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                async for message in write_reader:
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send(data.encode() + b"\n")
-
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(read_stdout)
-            group.start_soon(read_stderr)
-            group.start_soon(write_stdin)
-            try:
-                yield read_stream, write_stream
-            finally:
-                group.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            await _stop_process(process)
-
-
-async def _stop_process(process: anyio.abc.Process) -> None:
-    # The MCP shutdown sequence: close stdin, give it a moment, then signal the whole group.
-    if process.stdin is not None:
-        with suppress(Exception):
-            await process.stdin.aclose()
-    for sig in (None, signal.SIGTERM, signal.SIGKILL):
-        if sig is not None:
-            with suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, sig)
-        with anyio.move_on_after(_STOP_GRACE_SECONDS):
-            while process.returncode is None:
-                await anyio.sleep(0.02)
-        if process.returncode is not None:
-            break
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            with suppress(Exception):
-                await stream.aclose()
-
-
 # --- one live connection ----------------------------------------------------------------------
 
 
 def _fingerprint(spec: McpServerSpec) -> str:
-    raw = json.dumps([spec.transport, spec.command, spec.args, spec.env, spec.cwd, spec.url, spec.headers])
+    raw = json.dumps(
+        [spec.transport, spec.command, spec.args, spec.env, spec.cwd, spec.url, spec.headers, spec.network]
+    )
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
 class _Connection:
     """A server's client session, held open by one task on the connections' loop."""
 
-    def __init__(self, spec: McpServerSpec, on_tools_changed: Callable[[str, list[ImportedTool]], None] | None) -> None:
+    def __init__(
+        self,
+        spec: McpServerSpec,
+        workspace: Path,
+        on_tools_changed: Callable[[str, list[ImportedTool]], None] | None,
+    ) -> None:
         self.spec = spec
+        self.workspace = workspace
         self.fingerprint = _fingerprint(spec)
         self.client: Client | None = None
         self.failure: BaseException | None = None
         self.ready = asyncio.Event()
         self.closed = asyncio.Event()
         self._stop = asyncio.Event()
-        self._stdio = _StdioState()
+        self._stdio: list[ServerProcess] = []
         self._on_tools_changed = on_tools_changed
         self._task: asyncio.Task | None = None
         self.in_flight = 0
@@ -196,8 +96,11 @@ class _Connection:
     def alive(self) -> bool:
         if self.broken or self.closed.is_set():
             return False
-        process = self._stdio.process
-        return process is None or process.returncode is None
+        return not self._stdio or self._stdio[-1].returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._stdio[-1].pid if self._stdio else None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._hold())
@@ -226,7 +129,8 @@ class _Connection:
     def _client(self) -> tuple[Client, httpx2.AsyncClient | None]:
         timeout = self.spec.timeout_seconds
         if self.spec.transport == "stdio":
-            return Client(_stdio_transport(self.spec, self._stdio), mode="legacy", message_handler=self._notified), None
+            stdio = mcp_stdio.transport(self.spec, self.workspace, self._stdio)
+            return Client(stdio, mode="legacy", message_handler=self._notified), None
         http = httpx2.AsyncClient(headers=self.spec.headers, timeout=timeout, trust_env=False)
         transport = streamable_http_client(self.spec.url, http_client=http)
         return Client(transport, mode="legacy", message_handler=self._notified), http
@@ -255,10 +159,10 @@ class _Connection:
             self._task.cancel()  # still starting: nothing to say goodbye to
         if self._task is not None:
             with suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(self._task), _STOP_GRACE_SECONDS * 4)
+                await asyncio.wait_for(asyncio.shield(self._task), STOP_GRACE_SECONDS * 4)
 
     def stderr_tail(self) -> str:
-        lines = list(self._stdio.stderr or ())
+        lines = list(self._stdio[-1].stderr_lines) if self._stdio else []
         return " | ".join(lines[-3:])
 
 
@@ -270,8 +174,9 @@ class McpConnections:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._guard = threading.Lock()
-        self._connections: dict[str, _Connection] = {}
-        self._opening: dict[str, asyncio.Lock] = {}
+        # One connection per server and workspace: a stdio server sees the workspace it was started in.
+        self._connections: dict[tuple[str, Path], _Connection] = {}
+        self._opening: dict[tuple[str, Path], asyncio.Lock] = {}
         self.on_tools_changed: Callable[[str, list[ImportedTool]], None] | None = None
 
     # The loop thread is started lazily, so importing this module costs nothing.
@@ -285,10 +190,17 @@ class McpConnections:
                 asyncio.run_coroutine_threadsafe(self._reap_idle(), loop)
             return self._loop
 
-    def call_tool(self, spec: McpServerSpec, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """Call `tool` on `spec`'s server, starting or reopening its connection as needed. Raises McpCallError."""
+    def call_tool(
+        self, spec: McpServerSpec, tool: str, arguments: dict[str, Any], *, workspace: Path
+    ) -> types.CallToolResult:
+        """Call `tool` on `spec`'s server, starting or reopening its connection as needed. Raises McpCallError.
+
+        A stdio server runs with `workspace` as its own (HTTP servers ignore it).
+        """
         loop = self._ensure_loop()
-        future = asyncio.run_coroutine_threadsafe(self._call(spec, tool, arguments), loop)
+        # An HTTP session is the same whoever calls: one per server.
+        where = workspace.resolve() if spec.transport == "stdio" else Path()
+        future = asyncio.run_coroutine_threadsafe(self._call(spec, tool, arguments, where), loop)
         try:
             # The call bounds itself; this only guards against a wedged loop.
             return future.result(timeout=spec.timeout_seconds * 3 + settings.CC_MCP_START_TIMEOUT_SECONDS + 10)
@@ -296,13 +208,13 @@ class McpConnections:
             future.cancel()
             raise McpCallError(f"MCP server {spec.name!r} did not answer in time.") from exc
 
-    def running(self) -> dict[str, int | None]:
-        """Server name -> pid of its live stdio process (None for HTTP): for tests and the operator."""
-        return {
-            name: (conn._stdio.process.pid if conn._stdio.process is not None else None)
-            for name, conn in list(self._connections.items())
-            if conn.alive
-        }
+    def running(self) -> dict[str, list[int | None]]:
+        """Server name -> the (bwrap) pids of its live stdio processes (None for HTTP): for tests and the operator."""
+        found: dict[str, list[int | None]] = {}
+        for (name, _), conn in list(self._connections.items()):
+            if conn.alive:
+                found.setdefault(name, []).append(conn.pid)
+        return found
 
     def close(self, name: str | None = None) -> None:
         """Stop one server's connection (or all): its process ends, the next call starts it again."""
@@ -310,30 +222,31 @@ class McpConnections:
             return
         future = asyncio.run_coroutine_threadsafe(self._close(name), self._loop)
         with suppress(Exception):
-            future.result(timeout=_STOP_GRACE_SECONDS * 8)
+            future.result(timeout=STOP_GRACE_SECONDS * 8)
 
     async def _close(self, name: str | None) -> None:
-        names = [name] if name is not None else list(self._connections)
-        closing = [self._connections.pop(n) for n in names if n in self._connections]
+        keys = [key for key in self._connections if name is None or key[0] == name]
+        closing = [self._connections.pop(key) for key in keys]
         await asyncio.gather(*(conn.close() for conn in closing), return_exceptions=True)
 
-    async def _connection(self, spec: McpServerSpec) -> _Connection:
-        lock = self._opening.setdefault(spec.name, asyncio.Lock())
+    async def _connection(self, spec: McpServerSpec, workspace: Path) -> _Connection:
+        key = (spec.name, workspace)
+        lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:  # parallel first calls start one process, not several
-            conn = self._connections.get(spec.name)
+            conn = self._connections.get(key)
             if conn is not None and (conn.fingerprint != _fingerprint(spec) or not conn.alive):
-                self._connections.pop(spec.name, None)
+                self._connections.pop(key, None)
                 await conn.close()
                 conn = None
             if conn is None:
-                conn = _Connection(spec, self.on_tools_changed)
-                self._connections[spec.name] = conn
+                conn = _Connection(spec, workspace, self.on_tools_changed)
+                self._connections[key] = conn
                 conn.start()
             start_timeout = max(spec.timeout_seconds, settings.CC_MCP_START_TIMEOUT_SECONDS)
             try:
                 await asyncio.wait_for(conn.ready.wait(), start_timeout)
             except TimeoutError:
-                self._connections.pop(spec.name, None)
+                self._connections.pop(key, None)
                 await conn.close()
                 raise McpCallError(
                     f"MCP server {spec.name!r} did not start within {start_timeout:g} s "
@@ -341,7 +254,7 @@ class McpConnections:
                     unavailable=True,
                 ) from None
             if conn.client is None:
-                self._connections.pop(spec.name, None)
+                self._connections.pop(key, None)
                 raise McpCallError(
                     f"MCP server {spec.name!r} could not be started or reached: {describe(conn.failure, spec)}."
                     + _stderr_note(conn, spec),
@@ -349,9 +262,11 @@ class McpConnections:
                 )
             return conn
 
-    async def _call(self, spec: McpServerSpec, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+    async def _call(
+        self, spec: McpServerSpec, tool: str, arguments: dict[str, Any], workspace: Path
+    ) -> types.CallToolResult:
         for attempt in (1, 2):
-            conn = await self._connection(spec)
+            conn = await self._connection(spec, workspace)
             conn.in_flight += 1
             try:
                 assert conn.client is not None
@@ -399,10 +314,13 @@ class McpConnections:
             idle = settings.CC_MCP_IDLE_SECONDS
             await asyncio.sleep(max(0.2, min(idle / 4, 5)))
             cutoff = time.monotonic() - idle
-            for name, conn in list(self._connections.items()):
+            for key, conn in list(self._connections.items()):
                 if conn.in_flight == 0 and (conn.last_used < cutoff or not conn.alive):
-                    if self._connections.get(name) is conn:
-                        del self._connections[name]
+                    if self._connections.get(key) is conn:
+                        del self._connections[key]
+                    lock = self._opening.get(key)
+                    if lock is not None and not lock.locked():
+                        del self._opening[key]
                     await conn.close()
 
 
@@ -511,7 +429,7 @@ def _unavailable(message: str) -> Observation:
     return {"ok": False, "error": message, UNAVAILABLE: True}
 
 
-def forward(name: str, arguments: dict[str, Any]) -> Observation | None:
+def forward(name: str, arguments: dict[str, Any], workspace: Path) -> Observation | None:
     """Run an imported tool `SERVER__tool` on its server; None when `name` belongs to no configured server."""
     from toolcatalog.mcp_config import McpConfigError
     from toolcatalog.models import McpServer, Tool
@@ -534,7 +452,7 @@ def forward(name: str, arguments: dict[str, Any]) -> Observation | None:
         return _unavailable(str(exc))
     register_secrets(secrets_of(spec))
     try:
-        result = connections.call_tool(spec, tool_name, arguments)
+        result = connections.call_tool(spec, tool_name, arguments, workspace=workspace)
     except McpCallError as exc:
         logger.warning("MCP call failed: %s", exc)
         failed: Observation = {"ok": False, "error": str(exc), "server": server_name, "tool": tool_name}
@@ -542,6 +460,6 @@ def forward(name: str, arguments: dict[str, Any]) -> Observation | None:
     return observation_of(server_name, tool_name, result)
 
 
-def mcp_executor() -> Executor:
-    """The Executor for imported MCP tools (None for any other name)."""
-    return forward
+def mcp_executor(workspace: Path) -> Executor:
+    """The Executor for imported MCP tools (None for any other name); stdio servers run on `workspace`."""
+    return lambda name, arguments: forward(name, arguments, workspace)

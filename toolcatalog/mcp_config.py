@@ -35,6 +35,7 @@ def config_problems(
     cwd: str = "",
     url: str = "",
     headers: Any = None,
+    network: Any = False,
 ) -> dict[str, str]:
     """Field -> why it is refused; empty when the server can be saved."""
     errors: dict[str, str] = {}
@@ -58,8 +59,12 @@ def config_problems(
             errors["headers"] = problem
         if command or args or env or cwd:
             errors["command"] = "An http server has no command, args, env or cwd; use transport stdio for those."
+        if network:
+            errors["network"] = "network applies to stdio servers (they run in the sandbox); an http server is remote."
     else:
         errors["transport"] = "Use stdio (command, args, env, cwd) or http (url, headers)."
+    if not isinstance(network, bool):
+        errors["network"] = "true or false: whether the sandboxed server gets outbound network."
     return errors
 
 
@@ -113,9 +118,10 @@ def parse_servers_file(data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, 
         if not isinstance(entry, dict):
             problems[name] = "its entry must be an object with command/args/env or url/headers."
             continue
-        known = {"command", "args", "env", "cwd", "url", "headers", "type", "transport", "disabled"}
+        known = {"command", "args", "env", "cwd", "url", "headers", "network", "type", "transport", "disabled"}
         if unknown := sorted(set(entry) - known):
-            problems[name] = f"unknown keys {', '.join(unknown)} (expected command, args, env, cwd or url, headers)."
+            expected = "command, args, env, cwd, network or url, headers"
+            problems[name] = f"unknown keys {', '.join(unknown)} (expected {expected})."
             continue
         transport = "http" if "url" in entry else "stdio"
         declared = entry.get("type") or entry.get("transport")
@@ -131,6 +137,7 @@ def parse_servers_file(data: Any) -> tuple[dict[str, dict[str, Any]], dict[str, 
             "cwd": entry.get("cwd", ""),
             "url": entry.get("url", ""),
             "headers": entry.get("headers", {}),
+            "network": entry.get("network", False),
         }
         if errors := config_problems(**config):
             problems[name] = "; ".join(f"{field}: {message}" for field, message in errors.items())

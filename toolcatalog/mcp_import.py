@@ -6,15 +6,20 @@ server, names namespaced on collision) belongs to the catalog's import service.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import httpx2
-from mcp import Client, StdioServerParameters
+from django.conf import settings
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from controlcenter.redact import redact_text
+from toolcatalog import mcp_stdio
+from toolcatalog.sandbox import SandboxUnavailable
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 _MAX_PAGES = 100
@@ -37,6 +42,8 @@ class McpServerSpec:
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    # stdio: outbound network for the sandboxed server (its config's `network: true`).
+    network: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,12 +54,12 @@ class ImportedTool:
     server: str
 
 
-def _client(spec: McpServerSpec) -> tuple[Client, httpx2.AsyncClient | None]:
+def _client(spec: McpServerSpec, workspace: Path) -> tuple[Client, httpx2.AsyncClient | None]:
     if spec.transport == "stdio":
         if not spec.command:
             raise McpImportError(f"MCP server {spec.name!r}: a stdio server needs a command.")
-        parameters = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env or None, cwd=spec.cwd)
-        return Client(parameters, read_timeout_seconds=spec.timeout_seconds), None
+        # Listing runs the server too: in the sandbox, on an empty workspace of its own.
+        return Client(mcp_stdio.transport(spec, workspace, []), read_timeout_seconds=spec.timeout_seconds), None
     if spec.transport == "http":
         if not spec.url.startswith(("http://", "https://")):
             raise McpImportError(f"MCP server {spec.name!r}: an http server needs an http(s) URL, got {spec.url!r}.")
@@ -84,7 +91,15 @@ async def list_tools_of(client: Client, server: str) -> list[ImportedTool]:
 
 
 async def list_server_tools_async(spec: McpServerSpec) -> list[ImportedTool]:
-    client, http = _client(spec)
+    if spec.transport != "stdio":
+        return await _list_in(spec, Path())
+    Path(settings.CC_WORKSPACE_ROOT).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"mcp-import-{spec.name}-", dir=settings.CC_WORKSPACE_ROOT) as workspace:
+        return await _list_in(spec, Path(workspace))
+
+
+async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
+    client, http = _client(spec, workspace)
     try:
         with anyio.fail_after(spec.timeout_seconds * 2):
             async with client:
@@ -111,6 +126,8 @@ def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, FileNotFoundError | PermissionError):
-        return f"cannot start the server command: {exc}"
+        return f"cannot start the server command: {exc.strerror or exc}"
+    if isinstance(exc, mcp_stdio.ServerMountRefused | SandboxUnavailable):
+        return str(exc)
     # httpx puts the whole URL in its errors, and an MCP server's URL may carry a token.
     return f"{type(exc).__name__}: {redact_text(str(exc))}" if str(exc) else type(exc).__name__

@@ -44,6 +44,9 @@ class McpServer(models.Model):
     cwd = models.CharField(max_length=500, blank=True, help_text="stdio: the working directory (optional).")
     url = models.URLField(blank=True, help_text="http: the Streamable HTTP endpoint.")
     headers = models.JSONField(default=dict, blank=True, help_text="http: request headers (write-only).")
+    network = models.BooleanField(
+        default=False, help_text="stdio: outbound network for the sandboxed server (off: no network at all)."
+    )
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -66,6 +69,7 @@ class McpServer(models.Model):
             cwd=self.cwd,
             url=self.url,
             headers=self.headers,
+            network=self.network,
         )
         if errors:
             raise ValidationError(errors)

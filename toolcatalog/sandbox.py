@@ -33,7 +33,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -214,6 +214,15 @@ def _hand_over(workspace: Path, uid: int) -> None:
                 os.lchown(path, uid, uid)
 
 
+def _searchable_parents(directory: Path) -> None:
+    """Let the sandbox uid reach `directory` (root worker only): bwrap resolves a mount's source path
+    as that uid, so each directory above it gets the search bit (x, never read) where it lacks it."""
+    for parent in reversed(directory.parents):
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
 def _pipe_of(data: bytes) -> int:
     """A pipe's read end already holding `data` (well under the 64 KiB a pipe buffers)."""
     read, write = os.pipe()
@@ -269,11 +278,20 @@ def start(
     stdin: Any = subprocess.DEVNULL,
     stdout: Any = subprocess.PIPE,
     stderr: Any = subprocess.PIPE,
+    env: Mapping[str, str] | None = None,
+    read_only: Sequence[Path] = (),
+    network: bool | None = None,
+    chdir: str | None = None,
 ) -> Sandboxed:
-    """Start `command` in the sandbox of `workspace`; the caller waits and must `finish()` it."""
+    """Start `command` in the sandbox of `workspace`; the caller waits and must `finish()` it.
+
+    For a long-lived server (an MCP stdio server): `env` is set for the program alone (bwrap and
+    the sandbox's PID 1 keep the allow-list), `read_only` host directories are mounted read-only
+    at their own paths, `network` overrides CC_SANDBOX_NETWORK and `chdir` the starting directory.
+    """
     if bwrap_path() is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed; install Debian's `bubblewrap` package.")
-    network = settings.CC_SANDBOX_NETWORK == "on"
+    network = settings.CC_SANDBOX_NETWORK == "on" if network is None else network
     slirp = shutil.which("slirp4netns", path=PATH) if network else None
     if network and slirp is None:
         raise SandboxUnavailable(
@@ -283,6 +301,8 @@ def start(
     uid = sandbox_uid()
     if uid is not None:
         _hand_over(workspace, uid)
+        for directory in read_only:
+            _searchable_parents(directory)
     fsize = limits.file_size_mb * 1024 * 1024 if file_size_bytes is None else file_size_bytes
     data = _etc_files()
     if network:
@@ -296,6 +316,7 @@ def start(
         options = bwrap_options(
             fds["workspace"], cwd=cwd, tmp_mb=limits.tmp_mb, data_fds={name: fds[name] for name in data}
         )
+        options += _server_options(fds, read_only, env or {}, chdir)
         if network:
             kept["info"], fds["info"] = os.pipe()
             fds["block"], kept["block"] = os.pipe()
@@ -339,6 +360,26 @@ def start(
             for fd in kept.values():
                 os.close(fd)
     return sandboxed
+
+
+def _server_options(
+    fds: dict[str, int], read_only: Sequence[Path], env: Mapping[str, str], chdir: str | None
+) -> list[str]:
+    """bwrap options for `start()`'s server parameters; opened directories are added to `fds`.
+
+    Each directory goes in as a descriptor the worker opened, like the workspace (bwrap still
+    resolves its path as the sandbox uid: `_searchable_parents`). The `--setenv` pairs travel in
+    the options pipe, so no command line shows their values.
+    """
+    options: list[str] = []
+    for number, directory in enumerate(read_only):
+        fds[f"ro{number}"] = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        options += ["--ro-bind-fd", str(fds[f"ro{number}"]), str(directory)]
+    for name, value in env.items():
+        options += ["--setenv", name, value]
+    if chdir is not None:
+        options += ["--chdir", chdir]
+    return options
 
 
 _SLIRP_DNS = "10.0.2.3"

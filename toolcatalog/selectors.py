@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from engine.catalog.fit import fit_to_window, tool_block_tokens
+from engine.catalog.pins import pinned_records
 from engine.catalog.surface import ModeSpec, Surface, ToolRecord, build_surface
 from engine.catalog.toolbox import CatalogToolBox
 from engine.scratchpad.read_tool import SCHEMA as READ_TOOL_SCHEMA
@@ -65,11 +67,19 @@ def mode_spec(mode: Mode | None) -> ModeSpec:
     )
 
 
-def run_surface(*, mode: Mode | None = None, deferral: bool | None = None) -> tuple[Surface, list[ToolRecord]]:
-    """The surface a run gets: the one code path for runs, the Context view and benchmarks (TD-15)."""
+def run_surface(
+    *, mode: Mode | None = None, deferral: bool | None = None, pins: Mapping[str, Mapping[str, Any]] | None = None
+) -> tuple[Surface, list[ToolRecord]]:
+    """The surface a run gets: the one code path for runs, the Context view and benchmarks (TD-15).
+
+    `pins`: the imported tools as the conversation first saw them (MC-4); None outside a conversation.
+    """
     records = catalog_records()
     deferral = settings.CC_SERVER_TOOL_DEFERRAL if deferral is None else deferral
-    return build_surface(records, mode_spec(mode), deferral=deferral), records
+    unindexed: frozenset[str] = frozenset()
+    if pins is not None:
+        records, unindexed = pinned_records(records, pins)
+    return build_surface(records, mode_spec(mode), deferral=deferral, unindexed=unindexed), records
 
 
 def fit_surface_to_window(catalog: CatalogToolBox, offered: list[dict[str, Any]]) -> None:

@@ -67,8 +67,8 @@ class McpServerConfigSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = McpServer
-        fields = ["id", "name", "transport", "command", "args", "env", "cwd", "url", "headers", "enabled"]
-        fields += ["created_at", "tools"]
+        fields = ["id", "name", "transport", "command", "args", "env", "cwd", "url", "headers", "network"]
+        fields += ["enabled", "created_at", "tools"]
 
     def get_env(self, server: McpServer) -> dict[str, str]:
         return hidden(server.env)
@@ -94,6 +94,7 @@ class McpServerInputSerializer(serializers.Serializer):
     cwd = serializers.CharField(max_length=500, required=False, allow_blank=True)
     url = serializers.CharField(max_length=200, required=False, allow_blank=True)
     headers = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    network = serializers.BooleanField(required=False)
     enabled = serializers.BooleanField(required=False)
 
 

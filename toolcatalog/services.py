@@ -315,6 +315,7 @@ def mcp_server_spec(server: McpServer, *, timeout_seconds: float | None = None) 
             env=resolve_references(server.name, "env", dict(server.env or {})),
             cwd=server.cwd or None,
             timeout_seconds=timeout,
+            network=server.network,
         )
     return McpServerSpec(
         name=server.name,
@@ -425,7 +426,7 @@ class McpServerInvalid(DomainError):
         self.errors = errors
 
 
-_CONFIG_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "enabled")
+_CONFIG_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "network", "enabled")
 
 
 def _merged_secrets(previous: dict[str, str], given: dict[str, str]) -> dict[str, str]:

@@ -6,6 +6,7 @@ registry can be swapped for the full `toolcatalog/tools/` package in one place.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ def builtin_executor(workspace: Path, conversation_id: int | None = None, user_i
     from toolcatalog.mcp_client import mcp_executor
 
     context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id)
-    forward = mcp_executor()
+    forward = mcp_executor(workspace)
 
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
         tool = BUILTINS.get(name)
@@ -69,10 +70,11 @@ def run_toolbox(
     mode: Any = None,
     deferral: bool | None = None,
     approve: ApprovalGate = approval_pending,
+    pins: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> CatalogToolBox:
     from toolcatalog.selectors import run_surface
 
-    surface, records = run_surface(mode=mode, deferral=deferral)
+    surface, records = run_surface(mode=mode, deferral=deferral, pins=pins)
     index: list[ToolIndex] = []
 
     def run_index() -> ToolIndex:

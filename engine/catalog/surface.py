@@ -96,14 +96,23 @@ class Surface:
         return self.admitted.get(name)
 
 
-def build_surface(records: Iterable[ToolRecord], mode: ModeSpec, *, deferral: bool) -> Surface:
+def build_surface(
+    records: Iterable[ToolRecord], mode: ModeSpec, *, deferral: bool, unindexed: frozenset[str] = frozenset()
+) -> Surface:
+    """`unindexed`: deferred names left out of the name index (tools added to the catalog after a
+    conversation began, MC-4); they are admitted, so search_tools finds and activates them."""
     # TD-8: the mode decides what exists for this run; deferral only decides how it is shown.
     admitted = sorted((tool for tool in records if mode.admits(tool.name)), key=lambda tool: tool.sort_key)
     if not deferral:
+        # Without deferral every admitted tool is resident; one added mid-conversation would
+        # change the prefix, so it waits for the next conversation.
+        admitted = [tool for tool in admitted if tool.name not in unindexed]
         return Surface(mode, False, tuple(admitted), (), "", {tool.name: tool for tool in admitted})
-    resident = tuple(tool for tool in admitted if mode.resident(tool))
-    deferred = tuple(tool for tool in admitted if not mode.resident(tool))
-    return Surface(mode, True, resident, deferred, name_index(deferred), {tool.name: tool for tool in admitted})
+    resident = tuple(tool for tool in admitted if mode.resident(tool) and tool.name not in unindexed)
+    resident_names = {tool.name for tool in resident}
+    deferred = tuple(tool for tool in admitted if tool.name not in resident_names)
+    index = name_index(tool for tool in deferred if tool.name not in unindexed)
+    return Surface(mode, True, resident, deferred, index, {tool.name: tool for tool in admitted})
 
 
 def name_index(deferred: Iterable[ToolRecord]) -> str:

@@ -2,7 +2,8 @@
 
 Real servers only: the reference servers from PyPI (mcp-server-time, mcp-server-git, both
 stdio) and our own SDK server with a call log (tests/support/mcp_servers/probe_server.py), over
-stdio and over Streamable HTTP with a bearer token.
+stdio and over Streamable HTTP with a bearer token. Every stdio server runs in the real bubblewrap
+sandbox (SB-1): it sees the calling workspace at /workspace, where the probe writes its call log.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer, Tool
 from toolcatalog.services import catalog_load_builtins
 from toolcatalog.toolbox import run_toolbox
-from toolcatalog.workspace import workspace_root
+from toolcatalog.workspace import mcp_workspace_root, workspace_root
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,6 +45,7 @@ PROBE = Path(__file__).parents[1] / "support" / "mcp_servers" / "probe_server.py
 BIN = Path(sys.executable).parent
 CANARY_ENV = "canary-env-value-7c1f"
 CANARY_HEADER = "canary-header-value-93ab"
+CALL_LOG = "calls.jsonl"
 
 server_url = live.server_url
 workspaces = live.workspaces
@@ -63,8 +65,9 @@ def _servers_file(tmp_path: Path, servers: dict) -> Path:
     return path
 
 
-def _reference_servers(call_log: Path | None = None, only: tuple[str, ...] = ("time", "git", "probe")) -> dict:
-    probe_env = {"PROBE_SECRET": CANARY_ENV, **({"PROBE_CALL_LOG": str(call_log)} if call_log else {})}
+def _reference_servers(only: tuple[str, ...] = ("time", "git", "probe")) -> dict:
+    # The sandboxed probe logs into the workspace it runs on (its working directory).
+    probe_env = {"PROBE_SECRET": CANARY_ENV, "PROBE_CALL_LOG": CALL_LOG}
     servers = {
         "time": {"command": str(BIN / "mcp-server-time")},
         "git": {"command": str(BIN / "mcp-server-git")},
@@ -117,7 +120,7 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, servers)))
     out = capsys.readouterr().out
     assert "time: server updated; 0 tools added, 0 changed, 2 unchanged, 0 removed" in out
-    assert "probe: server updated; 0 tools added, 0 changed, 5 unchanged, 2 removed" in out and "(crash, grow)" in out
+    assert "probe: server updated; 0 tools added, 0 changed, 7 unchanged, 2 removed" in out and "(crash, grow)" in out
     assert not Tool.objects.get(server__name="probe", name="crash").enabled
 
     (tmp_path / "bad.json").write_text('{"servers": {}}')
@@ -148,7 +151,8 @@ def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_pa
     repo.mkdir()
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "notes.txt").write_text("hello")
-    arguments = json.dumps({"repo_path": str(repo)})
+    # The sandboxed server sees the conversation's workspace where the shell does: at /workspace.
+    arguments = json.dumps({"repo_path": "/workspace/repo"})
     _, run = message_send(conversation=conversation, text=f"call `git__git_status {arguments}`")
     run_execute(run_id=run.pk, worker="test")
     [result] = _tool_results(Run.objects.get(pk=run.pk))
@@ -164,7 +168,7 @@ def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_p
     time_and_git = _reference_servers(only=("time", "git"))
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_and_git)))
     token = Token.objects.create(user=alice).key
-    repo = tmp_path / "repo"
+    repo = mcp_workspace_root(alice.pk) / "repo"  # /mcp calls run on the caller's MCP workspace
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "plan.md").write_text("x")
 
@@ -173,7 +177,7 @@ def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_p
         async with http, Client(streamable_http_client(server_url, http_client=http)) as client:
             listed = {tool.name for tool in (await client.list_tools()).tools}
             now = await client.call_tool("time__get_current_time", {"timezone": "UTC"})
-            status = await client.call_tool("git__git_status", {"repo_path": str(repo)})
+            status = await client.call_tool("git__git_status", {"repo_path": "/workspace/repo"})
             return listed, now, status
 
     listed, now, status = anyio.run(steps)
@@ -274,7 +278,7 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
         assert kept.status_code == 200, kept.content
         assert McpServer.objects.get(pk=server_id).headers == {"Authorization": "Bearer ${PROBE_TOKEN}"}
         refreshed = api.post(f"/api/mcp-servers/{server_id}/refresh/")
-        assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 7
+        assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 9
         listed = api.get("/api/mcp-servers/").content.decode()
         assert CANARY_HEADER not in listed and '"headers":{"Authorization":"***"}' in listed
         assert APIClient().post("/api/mcp-servers/", {}, format="json").status_code in (401, 403)
@@ -290,8 +294,8 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
 @pytest.mark.req("MC-2")
 @pytest.mark.req("MC-4")
 def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_reach_the_catalog(tmp_path, settings):
-    call_log = tmp_path / "calls.jsonl"
-    probe_only = _reference_servers(call_log, only=("probe",))
+    call_log = tmp_path / CALL_LOG
+    probe_only = _reference_servers(only=("probe",))
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     Tool.objects.filter(server__name="probe", name="echo").update(max_calls_per_run=2)
     toolbox = run_toolbox(workspace=tmp_path, deferral=False)
@@ -299,7 +303,9 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
     first = toolbox.execute("probe__whoami", {})["text"]
     again = toolbox.execute("probe__whoami", {})["text"]
     assert (
-        json.loads(first) == json.loads(again) == {"pid": _calls(call_log)[0]["pid"], "secret_length": len(CANARY_ENV)}
+        json.loads(first)
+        == json.loads(again)
+        == {"instance": _calls(call_log)[0]["instance"], "secret_length": len(CANARY_ENV)}
     )
     # Action limits hold for imported tools: the third call never reaches the server.
     assert [toolbox.execute("probe__echo", {"text": str(n)})["ok"] for n in range(3)] == [True, True, False]
@@ -307,7 +313,7 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
 
     assert "stopped during the call" in toolbox.execute("probe__crash", {})["error"]
     restarted = json.loads(toolbox.execute("probe__whoami", {})["text"])
-    assert restarted["pid"] != json.loads(first)["pid"]
+    assert restarted["instance"] != json.loads(first)["instance"]
 
     # The server announces a new tool: the catalog learns it (deferred, like any new tool).
     toolbox.execute("probe__grow", {"name": "sprout"})
@@ -355,11 +361,11 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
     celery_worker_process, alice, alice_api, tmp_path
 ):
     catalog_load_builtins()
-    call_log = tmp_path / "calls.jsonl"
-    probe_only = _reference_servers(call_log, only=("probe",))
+    probe_only = _reference_servers(only=("probe",))
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     Tool.objects.filter(server__name="probe", name="echo").update(requires_approval=True)
     conversation = Conversation.objects.create(owner=alice, title="mcp e2e")
+    call_log = workspace_root(conversation.pk) / CALL_LOG
     messages_url = f"/api/conversations/{conversation.pk}/messages/"
 
     # The approval gate of a built-in holds an imported tool: nothing reaches the server before a person says yes.
@@ -384,7 +390,7 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
     assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
     calls = _calls(call_log)
     assert [call["tool"] for call in calls] == ["echo", "whoami", "whoami"]
-    assert len({call["pid"] for call in calls}) == 1
+    assert len({call["instance"] for call in calls}) == 1
 
     # The server's env secret reached the server (it reported its length) and nothing else.
     stored = json.dumps(list(RunEvent.objects.filter(run__conversation=conversation).values_list("payload", flat=True)))

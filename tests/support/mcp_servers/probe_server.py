@@ -2,7 +2,9 @@
 
 stdio by default; `--http PORT --token TOKEN` serves Streamable HTTP and refuses any request
 without `Authorization: Bearer TOKEN`. Every call appends one JSON line to $PROBE_CALL_LOG
-with the tool, its arguments and this process's pid.
+(relative: to the working directory, the workspace of a sandboxed server) with the tool, its
+arguments and this process's `instance` (a random id: inside the sandbox every server is pid 2).
+`--tag TAG` is ignored: it marks the process's command line for the lifetime tests.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import argparse
 import base64
 import json
 import os
+import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 from mcp.server import MCPServer
@@ -24,13 +29,14 @@ PIXEL = base64.b64decode(
 )
 
 server = MCPServer("probe")
+INSTANCE = os.urandom(6).hex()
 
 
 def _log(tool: str, arguments: dict) -> None:
     path = os.environ.get("PROBE_CALL_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(json.dumps({"tool": tool, "arguments": arguments, "pid": os.getpid()}) + "\n")
+            log.write(json.dumps({"tool": tool, "arguments": arguments, "instance": INSTANCE}) + "\n")
 
 
 @server.tool()
@@ -44,7 +50,49 @@ def echo(text: str) -> str:
 def whoami() -> dict:
     """This server's process id and how long the secret it was given is."""
     _log("whoami", {})
-    return {"pid": os.getpid(), "secret_length": len(os.environ.get("PROBE_SECRET", ""))}
+    return {"instance": INSTANCE, "secret_length": len(os.environ.get("PROBE_SECRET", ""))}
+
+
+@server.tool()
+def peek(paths: list[str]) -> dict:
+    """What this process can see: each path's first bytes or the error, its parent's environment,
+    its own environment's names, its network interfaces and whether 127.0.0.1:PORT answers."""
+    _log("peek", {"paths": paths})
+
+    def read(path: str) -> str:
+        try:
+            with open(path, "rb") as file:
+                return "read: " + file.read(200).decode(errors="replace")
+        except OSError as exc:
+            return f"refused: {exc.strerror}"
+
+    def connect(port: int) -> str:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return "connected"
+        except OSError as exc:
+            return f"refused: {exc}"
+
+    with open("/proc/net/dev", encoding="utf-8") as dev:
+        interfaces = sorted(line.split(":")[0].strip() for line in dev.readlines()[2:])
+    return {
+        "files": {path: read(path) for path in paths},
+        "parent_environ": read(f"/proc/{os.getppid()}/environ"),
+        "init_environ": read("/proc/1/environ"),
+        "env": sorted(os.environ),
+        "cwd": str(Path.cwd()),
+        "interfaces": interfaces,
+        "postgres": connect(5432),
+        "redis": connect(6379),
+    }
+
+
+@server.tool()
+def detach(tag: str) -> str:
+    """Start a process in a session of its own that would outlive this server if nothing stopped it."""
+    _log("detach", {"tag": tag})
+    subprocess.Popen(["/bin/sh", "-c", f"sleep 4747; : {tag}"], start_new_session=True)  # noqa: S603
+    return "detached"
 
 
 @server.tool()
@@ -111,9 +159,23 @@ if __name__ == "__main__":
     parser.add_argument("--http", type=int, default=0)
     parser.add_argument("--token", default="")
     parser.add_argument("--without", nargs="*", default=[])
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--v2", action="store_true", help="a new version: echo's schema changed, a tool added")
     options = parser.parse_args()
     for name in options.without:
         server.remove_tool(name)
+    if options.v2:
+
+        def echo_v2(text: str, times: int = 1) -> str:
+            _log("echo", {"text": text, "times": times})
+            return " ".join([f"echo: {text}"] * times)
+
+        def novel() -> str:
+            return "new in v2"
+
+        server.remove_tool("echo")
+        server.add_tool(echo_v2, name="echo", description="Repeat the text back, TIMES times (v2).")
+        server.add_tool(novel, name="novel", description="A tool version 2 added.")
     if options.http:
         _http(options.http, options.token)
     else:
