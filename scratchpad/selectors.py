@@ -86,10 +86,17 @@ def entry_for_turn(
     return visible.filter(pk=entry_id).first()
 
 
+def possible_entry_id(entry_id: str) -> bool:
+    """Whether an id could name an entry: PostgreSQL refuses a NUL in a query (SB-5)."""
+    return "\x00" not in entry_id and len(entry_id) <= Entry._meta.get_field("id").max_length
+
+
 def entries_for_user(*, user: AbstractBaseUser, now: datetime | None = None) -> QuerySet[Entry]:
     """Live entries whose run's conversation belongs to `user` (RN-3)."""
     return live_entries(now=now).filter(conversation__owner=user)
 
 
 def entry_for_user(*, user: AbstractBaseUser, entry_id: str, now: datetime | None = None) -> Entry | None:
+    if not possible_entry_id(entry_id):
+        return None
     return entries_for_user(user=user, now=now).filter(pk=entry_id).first()
