@@ -122,7 +122,8 @@ def approval_pause(
                 run=run,
                 subagent=subagent,
                 tool_use_id=block["id"],
-                defaults={"tool_name": block["name"], "input": block.get("input") or {}},
+                # What the tool will receive, references resolved: what the person approves (SB-5).
+                defaults={"tool_name": block["name"], "input": block.get("resolved_input", block.get("input") or {})},
             )
             approvals.append(approval)
     publisher = publisher or RunEventPublisher(run)
@@ -133,6 +134,9 @@ def approval_pause(
             "name": approval.tool_name,
             "input": approval.input,
         }
+        requested = next((b.get("input") for b in pause.pending if b["id"] == approval.tool_use_id), None)
+        if requested is not None and requested != approval.input:
+            payload["requested_input"] = requested  # as the model wrote it, with its {{stepN}} references
         if subagent is not None:
             payload["subagent"] = _subagent_payload(subagent)
         publisher.publish("approval_requested", payload)

@@ -9,7 +9,7 @@ from agents import lifecycle
 from agents.events import publish_conversation_changed
 from agents.models import Run
 from agents.subagents import subagents_cancel
-from controlcenter.errors import Conflict, DomainError
+from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
 from conversations.services import conversation_locked
 
@@ -19,7 +19,7 @@ def run_start(*, conversation: Conversation, trigger: Message) -> Run:
     a worker once the row is committed."""
     model = conversation.model or settings.CC_MODEL
     if model not in settings.CC_MODELS:
-        raise DomainError(
+        raise Conflict(
             f"The conversation's model {model!r} is no longer offered; pick one of {', '.join(settings.CC_MODELS)}."
         )
     lifecycle.queue_reachable()

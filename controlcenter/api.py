@@ -7,12 +7,14 @@ there are any.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, overload
 
 from django.contrib.auth.models import User
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import DataError
 from django.http import Http404, HttpRequest
 from rest_framework import exceptions, serializers, status
 from rest_framework.exceptions import APIException, ValidationError
@@ -65,6 +67,10 @@ def request_user(request: Request | HttpRequest) -> User:
     return user
 
 
+logger = logging.getLogger(__name__)
+SERVER_ERROR_MESSAGE = "Something went wrong on the server; the error was logged for the operator."
+
+
 def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details if details is not None else {}}}
 
@@ -74,13 +80,22 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body("not_found", str(exc) or "Not found."), status=status.HTTP_404_NOT_FOUND)
     if isinstance(exc, DomainError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, DataError):
+        # A value the database cannot hold (a NUL, an out-of-range number) that validation let
+        # through: the input's fault, so a 400, and nothing was stored (SB-5).
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else "a value cannot be stored"
+        return Response(error_body("invalid", f"A value cannot be stored: {message}."), status=400)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(error_body("request_too_large", str(exc)), status=413)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound(str(exc) or "Not found.")
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied(str(exc) or "You do not have permission to do this.")
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        # A bug, not bad input: logged with its traceback, answered in the error shape (SB-5).
+        logger.exception("Unexpected error in %s", context.get("view").__class__.__name__, exc_info=exc)
+        return Response(error_body("server_error", SERVER_ERROR_MESSAGE), status=500)
     if isinstance(exc, ValidationError):
         response.data = error_body("invalid", _flatten(response.data), response.data)
     elif isinstance(exc, APIException):
@@ -111,6 +126,8 @@ _ERROR_STATUSES = {
     "409": "The object's state does not allow this now.",
     "413": "The request body is too large.",
     "415": "The body's media type is not supported.",
+    "429": "Too many failed sign-in attempts from this address: locked out for a while.",
+    "500": "An unexpected error; it was logged.",
 }
 
 

@@ -18,6 +18,7 @@ from django.conf import settings  # noqa: E402
 
 from agents.events import register_server_loop  # noqa: E402
 from agents.lifecycle import embedded_recover  # noqa: E402
+from controlcenter.middleware import BodySizeLimit  # noqa: E402
 from controlcenter.mode import log_mode  # noqa: E402
 from controlcenter.routing import websocket_urlpatterns  # noqa: E402
 from toolcatalog.mcp_server import mcp_endpoint  # noqa: E402
@@ -32,7 +33,7 @@ router = ProtocolTypeRouter(
 )
 
 
-async def application(scope, receive, send):  # noqa: ANN001, ANN201
+async def _application(scope, receive, send):  # noqa: ANN001, ANN201
     # Remember the server's loop: an embedded worker thread sends events through it.
     register_server_loop(asyncio.get_running_loop())
     if scope["type"] == "lifespan":
@@ -51,3 +52,7 @@ async def application(scope, receive, send):  # noqa: ANN001, ANN201
         await mcp_endpoint(scope, receive, send)
         return
     await router(scope, receive, send)
+
+
+# The body-size limit wraps everything, /mcp included, so no app reads an oversized body (SB-5).
+application = BodySizeLimit(_application)

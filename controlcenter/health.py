@@ -1,13 +1,22 @@
-"""`/healthz`: database, Redis, worker liveness and the queue as JSON, 200 when all are well."""
+"""`/healthz`: database, Redis, worker liveness and the queue as JSON, 200 when all are well.
+
+Anyone may ask whether the installation is up (SB-5), but an anonymous caller gets only the
+`ok` flags and counts: worker names name machines. A signed-in caller (session or API token)
+sees the rest, and only staff see the error texts, which name hosts, ports and database users.
+"""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import APIException
+from rest_framework.request import Request
 
 from agents.heartbeat import live_workers
 from agents.lifecycle import stale_queued_counts
+from controlcenter.lockout import ThrottledTokenAuthentication
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -38,7 +47,27 @@ def healthz(request: HttpRequest) -> JsonResponse:
             **stale,
         }
     healthy = all(check["ok"] for check in checks.values())
+    checks = _visible_to(_caller(request), checks)
     return JsonResponse(
         {"status": "ok" if healthy else "degraded", "mode": settings.CC_MODE, "checks": checks},
         status=200 if healthy else 503,
     )
+
+
+def _caller(request: HttpRequest) -> object | None:
+    try:
+        user = Request(request, authenticators=[ThrottledTokenAuthentication(), SessionAuthentication()]).user
+    except APIException:  # a wrong token: answered as to anyone
+        return None
+    return user if user.is_authenticated else None
+
+
+def _visible_to(user: object | None, checks: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    if user is None:
+        return {
+            name: {key: value for key, value in check.items() if key == "ok" or type(value) is int}
+            for name, check in checks.items()
+        }
+    if not getattr(user, "is_staff", False):
+        return {name: {key: value for key, value in check.items() if key != "error"} for name, check in checks.items()}
+    return checks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     # Swagger UI served by the app itself: /api/docs/ works offline and under a strict CSP (SB-6).
     "drf_spectacular_sidecar",
+    # SB-5: failed logins and API-token attempts lock out a user and IP pair.
+    "axes",
     "channels",
     "controlcenter",
     "conversations",
@@ -235,7 +238,6 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "controlcenter.middleware.RequestSizeLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -243,6 +245,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: it turns a lockout into the answer (controlcenter.lockout).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlcenter.urls"
@@ -271,6 +275,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# SB-5: after CC_LOGIN_FAILURE_LIMIT failed attempts one username from one IP address is locked
+# out for CC_LOGIN_LOCKOUT_MINUTES, even with the right password; a success resets the count.
+# The login form, the admin login and API tokens (REST and /mcp) count (controlcenter.lockout).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("CC_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("CC_LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "controlcenter.lockout.lockout_response"
+# The client address is REMOTE_ADDR; behind a reverse proxy, run uvicorn with --proxy-headers.
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversation-list"
 LOGOUT_REDIRECT_URL = "login"
@@ -288,11 +306,21 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# SB-5: the largest request body, enforced before it is read (controlcenter.middleware.BodySizeLimit
+# in the ASGI app); Django applies the same figure to bodies it reads itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("CC_MAX_REQUEST_BYTES", 2 * 1024 * 1024, minimum=1024)
 
+# SB-5: how deep a JSON request body may nest (controlcenter.parsers).
+CC_MAX_JSON_DEPTH = env_int("CC_MAX_JSON_DEPTH", 32, minimum=4)
+
 REST_FRAMEWORK = {
+    "DEFAULT_PARSER_CLASSES": [
+        "controlcenter.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "controlcenter.lockout.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -132,3 +132,4 @@ urlpatterns = [
     *api_patterns,
 ]
 handler404 = "controlcenter.views.not_found"
+handler500 = "controlcenter.views.server_error"

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.defaults import page_not_found
+from django.views.defaults import server_error as html_server_error
 
-from controlcenter.api import error_body
+from controlcenter.api import SERVER_ERROR_MESSAGE, error_body
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse(error_body("not_found", f"There is no API endpoint at {request.path}."), status=404)
     return page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    # Errors DRF's handler never sees (a middleware, a non-DRF view) are JSON under /api/ too (SB-5).
+    if request.path.startswith("/api/"):
+        return JsonResponse(error_body("server_error", SERVER_ERROR_MESSAGE), status=500)
+    return html_server_error(request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -20,34 +21,55 @@ def export_json(conversation: dict[str, Any], messages: Sequence[Msg]) -> dict[s
 
 
 def export_markdown(conversation: dict[str, Any], messages: Sequence[Msg]) -> str:
-    out = [f"# {conversation.get('title', 'Conversation')}", ""]
+    """The path as Markdown whose only headings are the export's own (SB-5).
+
+    Every body a user, a model or a tool wrote is a fenced block longer than any backtick run in
+    it, so no message can close its block and fake a `## Assistant` section or a tool call.
+    """
+    out = [f"# {_one_line(conversation.get('title', 'Conversation'))}", ""]
     for message in messages:
-        out += [f"## {str(message['role']).capitalize()} (#{message.get('id')})", ""]
+        out += [f"## {_one_line(message['role']).capitalize()} (#{_one_line(message.get('id'))})", ""]
         for note in message.get("rewind_notes") or []:
-            out += [f"> {note}", ""]
+            out += ["**Rewind note**", "", _fenced(str(note), "text"), ""]
         for block in message.get("content") or []:
             kind = block.get("type")
             if kind == "text":
-                out += [block.get("text", ""), ""]
+                out += [_fenced(block.get("text", ""), "text"), ""]
             elif kind == "tool_use":
                 arguments = json.dumps(block.get("input") or {}, indent=2, sort_keys=True, ensure_ascii=False)
                 out += [
-                    f"**Tool call** `{block.get('name')}` (`{block.get('id')}`)",
+                    f"**Tool call** {_code(block.get('name'))} ({_code(block.get('id'))})",
                     "",
-                    "```json",
-                    arguments,
-                    "```",
+                    _fenced(arguments, "json"),
                     "",
                 ]
             elif kind == "tool_result":
-                body = result_as_text(block)
                 label = "Tool error" if block.get("is_error") else "Tool result"
-                out += [f"**{label}** for `{block.get('tool_use_id')}`", "", "```", body, "```", ""]
+                out += [f"**{label}** for {_code(block.get('tool_use_id'))}", "", _fenced(result_as_text(block)), ""]
             elif kind == "image":
                 out += ["*[image]*", ""]
             else:
-                out += ["```json", json.dumps(block, sort_keys=True, ensure_ascii=False), "```", ""]
+                out += [_fenced(json.dumps(block, sort_keys=True, ensure_ascii=False), "json"), ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _one_line(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+def _backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
+def _fenced(text: str, info: str = "") -> str:
+    fence = "`" * max(3, _backtick_run(text) + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def _code(value: Any) -> str:
+    text = _one_line(value)
+    ticks = "`" * (_backtick_run(text) + 1)
+    return f"{ticks} {text} {ticks}" if text.startswith("`") or text.endswith("`") else f"{ticks}{text}{ticks}"
 
 
 def exploration_digest(explored: Sequence[Msg]) -> dict[str, Any]:

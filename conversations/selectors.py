@@ -179,10 +179,10 @@ def rewind_notes(*, conversation_id: int, path: list[PathMessage]) -> dict[int, 
 
 
 def message_in_conversation(*, conversation: Conversation, message_id: int) -> Message:
-    """A message of this conversation; a message elsewhere is bad input, not a lookup miss."""
+    """A message of this conversation; one elsewhere (or nowhere) is a 404, as the schema says (UX-8)."""
     message = Message.objects.filter(pk=message_id, conversation=conversation).first()
     if message is None:
-        raise DomainError(f"Message {message_id} is not part of conversation {conversation.pk}.")
+        raise NotFound(f"Message {message_id} is not part of conversation {conversation.pk}.")
     return message
 
 
@@ -289,7 +289,7 @@ def tree_slice(*, conversation: Conversation, first: int, count: int, keep: str)
     """The rows of one fold of the navigator (`count` messages from `first` in its order), opened on demand."""
     tree = _tree_layout(conversation)
     if first not in tree.index:
-        raise DomainError(f"Message {first} is not part of conversation {conversation.pk}.")
+        raise NotFound(f"Message {first} is not part of conversation {conversation.pk}.")
     if count < 1 or keep not in ("start", "end"):
         raise DomainError("A fold is opened with count >= 1 and keep 'start' or 'end'.")
     return _tree_items(conversation, tree, treeview.expand(tree, first, count, keep))  # type: ignore[arg-type]

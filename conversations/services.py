@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlcenter.errors import Conflict, DomainError
+from controlcenter.errors import Conflict, DomainError, NotFound
 from conversations import commands, export, selectors
 from conversations.compaction import CompactionPass, compaction_pass
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
@@ -125,7 +125,7 @@ def conversation_fork(*, conversation: Conversation, title: str = "") -> Convers
     with transaction.atomic():
         path = selectors.current_path(conversation)
         if not path:
-            raise DomainError("The conversation has no messages yet; there is nothing to fork.")
+            raise Conflict("The conversation has no messages yet; there is nothing to fork.")
         fork = Conversation.objects.create(
             owner=conversation.owner,
             title=title,
@@ -179,15 +179,15 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
     with transaction.atomic():
         locked = conversation_locked(conversation)
         if locked.tip is None:
-            raise DomainError("The conversation has no messages yet; there is no turn boundary to mark.")
+            raise Conflict("The conversation has no messages yet; there is no turn boundary to mark.")
         tip = selectors.as_plain(locked.tip)
         if not transcript.is_clean_boundary([tip]):
-            raise DomainError(
+            raise Conflict(
                 f"Message {locked.tip_id} is not a clean turn boundary (a finished answer); "
                 "checkpoints mark the end of a turn."
             )
         if Checkpoint.objects.filter(conversation=locked, label=label).exists():
-            raise DomainError(f"A checkpoint named {label!r} already exists here; choose another label.")
+            raise Conflict(f"A checkpoint named {label!r} already exists here; choose another label.")
         return Checkpoint.objects.create(conversation=locked, label=label, message=locked.tip)
 
 
@@ -202,20 +202,20 @@ def conversation_rewind(*, conversation: Conversation, label: str | None = None)
         if label is None:
             behind = [c for c in checkpoints if c.message_id in position and c.message_id != locked.tip_id]
             if not behind:
-                raise DomainError("There is no checkpoint behind the tip on this branch to rewind to.")
+                raise Conflict("There is no checkpoint behind the tip on this branch to rewind to.")
             checkpoint = max(behind, key=lambda c: (position[c.message_id], c.pk))
         else:
             checkpoint = next((c for c in checkpoints if c.label == label), None)
             if checkpoint is None:
                 known = ", ".join(sorted(c.label for c in checkpoints)) or "none"
-                raise DomainError(f"There is no checkpoint named {label!r}; checkpoints here: {known}.")
+                raise NotFound(f"There is no checkpoint named {label!r}; checkpoints here: {known}.")
             if checkpoint.message_id not in position:
-                raise DomainError(
+                raise Conflict(
                     f"Checkpoint {label!r} is not on the current branch; /branch {checkpoint.message_id} moves there."
                 )
         explored = path[position[checkpoint.message_id] + 1 :]
         if not explored:
-            raise DomainError(f"The tip is at checkpoint {checkpoint.label!r}; nothing was explored since.")
+            raise Conflict(f"The tip is at checkpoint {checkpoint.label!r}; nothing was explored since.")
         digest = export.exploration_digest([selectors.as_plain(m) for m in explored])
         record = RewindDigest.objects.create(
             conversation=locked,
@@ -247,7 +247,7 @@ def conversation_compact(
     if unknown or not rungs:
         raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
     if conversation.tip_id is None:
-        raise DomainError("The conversation has no messages yet; there is nothing to compact.")
+        raise Conflict("The conversation has no messages yet; there is nothing to compact.")
     return compaction_pass(
         conversation_id=conversation.pk,
         tip_id=conversation.tip_id,
@@ -271,7 +271,7 @@ def message_delete(*, message: Message) -> Conversation:
         if locked.tip_id in subtree:
             others = Message.objects.filter(conversation=locked).exclude(pk__in=subtree).exists()
             if message.parent_id is None and others:
-                raise DomainError(
+                raise Conflict(
                     f"Message {message.pk} is the root of the current path and other messages remain; "
                     "branch to another message first, then delete this one."
                 )

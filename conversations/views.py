@@ -49,5 +49,5 @@ def conversation_tree_rows(request: HttpRequest, conversation_id: int) -> HttpRe
             conversation=conversation, first=first, count=count, keep=request.GET.get("keep", "start")
         )
     except DomainError as exc:
-        return HttpResponse(exc.message, status=400, content_type="text/plain")
+        return HttpResponse(exc.message, status=exc.status, content_type="text/plain")
     return render(request, "conversations/_tree_rows.html", {"conversation": conversation, "items": items})

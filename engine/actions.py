@@ -145,7 +145,10 @@ class StepExecutor:
             if self.toolbox.requires_approval(name):
                 decision = self.decisions.get(block["id"])
                 if decision is None:
-                    pending.append(block)
+                    # The person decides on what the tool will really receive (SP-9, SB-5).
+                    pending.append(
+                        {**block, "resolved_input": self.toolbox.preview_arguments(block.get("input") or {})}
+                    )
                     plan.append(("wait", None))
                     continue
                 if decision == "denied":
@@ -233,6 +236,28 @@ def without_loads(observation: dict[str, Any]) -> dict[str, Any]:
     if not any(key in observation for key in _NOT_TEXT):
         return observation
     return {key: value for key, value in observation.items() if key not in _NOT_TEXT}
+
+
+def turn_observations(messages: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The observations in a turn's messages by step, numbered across the turn as the loop numbers
+    them (SP-9): what a resumed turn's `{{stepN.field}}` references read."""
+    steps: dict[str, int] = {}
+    for message in messages:
+        for block in tool_uses_of(message):
+            steps[str(block.get("id"))] = len(steps) + 1
+    observations: dict[int, dict[str, Any]] = {}
+    for message in messages:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            if block.get("type") != "tool_result" or str(block.get("tool_use_id")) not in steps:
+                continue
+            try:
+                observation = json.loads(result_text(block))
+            except ValueError:
+                continue
+            if isinstance(observation, dict):
+                observations[steps[str(block["tool_use_id"])]] = observation
+    return observations
 
 
 def tool_uses_of(message: dict[str, Any]) -> list[dict[str, Any]]:

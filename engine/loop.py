@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of
+from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of, turn_observations
 from engine.breakpoints import place_breakpoints
 from engine.context.transcript import request_tokens
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
@@ -148,6 +148,7 @@ def run_turn(
         outcome.messages = list(resume.messages)
         previous_end, first_step = resume.previous_end, resume.step + 1
         executor.counts = dict(resume.counts)
+        toolbox.restore_observations(turn_observations(outcome.messages))
         _run_tools(executor, outcome, resume.step, tool_uses_of(outcome.messages[-1]), previous_end)
     continuing, continuations = False, 0
     for step in range(first_step, max_steps + 1):

@@ -89,6 +89,27 @@ class ScratchpadToolBox(ToolBoxLayer):
             return {**synthetic, **beside}
         return self._keep(step, observation)
 
+    def restore_observations(self, observations: dict[int, dict[str, Any]]) -> None:
+        # A resumed turn has a new toolbox: what the model saw of each earlier call is in the
+        # paused messages; an offloaded one is read back from the scratchpad when referenced.
+        for step, observation in observations.items():
+            entry_id = observation.get("scratchpad_id")
+            if isinstance(entry_id, str) and "_note" in observation and "size_bytes" in observation:
+                self._offloaded[step] = entry_id
+            else:
+                self._inline[step] = observation
+            self._last_step = max(self._last_step, step)
+        self.inner.restore_observations(observations)
+
+    def preview_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        if not has_references(arguments):
+            return self.inner.preview_arguments(arguments)
+        try:
+            resolved = resolve(arguments, self._lookup)
+        except UnresolvableReference:
+            return arguments  # the call will fail with that error; the person sees what was asked
+        return self.inner.preview_arguments(resolved)
+
     def _keep(self, step: int, observation: dict[str, Any]) -> dict[str, Any]:
         self._inline[step] = observation
         # The history is JSON: bytes in a small observation travel as base64 text.

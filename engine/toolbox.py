@@ -41,6 +41,15 @@ class ToolBox(Protocol):
         """Offer again the deferred tools that `tool_reference` blocks in the history loaded (TD-11)."""
         ...
 
+    def restore_observations(self, observations: dict[int, Observation]) -> None:
+        """The observations of the turn's earlier calls, by step, when a paused turn resumes (SP-9)."""
+        ...
+
+    def preview_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments a call would really receive now (`{{stepN.field}}` resolved, SP-9), for
+        the approval prompt; unchanged where nothing resolves."""
+        ...
+
 
 def needs_approval(requires_approval: bool, name: str, auto_approved: Container[str]) -> bool:
     """The one approval rule (RN-4): a tool flagged as requiring approval waits for a person,
@@ -71,3 +80,9 @@ class ToolBoxLayer:
 
     def restore_loaded(self, names: list[str]) -> None:
         self.inner.restore_loaded(names)
+
+    def restore_observations(self, observations: dict[int, Observation]) -> None:
+        self.inner.restore_observations(observations)
+
+    def preview_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.inner.preview_arguments(arguments)

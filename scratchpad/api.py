@@ -20,6 +20,8 @@ _INT_PARAMS = ("n", "start", "end", "context", "max_matches")
 
 
 def _entry_for(request: Request, entry_id: str) -> Entry:
+    if "\x00" in entry_id:
+        raise DomainError("The scratchpad id contains a NUL character; ids are hexadecimal.")
     entry = selectors.entry_for_user(user=request_user(request), entry_id=entry_id)
     if entry is None:
         raise NotFound(f"Scratchpad entry {entry_id} does not exist.")

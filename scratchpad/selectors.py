@@ -86,10 +86,18 @@ def entry_for_turn(
     return visible.filter(pk=entry_id).first()
 
 
+def possible_entry_id(entry_id: str) -> bool:
+    """Whether an id could name an entry: PostgreSQL refuses a NUL in a query (SB-5)."""
+    max_length = Entry._meta.get_field("id").max_length
+    return "\x00" not in entry_id and (max_length is None or len(entry_id) <= max_length)
+
+
 def entries_for_user(*, user: User, now: datetime | None = None) -> QuerySet[Entry]:
     """Live entries whose run's conversation belongs to `user` (RN-3)."""
     return live_entries(now=now).filter(conversation__owner=user)
 
 
 def entry_for_user(*, user: User, entry_id: str, now: datetime | None = None) -> Entry | None:
+    if not possible_entry_id(entry_id):
+        return None
     return entries_for_user(user=user, now=now).filter(pk=entry_id).first()

@@ -3,6 +3,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from scratchpad.models import Entry
+from scratchpad.services import MAX_TTL_SECONDS
 
 
 class EntrySerializer(serializers.ModelSerializer):
@@ -33,4 +34,4 @@ class EntrySerializer(serializers.ModelSerializer):
 
 
 class PinSerializer(serializers.Serializer):
-    ttl_seconds = serializers.IntegerField(required=False, min_value=1)
+    ttl_seconds = serializers.IntegerField(required=False, min_value=1, max_value=MAX_TTL_SECONDS)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from controlcenter.errors import DomainError, NotFound
+from controlcenter.errors import Conflict, DomainError, NotFound
 from engine.scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
 from engine.scratchpad.offload import Payload, rebuild_observation, split_observation, synthetic_observation
 from engine.scratchpad.read_tool import DEFAULT_GREP_TIMEOUT_SECONDS, DEFAULT_READ_MAX_CHARS, run_read
@@ -56,11 +56,17 @@ def _new_id() -> str:
     return secrets.token_hex(8)
 
 
+# Ten years: a later expiry is "forever" in practice, and 3.2e11 s overflowed the date (SB-5).
+MAX_TTL_SECONDS = 10 * 365 * 24 * 3600
+
+
 def _check_ttl(ttl_seconds: int | None) -> int:
     if ttl_seconds is None:
         return default_ttl_seconds()
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds <= 0:
-        raise DomainError(f"ttl_seconds must be a positive integer; got {ttl_seconds!r}.")
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or not 0 < ttl_seconds <= MAX_TTL_SECONDS:
+        raise DomainError(
+            f"ttl_seconds must be a positive integer up to {MAX_TTL_SECONDS} (ten years); got {ttl_seconds!r}."
+        )
     return ttl_seconds
 
 
@@ -319,7 +325,7 @@ def pin(*, entry: Entry, ttl_seconds: int | None = None, now: datetime | None = 
     now = now or timezone.now()
     ttl = DEFAULT_PINNED_TTL_SECONDS if ttl_seconds is None else _check_ttl(ttl_seconds)
     if entry.conversation_id is None:
-        raise DomainError(f"Scratchpad entry {entry.pk} belongs to no conversation and cannot be pinned.")
+        raise Conflict(f"Scratchpad entry {entry.pk} belongs to no conversation and cannot be pinned.")
     with transaction.atomic():
         locked = Entry.objects.select_for_update().filter(pk=entry.pk, expires_at__gt=now).first()
         if locked is None:

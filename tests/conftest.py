@@ -92,7 +92,14 @@ def _start_embedded_server(var: Path) -> tuple[subprocess.Popen, str, Path]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
     # Keep any PYTHONPATH the caller set (after this tree, which must win).
     pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.update(CC_VAR_DIR=str(var / "var"), CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD, PYTHONPATH=pythonpath)
+    # Its own temporary folder, so a test can see what the server spools to disk (SB-5).
+    (var / "tmp").mkdir(exist_ok=True)
+    env.update(
+        CC_VAR_DIR=str(var / "var"),
+        CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD,
+        PYTHONPATH=pythonpath,
+        TMPDIR=str(var / "tmp"),
+    )
     controlcenter = [sys.executable, "-m", "controlcenter.cli"]
     setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert setup.returncode == 0, setup.stderr
@@ -103,7 +110,7 @@ def _start_embedded_server(var: Path) -> tuple[subprocess.Popen, str, Path]:
             [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
         )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a loaded 2-core machine takes more than 30 s to import and start
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:

@@ -64,6 +64,13 @@ class WorkspaceToolBox:
     def restore_loaded(self, names: list[str]) -> None:
         """Nothing is deferred here, so nothing needs loading again."""
 
+    def restore_observations(self, observations: dict[int, Observation]) -> None:
+        """Observations are the scratchpad layer's business; nothing is kept here."""
+
+    def preview_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """No references are resolved here."""
+        return arguments
+
     def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> Observation:
         return self.execute(name, arguments)
 

@@ -29,6 +29,11 @@ _TOOL_KEYS = {
     "side_effects",
 }
 
+# The columns' sizes in toolcatalog.models: a longer value failed half-way in the database (SB-5).
+GROUP_HEADING_MAX = 100
+SIDE_EFFECTS_MAX = 16
+MAX_CALLS_MAX = 2**31 - 1
+
 
 class _Located(dict):
     line: int = 0
@@ -77,8 +82,12 @@ def parse_catalog(text: str) -> ParsedCatalog:
     if data.get("version") != FORMAT_VERSION:
         parsed.errors.append(f"line {top}: 'version' must be {FORMAT_VERSION}, not {data.get('version')!r}.")
     groups = data.get("groups")
-    if not isinstance(groups, list) or not all(isinstance(g, str) and g.strip() and "\x00" not in g for g in groups):
-        parsed.errors.append(f"line {top}: 'groups' must be a list of headings.")
+    if not isinstance(groups, list) or not all(
+        isinstance(g, str) and g.strip() and "\x00" not in g and len(g) <= GROUP_HEADING_MAX for g in groups
+    ):
+        parsed.errors.append(
+            f"line {top}: 'groups' must be a list of headings of at most {GROUP_HEADING_MAX} characters."
+        )
         groups = []
     elif len(set(groups)) != len(groups):
         parsed.errors.append(f"line {top}: 'groups' lists a heading twice.")
@@ -128,10 +137,11 @@ def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
         if flag in tool and not isinstance(tool[flag], bool):
             problems.append(f"'{flag}' must be true or false.")
     limit = tool.get("max_calls_per_run")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        problems.append("'max_calls_per_run' must be a positive integer or null.")
-    if "side_effects" in tool and not isinstance(tool["side_effects"], str):
-        problems.append("'side_effects' must be a string.")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_CALLS_MAX):
+        problems.append(f"'max_calls_per_run' must be an integer from 1 to {MAX_CALLS_MAX}, or null.")
+    side_effects = tool.get("side_effects", "")
+    if not isinstance(side_effects, str) or len(side_effects) > SIDE_EFFECTS_MAX:
+        problems.append(f"'side_effects' must be a string of at most {SIDE_EFFECTS_MAX} characters (e.g. 'none').")
     return problems
 
 

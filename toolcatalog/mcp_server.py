@@ -32,6 +32,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from controlcenter.lockout import lockout_message, record_token_failure, request_for_scope, token_locked_out
 from engine.actions import ATTACHED_IMAGES, LOADS_TOOLS
 from engine.catalog.ranking import ToolIndex, index_for
 from engine.catalog.surface import ModeSpec, ToolRecord, build_surface
@@ -437,12 +438,8 @@ def _token_key(scope: dict) -> str | None:
 def _user_for_token(key: str) -> int | None:
     from rest_framework.authtoken.models import Token
 
-    close_old_connections()
-    try:
-        token = Token.objects.select_related("user").filter(key=key).first()
-        return token.user_id if token is not None and token.user.is_active else None
-    finally:
-        connections.close_all()
+    token = Token.objects.select_related("user").filter(key=key).first()
+    return token.user_id if token is not None and token.user.is_active else None
 
 
 async def authenticate(scope: dict) -> tuple[int | None, str]:
@@ -452,10 +449,23 @@ async def authenticate(scope: dict) -> tuple[int | None, str]:
         return None, "Authentication required: send 'Authorization: Bearer <token>' with your API token."
     if key == "" or len(key) > 128:
         return None, "Malformed Authorization header: use 'Bearer <token>' or 'Token <token>'."
-    user_id = await sync_to_async(_user_for_token, thread_sensitive=False)(key)
-    if user_id is None:
-        return None, "Invalid or inactive API token."
-    return user_id, ""
+    return await sync_to_async(_check_token, thread_sensitive=False)(scope, key)
+
+
+def _check_token(scope: dict, key: str) -> tuple[int | None, str]:
+    # Wrong tokens count towards the same lockout as the REST API's (SB-5).
+    request = request_for_scope(scope)
+    close_old_connections()
+    try:
+        if token_locked_out(request):
+            return None, lockout_message()
+        user_id = _user_for_token(key)
+        if user_id is None:
+            record_token_failure(request)
+            return None, "Invalid or inactive API token."
+        return user_id, ""
+    finally:
+        connections.close_all()
 
 
 async def _unauthorized(send: Any, message: str) -> None:

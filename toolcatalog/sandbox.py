@@ -208,10 +208,21 @@ def _hand_over(workspace: Path, uid: int) -> None:
         mode = parent.stat().st_mode
         if not mode & stat.S_IXOTH:
             parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-    for path in [workspace, *workspace.rglob("*")]:
-        with contextlib.suppress(FileNotFoundError):
-            if path.lstat().st_uid != uid:
-                os.lchown(path, uid, uid)
+    with contextlib.suppress(FileNotFoundError):
+        if workspace.lstat().st_uid != uid:
+            os.lchown(workspace, uid, uid)
+    # It runs before every call: os.scandir's cached lstat, not pathlib's rglob, which cost
+    # about 10 ms for 200 files on a loaded machine (bench sandbox). Links are changed, never
+    # followed.
+    pending = [str(workspace)]
+    while pending:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.stat(follow_symlinks=False).st_uid != uid:
+                        os.lchown(entry.path, uid, uid)
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
 
 
 def _searchable_parents(directory: Path) -> None:

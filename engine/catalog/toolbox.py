@@ -88,6 +88,13 @@ class CatalogToolBox:
             if name in self.surface.deferred_names and name not in self.activated:
                 self.activated.append(name)
 
+    def restore_observations(self, observations: dict[int, Observation]) -> None:
+        """Observations are the scratchpad layer's business; the catalog keeps none."""
+
+    def preview_arguments(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """No references are resolved here."""
+        return arguments
+
     def resident_count(self) -> int:
         """How many leading schemas are the resident block: the tool-block cache breakpoint goes after them (TD-13)."""
         return len(self.surface.resident)

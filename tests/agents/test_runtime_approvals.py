@@ -180,3 +180,41 @@ def test_an_approval_pending_across_a_worker_restart_is_resumed_by_the_new_worke
     assert messages[3].content == [{"type": "text", "text": "Done with the shell."}]
     types = list(RunEvent.objects.filter(run=run).values_list("type", flat=True))
     assert types.count("run_started") == 2 and "approval_requested" in types and "approval_decided" in types
+
+
+@pytest.fixture
+def referencing_model_server(settings, tmp_path):
+    """The emulator scripted to list the workspace, then ask for a bash call that references that step."""
+    listing = {"type": "tool_use", "name": "list_dir", "input": {"path": "."}}
+    shell = {"type": "tool_use", "name": "bash", "input": {"command": "echo {{step1.path}}/x > proof.txt"}}
+    emulator = Emulator(policy=ScriptedPolicy([[listing], [shell], "Done with the shell."]))
+    with EmulatorServer(emulator) as server:
+        settings.CC_RUN_QUEUE = f"runtime-test-{uuid.uuid4().hex[:8]}"
+        settings.ANTHROPIC_API_KEY = "test-key"
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        settings.CC_TOOL_AUTO_APPROVE = []
+        yield server
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("SB-5")
+def test_the_approval_shows_resolved_references_and_they_still_resolve_when_the_run_resumes(
+    referencing_model_server, alice, alice_api
+):
+    run = make_run(alice)
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.WAITING
+    resolved = {"command": "echo ./x > proof.txt"}
+    listed = alice_api.get(f"/api/runs/{run.pk}/approvals/").json()
+    assert [a["input"] for a in listed] == [resolved]
+    requested = RunEvent.objects.get(run=run, type="approval_requested").payload
+    assert requested["input"] == resolved
+    assert requested["requested_input"] == {"command": "echo {{step1.path}}/x > proof.txt"}
+
+    assert alice_api.post(f"/api/approvals/{listed[0]['id']}/approve/").status_code == 200
+    run_execute(run_id=run.pk, worker="test")  # a new toolbox, as on another worker
+    run = wait_for(run, {Run.Status.SUCCEEDED, Run.Status.FAILED})
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert (workspace_root(run.conversation_id) / "proof.txt").read_text() == "./x\n"

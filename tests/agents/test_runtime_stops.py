@@ -45,6 +45,12 @@ class RecordingBox:
     def restore_loaded(self, names: list[str]) -> None:
         pass
 
+    def restore_observations(self, observations) -> None:
+        pass
+
+    def preview_arguments(self, arguments):
+        return arguments
+
 
 def turn(provider: Any, box: RecordingBox | None = None) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     events: list[tuple[str, dict[str, Any]]] = []

@@ -17,7 +17,7 @@ def test_embedded_server_answers_a_message_with_a_streamed_reply(embedded_server
     with httpx.Client(base_url=base, timeout=10) as http:
         health = http.get("/healthz").json()
         assert health["mode"] == "embedded"
-        assert health["checks"]["database"]["vendor"] == "sqlite"
+        assert health["checks"]["database"] == {"ok": True}  # no details for anonymous callers (SB-5)
         login_page = http.get("/login/")
         csrf = http.cookies["csrftoken"]
         assert login_page.status_code == 200

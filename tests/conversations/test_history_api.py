@@ -103,11 +103,9 @@ def test_retry_over_the_api_says_which_empty_case_it_is(alice_api, alice, explor
     ("method", "route", "payload", "fragment"),
     [
         ("post", "branch/", {"message": "abc"}, "message"),
-        ("post", "branch/", {"message": 999999}, "not part of conversation"),
         ("post", "branch/", {}, "message"),
         ("post", "checkpoints/", {"label": "no spaces allowed"}, "not a valid label"),
         ("post", "checkpoints/", {}, "label"),
-        ("post", "rewind/", {"label": "missing"}, "no checkpoint named"),
         ("post", "compact/", {"rungs": ["summary"]}, "rungs"),
         ("post", "compact/", {"rungs": []}, "rungs"),
         ("post", "messages/", {"text": "/rewind a b"}, "at most one label"),
@@ -153,3 +151,34 @@ def test_only_the_owner_reaches_a_conversation(bob_api, explored, method, route)
     response = getattr(bob_api, method)(url(explored, route.format(first=first)), payload, format="json")
     assert response.status_code == 404
     assert _snapshot() == before
+
+
+@pytest.mark.req("UX-8")
+@pytest.mark.parametrize(
+    ("method", "route", "payload", "status", "fragment"),
+    [
+        ("post", "branch/", {"message": 999999}, 404, "not part of conversation"),
+        ("post", "messages/999999/edit/", {"text": "x"}, 404, "not part of conversation"),
+        ("post", "messages/999999/regenerate/", {}, 404, "not part of conversation"),
+        ("post", "rewind/", {"label": "missing"}, 404, "no checkpoint named"),
+        ("post", "checkpoints/", {"label": "twice"}, 409, "already exists"),
+    ],
+)
+def test_a_missing_object_is_a_404_and_a_state_conflict_a_409_and_nothing_is_stored(
+    alice_api, explored, method, route, payload, status, fragment
+):
+    assert alice_api.post(url(explored, "checkpoints/"), {"label": "twice"}, format="json").status_code == 201
+    before = _snapshot()
+    response = getattr(alice_api, method)(url(explored, route), payload, format="json")
+    assert response.status_code == status, response.content
+    assert fragment in response.json()["error"]["message"]
+    assert _snapshot() == before
+
+
+@pytest.mark.req("UX-8")
+def test_an_empty_conversation_refuses_fork_checkpoint_and_compact_with_a_409(alice, alice_api):
+    empty = Conversation.objects.create(owner=alice, title="Empty")
+    for route, payload in (("fork/", {}), ("checkpoints/", {"label": "start"}), ("compact/", {})):
+        response = alice_api.post(url(empty, route), payload, format="json")
+        assert response.status_code == 409, (route, response.content)
+        assert "no messages yet" in response.json()["error"]["message"]

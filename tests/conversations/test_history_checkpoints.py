@@ -153,7 +153,9 @@ def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests
     exported = selectors.conversation_export(conversation=explored, kind="json")
     (carrier,) = [m for m in exported["messages"] if m.get("rewind_notes")]
     assert carrier["id"] == prompt_id and carrier["rewind_notes"] == [note["text"]] and carrier["content"] == [prompt]
-    assert f"> {note['text']}" in selectors.conversation_export(conversation=explored, kind="markdown")
+    assert f"**Rewind note**\n\n```text\n{note['text']}\n```" in selectors.conversation_export(
+        conversation=explored, kind="markdown"
+    )
 
     # The explored path itself was written before the rewind: going back to it carries no note.
     explored_view = selectors.history_view(conversation_id=explored.pk, tip_id=explored_tip)

@@ -177,3 +177,30 @@ def test_context_is_calibrated_by_the_last_measured_request(explored, alice, cli
     client.force_login(alice)
     page = client.get(f"/conversations/{explored.pk}/context/").content.decode()
     assert f'<strong id="calibrated-tokens">{view.data["calibrated_tokens"]:,}</strong>' in page
+
+
+@pytest.mark.req("SB-5")
+def test_a_message_cannot_forge_a_section_of_the_markdown_export():
+    from markdown_it import MarkdownIt
+
+    from conversations.export import export_markdown
+
+    forged = "ok\n```\n\n## Assistant (#99)\n\nSure, I ran `rm -rf /`.\n\nAssistant\n---\n<h2>Assistant</h2>\n````"
+    messages = [
+        {"id": 1, "role": "user", "content": [{"type": "text", "text": forged}], "rewind_notes": ["a\n## Assistant"]},
+        {
+            "id": 2,
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "t`1", "name": "bash\n## Assistant", "input": {"cmd": "```\n# x"}},
+                {"type": "tool_result", "tool_use_id": "t`1", "content": "```\n## User (#7)\n```"},
+            ],
+        },
+    ]
+    markdown = export_markdown({"title": "T\n## Assistant"}, messages)
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    headings = [tokens[i + 1].content for i, token in enumerate(tokens) if token.type == "heading_open"]
+    assert headings == ["T ## Assistant", "User (#1)", "Assistant (#2)"], markdown
+    assert not [token for token in tokens if token.type in ("html_block", "html_inline")]
+    # Every body is still there, verbatim, inside its block.
+    assert forged in [token.content.rstrip("\n") for token in tokens if token.type == "fence"]

@@ -160,12 +160,12 @@ def test_the_rows_endpoint_opens_a_fold_for_its_owner_only_and_refuses_bad_input
     assert _client(bob).get(url, {"first": first, "count": 900}).status_code == 404
     assert Client().get(url, {"first": first, "count": 900}).status_code == 302  # to the sign-in page
     other = _long(bob, 3)
-    for params, message in [
-        ({"first": "x", "count": 5}, "integers"),
-        ({"first": first}, "integers"),
-        ({"first": first, "count": 0}, "count >= 1"),
-        ({"first": first, "count": 5, "keep": "middle"}, "keep 'start' or 'end'"),
-        ({"first": other.tip_id, "count": 5}, "is not part of conversation"),
+    for params, message, status in [
+        ({"first": "x", "count": 5}, "integers", 400),
+        ({"first": first}, "integers", 400),
+        ({"first": first, "count": 0}, "count >= 1", 400),
+        ({"first": first, "count": 5, "keep": "middle"}, "keep 'start' or 'end'", 400),
+        ({"first": other.tip_id, "count": 5}, "is not part of conversation", 404),  # UX-8
     ]:
         refused = _client(alice).get(url, params)
-        assert refused.status_code == 400 and message in refused.content.decode()
+        assert refused.status_code == status and message in refused.content.decode()

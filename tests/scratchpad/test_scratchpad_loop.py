@@ -9,8 +9,9 @@ import pytest
 from agents import lifecycle
 from agents.models import Run
 from conversations.models import Message
-from engine.actions import result_text
-from engine.loop import run_turn
+from engine.actions import ApprovalNeeded, result_text
+from engine.loop import PausedTurn, run_turn
+from engine.toolbox import ToolBoxLayer
 from scratchpad import services
 from scratchpad.models import Entry
 from scratchpad.store import turn_toolbox
@@ -373,3 +374,50 @@ def test_a_deferred_tool_whose_first_output_is_offloaded_is_still_loaded_by_its_
     stored = Entry.objects.get(turn_id=str(run.pk))
     assert stored.executor_name == "read_file"
     assert "_loads_tools" not in json.dumps(services.full_observation(stored))
+
+
+class _WritesNeedApproval(ToolBoxLayer):
+    def requires_approval(self, name: str) -> bool:
+        return name == "write_file"
+
+
+@pytest.mark.req("SB-5")
+@pytest.mark.req("SP-9")
+def test_references_resolve_after_an_approval_pause_and_the_pause_shows_the_resolved_arguments(alice, tmp_path):
+    log = server_log(10_000, errors_at_end=1)
+    (tmp_path / "big.txt").write_text(log)
+    (tmp_path / "small.txt").write_text("hello")
+    run = make_run(alice)
+    asked = {"content": "{{step1.content}}|{{step2.content}}", "path": "out.txt"}
+    provider = ScriptedProvider(
+        [
+            [tool_use("t1", "read_file", path="small.txt")],
+            [tool_use("t2", "read_file", path="big.txt")],  # offloaded to the scratchpad
+            [tool_use("t3", "write_file", **asked)],
+            say("written"),
+        ]
+    )
+
+    def toolbox():  # a new one, as a worker resuming the run builds it
+        return _WritesNeedApproval(
+            turn_toolbox(inner=tools_in(tmp_path), run_id=run.pk, conversation_id=run.conversation_id)
+        )
+
+    def turn(**kwargs):
+        return run_turn(
+            provider=provider, model="m", system=[], history=USER, toolbox=toolbox(), emit=lambda *a: None,
+            max_parallel_tools=1, **kwargs,
+        )  # fmt: skip
+
+    with pytest.raises(ApprovalNeeded) as paused:
+        turn()
+    [pending] = paused.value.pending
+    assert pending["input"] == asked
+    assert pending["resolved_input"] == {"content": f"hello|{log}", "path": "out.txt"}
+    assert not (tmp_path / "out.txt").exists()
+
+    pause = paused.value
+    resume = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
+    outcome = turn(resume=resume, decisions={"t3": "approved"})
+    assert json.loads(result_text(outcome.messages[-2]["content"][0]))["ok"] is True, outcome.messages[-2]
+    assert (tmp_path / "out.txt").read_text() == f"hello|{log}"

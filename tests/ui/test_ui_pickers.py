@@ -90,7 +90,7 @@ def test_bad_input_is_a_400_that_says_what_is_offered_and_stores_nothing(
 def test_a_model_no_longer_offered_refuses_the_message_and_stores_nothing(alice, alice_api, two_models):
     conversation = Conversation.objects.create(owner=alice, title="stale", model="gone-1")
     response = alice_api.post(f"/api/conversations/{conversation.pk}/messages/", {"text": "hi"}, format="json")
-    assert response.status_code == 400
+    assert response.status_code == 409  # the conversation's state, not the request, is at fault (UX-8)
     message = response.json()["error"]["message"]
     assert "model 'gone-1' is no longer offered; pick one of offline-1, offline-2" in message
     assert not Message.objects.filter(conversation=conversation).exists() and not Run.objects.exists()
