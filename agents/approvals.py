@@ -60,7 +60,7 @@ def decisions_for(run: Run, *, subagent: Subagent | None = None) -> dict[str, st
     return dict(decided.values_list("tool_use_id", "status"))
 
 
-def _subagent_payload(subagent: Subagent) -> dict[str, Any]:
+def subagent_payload(subagent: Subagent) -> dict[str, Any]:
     return {"id": subagent.pk, "index": subagent.index, "profile": subagent.profile, "task": subagent.task[:200]}
 
 
@@ -133,7 +133,7 @@ def approval_pause(
             "input": approval.input,
         }
         if subagent is not None:
-            payload["subagent"] = _subagent_payload(subagent)
+            payload["subagent"] = subagent_payload(subagent)
         publisher.publish("approval_requested", payload)
     return approvals
 
