@@ -126,6 +126,17 @@ def _fingerprint(item: dict[str, Any]) -> Hashable:
     )
 
 
+def messages_html(items: list[dict[str, Any]]) -> str:
+    """The articles of the shown messages, each followed by its prompt's run card if it has one."""
+    card = get_template("conversations/_run_card.html")
+    parts = []
+    for item in items:
+        parts.append(article_html(item))
+        if "live_run" in item or "ended_run" in item:  # at most the latest prompts: never cached
+            parts.append(card.render({"item": item}))
+    return mark_safe("\n".join(parts))  # noqa: S308 (the templates escape)
+
+
 def article_html(item: dict[str, Any]) -> str:
     """The HTML of one message's article (`conversations/_message.html`), from the cache when
     the same message was drawn with the same surroundings before."""

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 from agents import chat, costs, selectors, turns
 from agents.dashboard import dashboard_snapshot
 from agents.models import ModelRequest, Run
-from agents.rendering import article_html, markdown_html
+from agents.rendering import markdown_html, messages_html
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors as conversation_selectors
 from conversations import services as conversation_services
@@ -169,7 +169,9 @@ def _present(
 
 def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
     """Everything the messages fragment draws: the same on the first load and on every refresh."""
-    runs = {run.trigger_id: run for run in Run.objects.filter(conversation=conversation).order_by("id")}
+    # What the cards draw: not the paused turns (`pending_turn`) of 250 runs.
+    rows = Run.objects.filter(conversation=conversation).only("id", "trigger_id", "status", "error").order_by("id")
+    runs = {run.trigger_id: run for run in rows}
     path = conversation_selectors.current_path(conversation)
     # Only the messages that draw an article count (a message of tool results folds into its
     # call); only the latest of them are presented, with every result of the path at hand.
@@ -198,9 +200,7 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
         active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()
     _siblings(conversation, shown)
     usage = _usage(conversation, shown)
-    for item in shown:
-        item["html"] = article_html(item)
-    return {"messages": shown, "earlier": earlier, "active_run": active_run, **usage}
+    return {"messages_html": messages_html(shown), "earlier": earlier, "active_run": active_run, **usage}
 
 
 def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str, Any]:
