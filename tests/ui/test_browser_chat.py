@@ -500,12 +500,12 @@ def test_every_page_sends_the_security_headers_and_breaks_no_csp_rule_in_use(con
         "admin run": f"/admin/agents/run/{run}/change/",
         "admin conversation": f"/admin/conversations/conversation/{conversation}/change/",
         "not found": "/conversations/999999999/",
-        "schema": "/api/schema/",
-        "api": f"/api/conversations/{conversation}/",
     }
     for name, url in pages.items():
         response = page.goto(base + url)
         _assert_security_headers(name, response.all_headers())
+    for name, url in {"schema": "/api/schema/", "api": f"/api/conversations/{conversation}/"}.items():
+        _assert_security_headers(name, context.request.get(base + url).headers)  # downloads, not pages
     page.goto(base + pages["conversation"])  # used, not only opened: the live page, a Markdown table
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
     expect(page.locator("article.user td.align-right")).to_have_text("3")
