@@ -55,19 +55,29 @@ def _watch_csp(context) -> list[str]:
     return refused
 
 
-@pytest.fixture
-def context(browser, embedded_server_module):
+@pytest.fixture(scope="module")
+def signed_in(browser, embedded_server_module) -> dict:
+    """One sign-in for the module (a password hash costs seconds on a loaded host); each
+    journey's context starts from its cookies."""
     base, _ = embedded_server_module
-    context = browser.new_context(viewport={"width": 1100, "height": 800})
-    refused = _watch_csp(context)
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+    context = browser.new_context()
     page = context.new_page()
     page.goto(base + "/login/")
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
     page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Conversations")
-    page.close()
+    expect(page.locator("h1")).to_have_text("Conversations", timeout=30_000)
+    state = context.storage_state()
+    context.close()
+    return state
+
+
+@pytest.fixture
+def context(browser, embedded_server_module, signed_in):
+    base, _ = embedded_server_module
+    context = browser.new_context(viewport={"width": 1100, "height": 800}, storage_state=signed_in)
+    refused = _watch_csp(context)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
     yield context
     context.close()
     assert not refused, f"the Content-Security-Policy refused: {refused}"
@@ -395,7 +405,7 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     _settled(page)
     assert page.evaluate(at_bottom)  # followed the reply
     page.mouse.wheel(0, -3000)  # the person scrolls up to read: the page stays there
-    page.wait_for_function(f"!({at_bottom})")
+    page.wait_for_function(f"() => !({at_bottom})")  # a function, not an expression: the CSP refuses eval
     other = _open(context, base, conversation)  # a message from another tab streams in meanwhile
     _send(other, "do not move")
     expect(page.locator("article.assistant").last).to_contain_text('"do not move"', timeout=15_000)
@@ -422,15 +432,9 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
 
 
 @pytest.mark.req("UX-5")
-def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_module):
+def test_an_expired_session_goes_to_the_sign_in_page(context, embedded_server_module):
     base, _ = embedded_server_module
-    context = browser.new_context()
     page = context.new_page()
-    page.goto(base + "/login/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
-    page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Conversations")
     conversation = _new(context, base, "expiring")
     page.goto(f"{base}/conversations/{conversation}/")
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
