@@ -61,7 +61,7 @@ def decisions_for(run: Run, *, subagent: Subagent | None = None) -> dict[str, De
     return cast(dict[str, Decision], dict(decided.values_list("tool_use_id", "status")))
 
 
-def _subagent_payload(subagent: Subagent) -> dict[str, Any]:
+def subagent_payload(subagent: Subagent) -> dict[str, Any]:
     return {"id": subagent.pk, "index": subagent.index, "profile": subagent.profile, "task": subagent.task[:200]}
 
 
@@ -138,7 +138,7 @@ def approval_pause(
         if requested is not None and requested != approval.input:
             payload["requested_input"] = requested  # as the model wrote it, with its {{stepN}} references
         if subagent is not None:
-            payload["subagent"] = _subagent_payload(subagent)
+            payload["subagent"] = subagent_payload(subagent)
         publisher.publish("approval_requested", payload)
     return approvals
 

@@ -227,15 +227,22 @@ def run_finish(run: Run, status: str, error: str = "", publisher: RunEventPublis
     return True
 
 
-def subagent_finish(child: Subagent, status: str, *, answer: str = "", error: str = "") -> bool:
+def subagent_finish(
+    child: Subagent, status: str, *, publisher: RunEventPublisher, answer: str = "", error: str = ""
+) -> bool:
     with subagents.db_turn():
         # Conditional: a child cancelled meanwhile keeps that verdict.
-        return (
+        finished = (
             Subagent.objects.filter(pk=child.pk, status=Run.Status.RUNNING).update(
                 status=status, answer=answer, error=error, pending_turn=None, finished_at=timezone.now()
             )
             == 1
         )
+    if finished:  # announced once its answer is stored
+        transaction.on_commit(
+            lambda: subagents.subagent_status_event(publisher, child, status, answer=answer, error=error)
+        )
+    return finished
 
 
 def run_cancel_now(run: Run) -> bool:
@@ -461,9 +468,16 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
             opened = True
             subagents.release_siblings(child.fanout_id, child.count - 1)
 
+    with subagents.db_turn():
+        publisher = RunEventPublisher(parent)
+    subagents.subagent_status_event(publisher, child, Run.Status.RUNNING)
+
     def emit(kind: str, payload: dict[str, Any]) -> None:
         if kind in ("text_delta", "tool_call", "usage"):
             open_gate()
+        # Its calls show in the parent's card (UX-4); its text is its answer, shown when it ends.
+        if kind in ("tool_call", "tool_result"):
+            subagents.subagent_event(publisher, child, f"subagent_{kind}", payload)
 
     def turn() -> TurnOutcome:
         profile = subagents.subagent_profiles().get(child.profile)
@@ -498,7 +512,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         outcome = _drive(
             turn,
             pause=pause,
-            finish=lambda status, error: subagent_finish(child, status, error=error),
+            finish=lambda status, error: subagent_finish(child, status, error=error, publisher=publisher),
             failure=failure,
             cancelled_error=SUBAGENT_CANCELLED,
         )
@@ -510,7 +524,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
     with subagents.db_turn(), transaction.atomic():
         ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
-        subagent_finish(child, Run.Status.SUCCEEDED, answer=answer)
+        subagent_finish(child, Run.Status.SUCCEEDED, answer=answer, publisher=publisher)
 
 
 def _subagent_cancelled(subagent_id: int) -> bool:

@@ -98,6 +98,12 @@ def _event_summary(event_type: str, payload: dict[str, Any]) -> str:
         return f"{payload.get('name')} waits for approval ({payload.get('approval_id')})"
     if event_type == "approval_decided":
         return f"approval {payload.get('approval_id')}: {payload.get('decision')}"
+    if event_type.startswith("subagent_"):
+        child = payload.get("subagent") or {}
+        who = f"subagent {child.get('index')} ({child.get('profile')})"
+        if event_type == "subagent_status":
+            return " ".join(part for part in (who, payload.get("status", ""), payload.get("error", "")) if part)
+        return f"{who}: {_event_summary(event_type.removeprefix('subagent_'), payload)}"
     if event_type == "run_finished":
         return " ".join(part for part in (payload.get("status", ""), payload.get("error", "")) if part)
     return json.dumps(payload, sort_keys=True, ensure_ascii=False)[:_PAYLOAD_PREVIEW]

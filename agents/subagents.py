@@ -37,7 +37,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
-from agents.approvals import approvals_expire
+from agents.approvals import approvals_expire, subagent_payload
+from agents.events import RunEventPublisher
 from agents.models import Run, Subagent
 from engine.request import text_block
 from engine.scratchpad.offload import observation_size
@@ -244,6 +245,27 @@ def wait_for_release(fanout_id: str, timeout: float) -> bool:
     return _local_gate(fanout_id).wait(timeout)
 
 
+# --- the children's progress, live in the parent's card (UX-4) -------------------------
+
+# A child's answer in its `subagent_status` event; the whole answer reaches the parent's observation.
+EVENT_ANSWER_CHARS = 4000
+
+
+def subagent_event(publisher: RunEventPublisher, child: Subagent, kind: str, payload: dict[str, Any]) -> None:
+    """A child's status, tool call or tool result, stored in its parent run's event log.
+
+    The conversation page draws them in the parent's card, live and after a reload (the log
+    replays); the stored fan-out observation stays the record once the run has ended."""
+    with db_turn():
+        publisher.publish(kind, {"subagent": subagent_payload(child), **payload})
+
+
+def subagent_status_event(publisher: RunEventPublisher, child: Subagent, status: str, **details: str) -> None:
+    if details.get("answer"):
+        details["answer"] = details["answer"][:EVENT_ANSWER_CHARS]
+    subagent_event(publisher, child, "subagent_status", {"status": status, **details})
+
+
 # --- the parent side ----------------------------------------------------------------
 
 
@@ -263,6 +285,10 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any], enqueue_subagent: Ca
                      profile=spec.profile, task=spec.task)
             for index, spec in enumerate(specs)
         )  # fmt: skip
+    with db_turn():
+        publisher = RunEventPublisher(parent)
+    for child in children:
+        subagent_status_event(publisher, child, Run.Status.QUEUED)
     for child in children:
         enqueue_subagent(child.pk)
     children, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id)

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 from agents import chat, costs, selectors, turns
 from agents.dashboard import dashboard_snapshot
 from agents.models import ModelRequest, Run
-from agents.rendering import markdown_html
+from agents.rendering import markdown_html, messages_html
 from controlcenter.api import request_user
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors as conversation_selectors
@@ -123,17 +123,23 @@ def _compact(raw: Any) -> str:
     return json.dumps(raw, ensure_ascii=False, sort_keys=True)
 
 
-def _present(path: list[conversation_selectors.PathMessage], run_by_trigger: dict[int, int]) -> list[dict[str, Any]]:
-    """The path as the page shows it: each tool call carries its result, so a message
-    holding only tool results is folded into the call that asked for them; text is rendered
-    Markdown (UX-1)."""
+# The blocks that draw something; a message of only tool results draws nothing of its own.
+_DRAWN = frozenset({"text", "tool_use", "image"})
+
+
+def _present(
+    path: list[conversation_selectors.PathMessage], run_by_trigger: dict[int, int], *, first: int = 0
+) -> list[dict[str, Any]]:
+    """The path from `first` on as the page shows it: each tool call carries its result, so a
+    message holding only tool results is folded into the call that asked for them; text is
+    rendered Markdown (UX-1)."""
     results: dict[str, dict[str, Any]] = {}
     for message in path:
         for block in message.content:
             if block.get("type") == "tool_result":
                 results[block.get("tool_use_id", "")] = block
     shown = []
-    for message in path:
+    for message in path[first:]:
         blocks = []
         for block in message.content:
             kind = block.get("type")
@@ -164,12 +170,18 @@ def _present(path: list[conversation_selectors.PathMessage], run_by_trigger: dic
 
 def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
     """Everything the messages fragment draws: the same on the first load and on every refresh."""
-    runs = {run.trigger_id: run for run in Run.objects.filter(conversation=conversation).order_by("id")}
+    # What the cards draw: not the paused turns (`pending_turn`) of 250 runs.
+    rows = Run.objects.filter(conversation=conversation).only("id", "trigger_id", "status", "error").order_by("id")
+    runs = {run.trigger_id: run for run in rows}
     path = conversation_selectors.current_path(conversation)
-    # Presented whole, then cut, so a call shown on the page always has its result.
-    shown = _present(path, {trigger: run.pk for trigger, run in runs.items()})
-    earlier = 0 if request.GET.get("all") == "1" else max(0, len(shown) - PAGE_MESSAGES)
-    shown = shown[earlier:]
+    # Only the messages that draw an article count (a message of tool results folds into its
+    # call); only the latest of them are presented, with every result of the path at hand.
+    drawn = [
+        index for index, message in enumerate(path) if any(_DRAWN.intersection(b.get("type") for b in message.content))
+    ]
+    earlier = 0 if request.GET.get("all") == "1" else max(0, len(drawn) - PAGE_MESSAGES)
+    first = drawn[earlier] if earlier < len(drawn) else len(path)
+    shown = _present(path, {trigger: run.pk for trigger, run in runs.items()}, first=first)
     # The latest run of each prompt on the path that has no stored reply yet: in flight (the page
     # replays its event log into it) or ended without one (failed or cancelled: its card and Retry).
     active_run = None
@@ -188,7 +200,8 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
         # A run whose prompt is off the current path (someone branched away) can still be cancelled.
         active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()
     _siblings(conversation, shown)
-    return {"messages": shown, "earlier": earlier, "active_run": active_run, **_usage(conversation, shown)}
+    usage = _usage(conversation, shown)
+    return {"messages_html": messages_html(shown), "earlier": earlier, "active_run": active_run, **usage}
 
 
 def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str, Any]:

@@ -209,6 +209,62 @@
     details.append(el("h3", null, "Result"), el("pre", null, pretty(p.output)));
   }
 
+  // --- subagents (TD-14, UX-4): each child's status, calls and answer, live in the parent's card ---
+  const SUBAGENT_STATUS = { queued: "queued", running: "working…", waiting: "waiting for approval", succeeded: "done", failed: "failed", cancelled: "cancelled" };
+  function subagentBox(state, who) {
+    if (!state.subagents) state.subagents = new Map();
+    let child = state.subagents.get(who.id);
+    if (child) return child;
+    if (!state.subagentList) {
+      state.subagentList = el("section", "subagents");
+      state.subagentList.setAttribute("aria-label", "Subagents");
+      state.article.appendChild(state.subagentList);
+    }
+    const node = el("details", "subagent");
+    node.open = true;
+    node.dataset.subagentId = who.id;
+    const summary = el("summary");
+    const status = el("span", "subagent-status muted");
+    summary.append(el("strong", null, `Subagent ${who.index}`), ` (${who.profile}) · `, status);
+    node.append(summary, el("p", "subagent-task muted small", who.task));
+    // Children come in index order, whatever order their events arrive in.
+    const after = [...state.subagentList.children].find((other) => Number(other.dataset.index) > who.index);
+    node.dataset.index = who.index;
+    state.subagentList.insertBefore(node, after || null);
+    child = { node, status, calls: new Map() };
+    state.subagents.set(who.id, child);
+    state.text = null;
+    return child;
+  }
+  function subagentStatus(state, p) {
+    const child = subagentBox(state, p.subagent);
+    child.node.dataset.status = p.status;
+    child.status.textContent = SUBAGENT_STATUS[p.status] || p.status;
+    child.status.className = `subagent-status${["failed", "cancelled"].includes(p.status) ? " error-text" : " muted"}`;
+    if (p.answer) child.node.append(el("div", "subagent-answer text streaming", p.answer));
+    if (p.error && p.status !== "succeeded") child.node.append(el("p", "subagent-error error-text small", p.error));
+  }
+  function subagentCall(state, p) {
+    const child = subagentBox(state, p.subagent);
+    const details = el("details", "tool");
+    const summary = el("summary");
+    summary.append(el("span", "tool-name", p.name), " ", el("span", "tool-state muted", "running…"));
+    details.append(summary, el("h3", null, "Arguments"), el("pre", null, pretty(p.input)));
+    child.calls.set(p.id, details);
+    child.node.appendChild(details);
+  }
+  function subagentResult(state, p) {
+    const child = subagentBox(state, p.subagent);
+    if (!child.calls.has(p.id)) subagentCall(state, { ...p, input: {} });
+    const details = child.calls.get(p.id);
+    const failed = p.output && p.output.ok === false;
+    const badge = details.querySelector(".tool-state");
+    badge.className = "tool-state";
+    badge.textContent = failed ? "failed" : "ok";
+    details.classList.toggle("failed", Boolean(failed));
+    details.append(el("h3", null, "Result"), el("pre", null, pretty(p.output)));
+  }
+
   // --- approvals (RN-4, UX-3): shown in every tab, decided only by their own buttons ---
   function approvalRequested(state, p) {
     if (approvals.has(p.approval_id)) return;
@@ -276,7 +332,8 @@
     switch (event.type) {
       case "run_started":
         statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}${p.mode ? `, mode ${p.mode}` : ""}.`;
-        working(state, "Thinking…");
+        // A run resumed after an approval goes straight to the approved call.
+        working(state, state.approved ? `Running ${state.approved}…` : "Thinking…");
         break;
       case "text_delta":
         // Plain text while it streams (line breaks kept); the stored reply is drawn as Markdown
@@ -292,16 +349,37 @@
         break;
       case "tool_result":
         toolResult(state, p);
+        state.approved = null;
         working(state, "Thinking…");
         break;
+      case "subagent_status":
+        subagentStatus(state, p);
+        break;
+      case "subagent_tool_call":
+        subagentCall(state, p);
+        working(state, `Subagent ${p.subagent.index} runs ${p.name}…`);
+        break;
+      case "subagent_tool_result":
+        subagentResult(state, p);
+        working(state, "Waiting for the subagents…");
+        break;
       case "approval_requested":
+        if (p.subagent) {
+          subagentStatus(state, { subagent: p.subagent, status: "waiting" });
+          const call = subagentBox(state, p.subagent).calls.get(p.tool_use_id);
+          if (call) call.querySelector(".tool-state").textContent = "waiting for approval";
+        }
         approvalRequested(state, p);
         working(state, "Waiting for your approval…");
         break;
-      case "approval_decided":
+      case "approval_decided": {
+        const prompt = approvals.get(p.approval_id);
+        const approved = ["approve", "approved"].includes(p.decision) && prompt && !prompt.dataset.subagent;
+        state.approved = approved ? prompt.querySelector("code").textContent : null;
         approvalDecided(p);
-        working(state, "Working…");
+        working(state, state.approved ? `Running ${state.approved}…` : "Working…");
         break;
+      }
       case "usage":
         statusLine.textContent = `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
         break;
@@ -603,11 +681,18 @@
     input.focus();
     if (!input.value) { input.value = "/"; updateMenu(); }
   });
+  // Stop (UX-2): the cancel endpoint kills the running tool's sandbox (OP-3); the run's
+  // run_finished event then redraws the page, in every tab. Focus goes back to the composer.
   cancelButton.addEventListener("click", async () => {
     if (!activeRun) return;
-    const { response, body } = await api(`/api/runs/${activeRun}/cancel/`, { method: "POST" });
-    if (response.ok) statusLine.textContent = "Cancelling…";
-    else showError(errorText(body, response), "The run may have ended already; the page shows its outcome.");
+    const runId = activeRun;
+    cancelButton.disabled = true;
+    statusLine.textContent = "Stopping…";
+    try {
+      const { response, body } = await api(`/api/runs/${runId}/cancel/`, { method: "POST" });
+      if (!response.ok) showError(errorText(body, response), "The run may have ended already; the page shows its outcome.");
+    } catch { return; } finally { cancelButton.disabled = false; }
+    input.focus();
   });
 
   // --- rename, delete (with confirmation), export: the conversation's own actions (UX-2) ---

@@ -52,6 +52,7 @@
     const template = document.createElement("template");
     template.innerHTML = body;
     const added = [...template.content.querySelectorAll("[role=treeitem]")];
+    window.ccApplySizes(template.content);
     fold.replaceWith(template.content);
     if (!added.length) return;
     // Focus the row nearest to where the person was: the earlier path opens from its end.

@@ -147,6 +147,15 @@ def test_a_fan_out_of_five_children_shares_one_prefix_and_returns_their_answers_
     log = child_worker.log_path.read_text()[-4000:] if child_worker else ""
     assert observation["ok"] is True, (observation, log)
     assert [r["text"] for r in observation["results"]] == [f"answer to: {task}" for task in TASKS]
+    # Each child's progress is in the parent's log, for the parent's card on the page (UX-4).
+    statuses: dict[int, list[str]] = {}
+    answers: dict[int, str] = {}
+    for event in RunEvent.objects.filter(run=run, type="subagent_status").order_by("seq"):
+        index = event.payload["subagent"]["index"]
+        statuses.setdefault(index, []).append(event.payload["status"])
+        answers[index] = event.payload.get("answer", "")
+    assert statuses == {index: ["queued", "running", "succeeded"] for index in range(len(TASKS))}
+    assert [answers[index] for index in range(len(TASKS))] == [f"answer to: {task}" for task in TASKS]
 
     children = list(ModelRequest.objects.filter(run=run).exclude(subagent="").order_by("subagent"))
     by_index = {int(r.subagent.split("/")[1]): r for r in children}

@@ -8,13 +8,17 @@ conversation. Screenshots go to var/test-artifacts/ (docs/ui.md shows them).
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.conftest import EMBEDDED_ADMIN_PASSWORD
+from tests.support.waiting import wait_until
 from tests.ui.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
 from tests.ui.test_browser_ui import ARTIFACTS, _screenshot, _seed
 
@@ -35,20 +39,48 @@ def browser():
         launched.close()
 
 
-@pytest.fixture
-def context(browser, embedded_server_module):
+# Every page of every journey here reports what its Content-Security-Policy refused (SB-6).
+REPORT_VIOLATIONS = """document.addEventListener("securitypolicyviolation", (e) =>
+  window.ccViolation(`${location.pathname}: ${e.violatedDirective} refused ${e.blockedURI || "inline"}`));"""
+
+
+def _watch_csp(context) -> list[str]:
+    refused: list[str] = []
+    context.expose_binding("ccViolation", lambda _source, text: refused.append(text))
+    context.add_init_script(REPORT_VIOLATIONS)
+    context.on(
+        "console",
+        lambda message: "Content Security Policy" in message.text and refused.append(message.text),
+    )
+    return refused
+
+
+@pytest.fixture(scope="module")
+def signed_in(browser, embedded_server_module) -> dict:
+    """One sign-in for the module (a password hash costs seconds on a loaded host); each
+    journey's context starts from its cookies."""
     base, _ = embedded_server_module
-    context = browser.new_context(viewport={"width": 1100, "height": 800})
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
+    context = browser.new_context()
     page = context.new_page()
     page.goto(base + "/login/")
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
     page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Conversations")
-    page.close()
+    expect(page.locator("h1")).to_have_text("Conversations", timeout=30_000)
+    state = context.storage_state()
+    context.close()
+    return state
+
+
+@pytest.fixture
+def context(browser, embedded_server_module, signed_in):
+    base, _ = embedded_server_module
+    context = browser.new_context(viewport={"width": 1100, "height": 800}, storage_state=signed_in)
+    refused = _watch_csp(context)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base)
     yield context
     context.close()
+    assert not refused, f"the Content-Security-Policy refused: {refused}"
 
 
 def _open(context, base: str, conversation_id: int):
@@ -206,6 +238,85 @@ def test_a_failed_run_stays_with_retry_and_regenerate_and_edit_branch_in_place(c
     assert _texts(page) == live
 
 
+def _processes_with(*words: bytes) -> list[int]:
+    """Host pids whose command line holds every word: a sandboxed process is visible from here."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        if all(word in command for word in words):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.req("UX-2", "OP-3")
+def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embedded_server_module):
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "stop")
+    page = _open(context, base, conversation)
+    _send(page, "please run `sleep 30.4417`")  # an odd length: no other process on the machine has it
+    page.locator(".approval button.approve").click()
+    wait_until(lambda: _processes_with(b"sleep", b"30.4417"), timeout=15, what="the sandboxed sleep")
+    stop = page.locator("#cancel")
+    expect(stop).to_be_visible()
+    expect(page.locator("article.live .working")).to_have_text("Running bash…")
+    run = page.locator("#conversation").get_attribute("data-active-run")
+
+    started = time.monotonic()
+    stop.click()
+    expect(stop).to_be_hidden(timeout=2_000)  # the run's end reached the page
+    elapsed = time.monotonic() - started
+    assert context.request.get(f"{base}/api/runs/{run}/").json()["status"] == "cancelled"
+    assert elapsed < 2, f"Stop took {elapsed:.2f} s"
+    assert not _processes_with(b"sleep", b"30.4417")  # killed, not left to finish
+    expect(page.locator("#composer-input")).to_be_focused()
+    _settled(page)
+    expect(page.locator("#status")).to_contain_text("cancelled")
+    live = _texts(page)
+    page.reload()
+    assert _texts(page) == live
+    _send(page, "after the stop")  # the composer works at once: no 409, a reply
+    expect(page.locator("article.assistant").last).to_contain_text('"after the stop"', timeout=15_000)
+    expect(page.locator("#errors .error-card")).to_have_count(0)
+
+
+@pytest.mark.req("UX-4", "TD-14")
+def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(context, embedded_server_module):
+    base, _ = embedded_server_module
+    page = _open(context, base, _new(context, base, "subagents"))
+    # Child 0 asks for the shell and waits for a person; child 1 lists the files and answers.
+    _send(page, "in parallel: run `echo child-zero`; list the files in the workspace")
+    card = page.locator("article.live")
+    zero = card.locator(".subagent[data-index='0']")
+    one = card.locator(".subagent[data-index='1']")
+    expect(one).to_have_attribute("data-status", "succeeded", timeout=20_000)
+    expect(one.locator("summary").first).to_contain_text("Subagent 1 (worker) · done")
+    expect(one.locator("details.tool .tool-name")).to_have_text("list_dir")
+    expect(one.locator("details.tool .tool-state")).to_have_text("ok")
+    expect(one.locator(".subagent-answer")).not_to_be_empty()
+    expect(zero).to_have_attribute("data-status", "waiting")
+    expect(zero.locator(".subagent-task")).to_have_text("run `echo child-zero`")
+    expect(card.locator(".approval[data-subagent]")).to_contain_text("Subagent 0 (worker) asks to run bash")
+    _shot(page, "subagents-live")
+    live = card.inner_text()
+    page.reload()  # mid-run: the log replays the same card
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    expect(page.locator("article.live .subagent[data-index='1']")).to_have_attribute("data-status", "succeeded")
+    expect(page.locator("article.live .approval")).to_have_count(1)
+    assert page.locator("article.live").inner_text() == live
+    page.locator(".approval button.approve").click()
+    _settled(page)  # the parent answered: its stored reply replaces the live card
+    expect(page.locator("article.assistant").last).to_contain_text("child-zero")
+    live = _texts(page)
+    page.reload()
+    assert _texts(page) == live
+    assert not page.js_errors
+
+
 @pytest.mark.req("UX-1")
 def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context, embedded_server_module):
     base, _ = embedded_server_module
@@ -294,7 +405,7 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     _settled(page)
     assert page.evaluate(at_bottom)  # followed the reply
     page.mouse.wheel(0, -3000)  # the person scrolls up to read: the page stays there
-    page.wait_for_function(f"!({at_bottom})")
+    page.wait_for_function(f"() => !({at_bottom})")  # a function, not an expression: the CSP refuses eval
     other = _open(context, base, conversation)  # a message from another tab streams in meanwhile
     _send(other, "do not move")
     expect(page.locator("article.assistant").last).to_contain_text('"do not move"', timeout=15_000)
@@ -321,15 +432,9 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
 
 
 @pytest.mark.req("UX-5")
-def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_module):
+def test_an_expired_session_goes_to_the_sign_in_page(context, embedded_server_module):
     base, _ = embedded_server_module
-    context = browser.new_context()
     page = context.new_page()
-    page.goto(base + "/login/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
-    page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Conversations")
     conversation = _new(context, base, "expiring")
     page.goto(f"{base}/conversations/{conversation}/")
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
@@ -339,3 +444,95 @@ def test_an_expired_session_goes_to_the_sign_in_page(browser, embedded_server_mo
     assert parse_qs(urlsplit(page.url).query)["next"] == [f"/conversations/{conversation}/"]
     expect(page.locator("body")).not_to_contain_text("Authentication credentials")
     context.close()
+
+
+def _light_and_dark(page, name: str) -> None:
+    _shot(page, f"{name}-{DESKTOP}")
+    page.emulate_media(color_scheme="dark")
+    page.reload()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    _shot(page, f"{name}-dark")
+    page.emulate_media(color_scheme="light")
+
+
+def _assert_security_headers(name: str, headers: dict[str, str]) -> None:
+    policy = dict((directive.split(" ", 1) + [""])[:2] for directive in headers["content-security-policy"].split("; "))
+    for directive in ("script-src", "style-src", "default-src", "connect-src", "img-src"):
+        sources = policy[directive].split()
+        assert "'unsafe-inline'" not in sources and "'unsafe-eval'" not in sources, (name, directive)
+        # Nothing from another origin: only 'self', 'none' and data: images.
+        assert set(sources) <= {"'self'", "'none'", "data:"}, (name, directive, sources)
+    assert policy["frame-ancestors"] == "'none'", name
+    assert policy["object-src"] == "'none'", name
+    assert headers["x-content-type-options"] == "nosniff", name
+    assert headers["referrer-policy"] == "same-origin", name
+    assert headers["x-frame-options"] == "DENY", name
+
+
+@pytest.mark.req("SB-6")
+def test_every_page_sends_the_security_headers_and_breaks_no_csp_rule_in_use(context, embedded_server_module):
+    """Each page is opened and used a little in Chromium: the headers are on every response, and
+    the context fixture fails the test on any CSP violation (the API docs included: offline,
+    from the app's own Swagger UI)."""
+    base, log = embedded_server_module
+    seeded = _seed(
+        log.parent,
+        "from scratchpad.services import put_observation\n"
+        "c = Conversation.objects.create(owner=admin, title='headers')\n"
+        "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': "
+        "'| l | c | r |\\n|:--|:-:|--:|\\n| 1 | 2 | 3 |'}])\n"
+        "c.tip = m; c.save()\n"
+        "r = Run.objects.create(conversation=c, trigger=m, provider='offline', model='offline-1', status='failed', "
+        "error='boom')\n"
+        "entry, _ = put_observation(turn_id=str(r.pk), step_num=1, executor_name='read_file', "
+        "observation={'ok': True, 'content': 'x' * 9000}, threshold=4096, run_id=r.pk, conversation_id=c.pk)\n"
+        "print(json.dumps({'conversation': c.pk, 'run': r.pk, 'entry': entry.pk}))\n",
+    )
+    conversation, run = seeded["conversation"], seeded["run"]
+    page = context.new_page()
+    pages = {
+        "list": "/",
+        "conversation": f"/conversations/{conversation}/",
+        "tree": f"/conversations/{conversation}/tree/",
+        "context": f"/conversations/{conversation}/context/",
+        "run": f"/runs/{run}/",
+        "dashboard": "/dashboard/",
+        "scratchpad": f"/scratchpad/{seeded['entry']}/",
+        "api docs": "/api/docs/",
+        "admin": "/admin/",
+        "admin runs": "/admin/agents/run/",
+        "admin run": f"/admin/agents/run/{run}/change/",
+        "admin conversation": f"/admin/conversations/conversation/{conversation}/change/",
+        "not found": "/conversations/999999999/",
+    }
+    for name, url in pages.items():
+        response = page.goto(base + url)
+        _assert_security_headers(name, response.all_headers())
+    for name, url in {"schema": "/api/schema/", "api": f"/api/conversations/{conversation}/"}.items():
+        _assert_security_headers(name, context.request.get(base + url).headers)  # downloads, not pages
+    page.goto(base + pages["conversation"])  # used, not only opened: the live page, a Markdown table
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    expect(page.locator("article.user td.align-right")).to_have_text("3")
+    page.locator("#theme-toggle").click()
+    page.evaluate("localStorage.removeItem('cc-theme')")  # back to following the system
+    page.goto(base + pages["context"])
+    assert page.locator("#context-bar .segment").first.evaluate("node => node.style.width").endswith("%")
+    page.goto(base + pages["tree"])
+    assert page.locator("#tree [data-level]").first.evaluate("node => node.style.getPropertyValue('--level')") == "0"
+    page.goto(base + pages["api docs"])
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Control Center API", timeout=10_000)
+    page.goto(base + pages["dashboard"])
+    expect(page.locator("canvas").first).to_be_visible()
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+    page.goto(base + pages["scratchpad"])
+    expect(page.locator("h1")).to_contain_text(seeded["entry"])
+    _light_and_dark(page, "scratchpad")  # docs/ui.md: the pages the width journey does not open
+    page.close()
+    signed_out = context.browser.new_context(viewport={"width": DESKTOP, "height": 900})
+    refused = _watch_csp(signed_out)
+    login = signed_out.new_page()
+    _assert_security_headers("login", login.goto(base + "/login/").all_headers())
+    expect(login.locator("input[name=username]")).to_be_visible()
+    _light_and_dark(login, "login")
+    signed_out.close()
+    assert not refused, refused
