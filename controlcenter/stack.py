@@ -107,7 +107,7 @@ class WebProcess(ProcessGroup):
         """CPU used so far by the server and its worker processes (one process group)."""
         return group_cpu_seconds(self.process.pid)
 
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 90) -> None:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port),
