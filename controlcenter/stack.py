@@ -126,6 +126,7 @@ class WebProcess(ProcessGroup):
                 httpx.get(f"{self.base_url}/healthz", timeout=1)
                 return
             time.sleep(0.1)
+        self.kill()  # nobody else holds it yet: Stack.stop() only knows the web servers that came up
         raise RuntimeError(f"web server not up after {timeout}s:\n{self.log_path.read_text()}")
 
 
