@@ -172,8 +172,8 @@ class Stack:
         worker = WorkerProcess(
             env, f"stack{index}-{self.redis.port}@%h", self.workdir / f"worker-{index}.log", concurrency
         )
+        self.workers.append(worker)  # stop() ends it, even if it never gets ready
         worker.wait_ready()
-        self.workers.append(worker)
         return worker
 
     def stop(self) -> None:
