@@ -1,17 +1,21 @@
-"""Websocket transport for run events: authenticate, join one group, forward."""
+"""Websocket transport for run events: authenticate, join one group, forward.
+
+Messages arrive already serialised (`agents.events.frame`): a consumer forwards the text as it
+is, so an event is encoded once however many sockets watch it (RN-1).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
 
 from agents import selectors
-from agents.events import conversation_group, dashboard_group, run_group
+from agents.events import conversation_group, dashboard_group, over_fresh_connection, run_group
 
 
-class _EventsConsumer(AsyncJsonWebsocketConsumer):
+class _EventsConsumer(AsyncWebsocketConsumer):
     group: str = ""
 
     async def connect(self) -> None:
@@ -22,15 +26,15 @@ class _EventsConsumer(AsyncJsonWebsocketConsumer):
         if not await self.may_watch(user):
             await self.close(code=4404)
             return
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await over_fresh_connection(lambda: self.channel_layer.group_discard(self.group, self.channel_name))
 
     async def run_event(self, message: dict[str, Any]) -> None:
-        await self.send_json(message["event"])
+        await self.send(text_data=message["text"])
 
     async def may_watch(self, user: Any) -> bool:
         raise NotImplementedError
@@ -52,7 +56,7 @@ class ConversationEventsConsumer(_EventsConsumer):
         )
 
 
-class DashboardConsumer(AsyncJsonWebsocketConsumer):
+class DashboardConsumer(AsyncWebsocketConsumer):
     """The signed-in user's dashboard figures, pushed when one of their runs finishes."""
 
     group: str = ""
@@ -63,12 +67,12 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4401)
             return
         self.group = dashboard_group(user.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            await over_fresh_connection(lambda: self.channel_layer.group_discard(self.group, self.channel_name))
 
     async def dashboard_update(self, message: dict[str, Any]) -> None:
-        await self.send_json({"type": "dashboard_update", "snapshot": message["snapshot"]})
+        await self.send(text_data=message["text"])

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from agents.dashboard import dashboard_snapshot
 from agents.models import Run, RunEvent
@@ -68,16 +71,43 @@ def conversation_group(conversation_id: int) -> str:
     return f"conversation-{conversation_id}"
 
 
+async def over_fresh_connection(call: Callable[[], Awaitable[None]]) -> None:
+    """A channel-layer call, once more if Redis dropped the connection it went out on.
+
+    After a Redis restart every connection in the layer's pool is dead, and each fails on its
+    next use; the pool then replaces it. One more try goes out on a new connection, so the first
+    event after a restart is not lost to a connection that died before it was sent. A Redis that
+    is still down fails the second try too, and the caller logs it.
+    """
+    try:
+        await call()
+    except RedisConnectionError:
+        await call()
+
+
 async def _send_to_groups(groups: list[str], message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     for group in groups:
-        await layer.group_send(group, message)
+
+        async def send(group: str = group) -> None:
+            await layer.group_send(group, message)
+
+        await over_fresh_connection(send)
 
 
 def broadcast(groups: list[str], message: dict[str, Any]) -> None:
     asyncio.run_coroutine_threadsafe(_send_to_groups(groups, message), _loop_for_sending()).result(timeout=10)
+
+
+def frame(message_type: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A channel-layer message carrying `body` already as the websocket's JSON text (RN-1).
+
+    Serialised once here, by the sender, instead of once per watching socket: each consumer
+    sends the same text as it is (with 200 watchers of one run, 200 encodings became one).
+    """
+    return {"type": message_type, "text": json.dumps(body, ensure_ascii=False)}
 
 
 class RunEventPublisher:
@@ -133,10 +163,7 @@ class RunEventPublisher:
         reconnecting(lambda: self._store(event_type, payload))
         event = {"run_id": self.run.pk, "seq": self.seq, "type": event_type, "payload": payload}
         try:
-            broadcast(
-                [run_group(self.run.pk), conversation_group(self.run.conversation_id)],
-                {"type": "run.event", "event": event},
-            )
+            broadcast([run_group(self.run.pk), conversation_group(self.run.conversation_id)], frame("run.event", event))
         except Exception:
             # The event is in the log; a live viewer catches up from there.
             logger.exception("could not broadcast event %s of run %s", self.seq, self.run.pk)
@@ -151,7 +178,7 @@ def publish_conversation_changed(*, conversation_id: int, reason: str) -> None:
     that reconnects refetches the fragment anyway."""
     event = {"type": "conversation_changed", "conversation_id": conversation_id, "reason": reason}
     try:
-        broadcast([conversation_group(conversation_id)], {"type": "run.event", "event": event})
+        broadcast([conversation_group(conversation_id)], frame("run.event", event))
     except Exception:
         logger.exception("could not announce a change of conversation %s", conversation_id)
 
@@ -172,6 +199,9 @@ def publish_dashboard_update(*, user_id: int) -> None:
     """
     try:
         user = get_user_model().objects.get(pk=user_id)
-        broadcast([dashboard_group(user_id)], {"type": "dashboard.update", "snapshot": dashboard_snapshot(user=user)})
+        snapshot = dashboard_snapshot(user=user)
+        broadcast(
+            [dashboard_group(user_id)], frame("dashboard.update", {"type": "dashboard_update", "snapshot": snapshot})
+        )
     except Exception:
         logger.exception("could not send the dashboard update of user %s", user_id)

@@ -45,7 +45,7 @@ from agents.providers import get_provider
 from controlcenter.db import reconnecting
 from controlcenter.errors import ServiceUnavailable
 from conversations.models import Compaction, Conversation, Message
-from engine.actions import ActionLimits, ApprovalNeeded
+from engine.actions import ActionLimits, ApprovalNeeded, tool_result, tool_uses_of
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context.transcript import overhead_tokens
 from engine.loop import CANCEL_POLL_SECONDS, TurnCancelled, TurnOutcome, polled_at_most_every, run_turn
@@ -245,15 +245,66 @@ def subagent_finish(
     return finished
 
 
+# The result that closes a call that was waiting for a person when its run was cancelled (OP-3).
+CANCELLED_WAITING_CALL = {
+    "ok": False,
+    "cancelled": True,
+    "error": "The run was cancelled while this call waited for approval; it did not run.",
+}
+
+
 def run_cancel_now(run: Run) -> bool:
-    """A queued or waiting run is cancelled at once (a running one stops at its next check)."""
-    if not Run.objects.filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
-        status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now()
-    ):
-        return False
-    approvals.approvals_expire(run_id=run.pk)
-    RunEventPublisher(run).publish("run_finished", {"status": Run.Status.CANCELLED, "error": ""})
+    """A queued or waiting run is cancelled at once (a running one stops at its next check).
+
+    A waiting run's partial turn goes into the transcript with every waiting call closed by a
+    cancelled result (OP-3): the model sees on the next turn what it asked for and that it did not run."""
+    with transaction.atomic():
+        locked = (
+            Run.objects.select_for_update()
+            .filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING])
+            .select_related("trigger")
+            .first()
+        )
+        if locked is None:
+            return False
+        paused = approvals.paused_turn_of(locked)
+        Run.objects.filter(pk=run.pk).update(
+            status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(), pending_turn=None
+        )
+        approvals.approvals_expire(run_id=run.pk)
+        closed = tool_uses_of(paused.messages[-1]) if paused is not None and paused.messages else []
+        kept = None
+        if paused is not None and paused.messages:
+            results = {"role": "user", "content": [tool_result(call["id"], CANCELLED_WAITING_CALL) for call in closed]}
+            kept = _append_turn(locked, [*paused.messages, *([results] if closed else [])])
+    publisher = RunEventPublisher(run)
+    step = paused.step if paused is not None else 0
+    for call in closed:
+        publisher.publish(
+            "tool_result", {"step": step, "id": call["id"], "name": call["name"], "output": CANCELLED_WAITING_CALL}
+        )
+    publisher.publish("run_finished", _cancelled_payload(locked, kept))
     return True
+
+
+def _cancelled_payload(run: Run, kept: Message | None) -> dict[str, Any]:
+    payload: dict[str, Any] = {"status": Run.Status.CANCELLED, "error": ""}
+    if kept is not None and kept.pk != run.trigger_id:
+        payload["message_id"] = kept.pk  # the last message of the turn kept in the transcript
+    return payload
+
+
+def retry_trigger(run: Run) -> Message:
+    """What a retry of `run` answers: its prompt, or the end of the cancelled turn it kept (OP-3),
+    so the retry goes on from where it stopped and its reply lands on the conversation's path."""
+    if run.status == Run.Status.CANCELLED:
+        finished = RunEvent.objects.filter(run=run, type="run_finished").values_list("payload", flat=True).first()
+        kept_id = (finished or {}).get("message_id")
+        if kept_id is not None:
+            kept = Message.objects.filter(pk=kept_id, conversation_id=run.conversation_id).first()
+            if kept is not None:
+                return kept
+    return run.trigger
 
 
 # --- execute ------------------------------------------------------------------------
@@ -266,6 +317,7 @@ def _drive(
     finish: Callable[[str, str], bool],
     failure: Callable[[Exception], str],
     cancelled_error: str = "",
+    cancelled: Callable[[TurnCancelled], None] | None = None,
 ) -> TurnOutcome | None:
     """Run the turn; every way it can end without an outcome to store ends here, for runs and subagents alike."""
     try:
@@ -280,8 +332,11 @@ def _drive(
         if waiting is None:  # cancelled meanwhile: nobody is asked
             finish(Run.Status.CANCELLED, cancelled_error)
         return None
-    except TurnCancelled:
-        finish(Run.Status.CANCELLED, cancelled_error)
+    except TurnCancelled as stopped:
+        if cancelled is not None:
+            cancelled(stopped)
+        else:
+            finish(Run.Status.CANCELLED, cancelled_error)
         return None
     except Exception as exc:
         finish(Run.Status.FAILED, failure(exc))
@@ -356,13 +411,16 @@ def run_execute(run_id: int, *, worker: str) -> None:
         pause=lambda waiting_for: approvals.approval_pause(run=run, pause=waiting_for, publisher=publisher),
         finish=lambda status, error: run_finish(run, status, error, publisher),
         failure=failure,
+        cancelled=lambda stopped: _finish_cancelled(
+            run, TurnOutcome(stopped.messages, stopped.steps), catalog, publisher
+        ),
     )
     if outcome is None or catalog is None:
         return
     if reconnecting(lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists()):
-        # Asked to stop while the last step ran (the loop checks at most every 0.5 s), or it
-        # ended a fan-out's wait (TD-14): the cancel wins over the reply, which is not stored.
-        run_finish(run, Run.Status.CANCELLED, "", publisher)
+        # Asked to stop while the last step ran (the loop checks at most every 0.5 s): the run
+        # ends cancelled, and what the turn did is kept as it is for a cancel mid-turn.
+        _finish_cancelled(run, outcome, catalog, publisher)
         return
     reply = reconnecting(lambda: _persist_turn(run, outcome, catalog))
     if reply is None:
@@ -376,25 +434,46 @@ def run_execute(run_id: int, *, worker: str) -> None:
     )
 
 
+def _finish_cancelled(
+    run: Run, outcome: TurnOutcome, catalog: CatalogToolBox | None, publisher: RunEventPublisher
+) -> None:
+    """End a running run as cancelled, keeping its turn up to where it stopped (OP-3): each call
+    answered, a killed one by its partial output marked cancelled, so the next turn sees it and
+    the transcript stays valid for the provider."""
+    kept = reconnecting(lambda: _persist_turn(run, outcome, catalog, status=Run.Status.CANCELLED))
+    if kept is not None:  # None: failed meanwhile (reaped), and that verdict was announced
+        publisher.publish("run_finished", _cancelled_payload(run, kept))
+
+
 @transaction.atomic
-def _persist_turn(run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox) -> Message | None:
+def _persist_turn(
+    run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox | None, *, status: str = Run.Status.SUCCEEDED
+) -> Message | None:
     # Only a run that is still running may store its turn, decided under the row lock.
     if not list(Run.objects.select_for_update().filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")):
         return None
+    parent = _append_turn(run, outcome.messages)
+    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
+    if toolbox is not None:
+        activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
+    Run.objects.filter(pk=run.pk).update(pending_turn=None)
+    _run_finished(run, status, "")
+    return parent
+
+
+def _append_turn(run: Run, messages: list[dict[str, Any]]) -> Message:
+    """Write the turn's messages under its trigger; the last one written (the trigger if none)."""
     parent = run.trigger
-    for message in outcome.messages:
+    for message in messages:
         parent = Message.objects.create(
             conversation_id=run.conversation_id, parent=parent, role=message["role"], content=message["content"]
         )
-    # Move the tip only if nobody branched away while the turn ran; otherwise the
-    # reply stays reachable on its own branch (CH-7).
-    Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
-        tip=parent, updated_at=timezone.now()
-    )
-    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
-    activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
-    Run.objects.filter(pk=run.pk).update(pending_turn=None)
-    _run_finished(run, Run.Status.SUCCEEDED, "")
+    if parent.pk != run.trigger_id:
+        # Move the tip only if nobody branched away while the turn ran; otherwise the
+        # reply stays reachable on its own branch (CH-7).
+        Conversation.objects.filter(pk=run.conversation_id, tip_id=run.trigger_id).update(
+            tip=parent, updated_at=timezone.now()
+        )
     return parent
 
 

@@ -52,7 +52,8 @@ class Run(models.Model):
 
     @property
     def retryable(self) -> bool:
-        # A turn is written whole or not at all, so any run that ended without a reply can run again.
+        # A failed turn is not written and a cancelled one only up to where it stopped (every
+        # call answered), so either can run again: from its prompt, or from where it stopped.
         return self.status in (self.Status.FAILED, self.Status.CANCELLED)
 
     @property

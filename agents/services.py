@@ -37,11 +37,12 @@ def run_start(*, conversation: Conversation, trigger: Message) -> Run:
 
 
 def run_retry(*, run: Run) -> Run:
-    """Run the same turn again: a new run answering the same user message."""
+    """Run the turn again: a new run answering the same user message, or going on from the end of
+    what a cancelled run kept (OP-3)."""
     if not run.retryable:
         raise Conflict(f"Run {run.pk} is {run.status}; only a failed or cancelled run can be retried.")
     with transaction.atomic():
-        return run_start(conversation=conversation_locked(run.conversation), trigger=run.trigger)
+        return run_start(conversation=conversation_locked(run.conversation), trigger=lifecycle.retry_trigger(run))
 
 
 def run_cancel(*, run: Run) -> Run:

@@ -292,7 +292,10 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any], enqueue_subagent: Ca
     for child in children:
         enqueue_subagent(child.pk)
     children, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id)
-    return fanout_observation(parent=parent, shape=shape, children=children, waited_out=waited_out)
+    observation = fanout_observation(parent=parent, shape=shape, children=children, waited_out=waited_out)
+    if Run.objects.filter(pk=run_id, cancel_requested=True).exists():
+        observation["cancelled"] = True  # the parent run was cancelled: its turn ends here (OP-3)
+    return observation
 
 
 def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]:

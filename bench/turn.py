@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import tempfile
 import time
@@ -52,7 +53,7 @@ async def _measure(conversation: Any, turns: int, warmup: int) -> tuple[list[flo
         _, run_ = await send(conversation=conversation, text=f"turn {index}: say something")
         first = None
         while True:
-            event = (await asyncio.wait_for(layer.receive(channel), timeout=30))["event"]
+            event = json.loads((await asyncio.wait_for(layer.receive(channel), timeout=30))["text"])
             # The conversation's group also carries conversation_changed, which belongs to no run.
             if event.get("run_id") != run_.pk:
                 continue

@@ -82,7 +82,7 @@ class WorkerProcess(ProcessGroup):
             start_new_session=True,
         )  # fmt: skip
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -107,7 +107,7 @@ class WebProcess(ProcessGroup):
         """CPU used so far by the server and its worker processes (one process group)."""
         return group_cpu_seconds(self.process.pid)
 
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 90) -> None:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "controlcenter.cli", "serve", "--port", str(self.port),
@@ -126,6 +126,7 @@ class WebProcess(ProcessGroup):
                 httpx.get(f"{self.base_url}/healthz", timeout=1)
                 return
             time.sleep(0.1)
+        self.kill()  # nobody else holds it yet: Stack.stop() only knows the web servers that came up
         raise RuntimeError(f"web server not up after {timeout}s:\n{self.log_path.read_text()}")
 
 
@@ -171,8 +172,8 @@ class Stack:
         worker = WorkerProcess(
             env, f"stack{index}-{self.redis.port}@%h", self.workdir / f"worker-{index}.log", concurrency
         )
+        self.workers.append(worker)  # stop() ends it, even if it never gets ready
         worker.wait_ready()
-        self.workers.append(worker)
         return worker
 
     def stop(self) -> None:

@@ -122,6 +122,8 @@ class StepExecutor:
         self.decisions = dict(decisions or {})
         self.counts: dict[str, int] = dict(counts or {})
         self.guard = DuplicateCallGuard()
+        # Set once a call says it was stopped by a cancel (`"cancelled": true`, OP-3).
+        self.cancelled = False
 
     def run(self, step: int, tool_uses: list[dict[str, Any]], first_tool_step: int = 1) -> dict[str, Any]:
         counts = dict(self.counts)
@@ -165,6 +167,7 @@ class StepExecutor:
             range(first_tool_step, first_tool_step + len(tool_uses)), tool_uses, plan, strict=True
         ):
             observation = next(observations) if kind == "run" else item
+            self.cancelled = self.cancelled or observation.get("cancelled") is True
             payload = {"step": step, "tool_step": tool_step, "id": block["id"], "name": block["name"]}
             loads = observation.get(LOADS_TOOLS)
             if loads:

@@ -50,7 +50,18 @@ def polled_at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[
 
 
 class TurnCancelled(Exception):
-    """Someone asked the run to stop; nothing of the turn is kept."""
+    """Someone asked the run to stop (OP-3).
+
+    `messages` is the turn up to its last complete step, every tool call answered (a call
+    killed by the cancel answers with its partial output, marked cancelled), so the caller
+    can keep it in the transcript and the provider still accepts it; `steps` are its requests.
+    A step whose reply was still streaming is left out.
+    """
+
+    def __init__(self, messages: list[dict[str, Any]] | None = None, steps: list[StepRecord] | None = None) -> None:
+        super().__init__("the turn was cancelled")
+        self.messages = messages or []
+        self.steps = steps or []
 
 
 @dataclass(frozen=True)
@@ -144,81 +155,85 @@ def run_turn(
         if resume is not None:
             resume = replace(resume, messages=without_tool_references(resume.messages, unoffered))
     loaded = set(referenced) - unoffered
-    if resume is not None:
-        outcome.messages = list(resume.messages)
-        previous_end, first_step = resume.previous_end, resume.step + 1
-        executor.counts = dict(resume.counts)
-        toolbox.restore_observations(turn_observations(outcome.messages))
-        _run_tools(executor, outcome, resume.step, tool_uses_of(outcome.messages[-1]), previous_end)
-    continuing, continuations = False, 0
-    for step in range(first_step, max_steps + 1):
-        if is_cancelled():
-            raise TurnCancelled()
-        request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
-                                              previous_end, is_cancelled, on_prompt_too_long, max_tokens=max_tokens,
-                                              tool_choice=tool_choice if step == first_step else None)  # fmt: skip
-        history = request.messages[: len(request.messages) - len(outcome.messages)]
-        previous_end = len(request.messages) - 1
-        newly = _newly_loaded(request, loaded)
-        loaded.update(newly)
-        miss = TOOL_ACTIVATION_MISS if newly and not getattr(provider, "defers_tool_loading", False) else ""
-        outcome.steps.append(
-            StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id,
-                       tools_loaded=newly, cache_miss=miss,
-                       estimated_tokens=request_tokens(request.system, request.tools, request.messages))
-        )  # fmt: skip
-        if miss:
-            # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
-            emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
-        emit("usage", {"step": step, **_usage_dict(done.usage), "usage_source": done.usage.source})
-        content = done.content
-        if continuing:
-            # The continuation of a reply cut by max_tokens: one assistant message, as if never cut.
-            content = _joined(outcome.messages.pop()["content"], content)
-            continuing = False
-        if done.stop_reason == "max_tokens":
-            text_only = [b for b in content if b.get("type") != "tool_use"]
-            if len(text_only) < len(content):
-                # Cut mid-call: the call's input is incomplete, so it is never executed.
-                dropped = [b.get("name", "") for b in content if b.get("type") == "tool_use"]
-                emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "dropped_calls": dropped,
-                                       "detail": "the reply reached max_tokens inside a tool call; "
-                                                 "the incomplete call was not run"})  # fmt: skip
-                if text_only:
-                    outcome.messages.append({"role": "assistant", "content": text_only})
-                outcome.stop_reason = "max_tokens"
+    try:
+        if resume is not None:
+            outcome.messages = list(resume.messages)
+            previous_end, first_step = resume.previous_end, resume.step + 1
+            executor.counts = dict(resume.counts)
+            toolbox.restore_observations(turn_observations(outcome.messages))
+            _run_tools(executor, outcome, resume.step, tool_uses_of(outcome.messages[-1]), previous_end)
+        continuing, continuations = False, 0
+        for step in range(first_step, max_steps + 1):
+            if is_cancelled():
+                raise TurnCancelled()
+            request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
+                                                  previous_end, is_cancelled, on_prompt_too_long, max_tokens=max_tokens,
+                                                  tool_choice=tool_choice if step == first_step else None)  # fmt: skip
+            history = request.messages[: len(request.messages) - len(outcome.messages)]
+            previous_end = len(request.messages) - 1
+            newly = _newly_loaded(request, loaded)
+            loaded.update(newly)
+            miss = TOOL_ACTIVATION_MISS if newly and not getattr(provider, "defers_tool_loading", False) else ""
+            outcome.steps.append(
+                StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id,
+                           tools_loaded=newly, cache_miss=miss,
+                           estimated_tokens=request_tokens(request.system, request.tools, request.messages))
+            )  # fmt: skip
+            if miss:
+                # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
+                emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
+            emit("usage", {"step": step, **_usage_dict(done.usage), "usage_source": done.usage.source})
+            content = done.content
+            if continuing:
+                # The continuation of a reply cut by max_tokens: one assistant message, as if never cut.
+                content = _joined(outcome.messages.pop()["content"], content)
+                continuing = False
+            if done.stop_reason == "max_tokens":
+                text_only = [b for b in content if b.get("type") != "tool_use"]
+                if len(text_only) < len(content):
+                    # Cut mid-call: the call's input is incomplete, so it is never executed.
+                    dropped = [b.get("name", "") for b in content if b.get("type") == "tool_use"]
+                    emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "dropped_calls": dropped,
+                                           "detail": "the reply reached max_tokens inside a tool call; "
+                                                     "the incomplete call was not run"})  # fmt: skip
+                    if text_only:
+                        outcome.messages.append({"role": "assistant", "content": text_only})
+                    outcome.stop_reason = "max_tokens"
+                    return outcome
+                if continuations < MAX_CONTINUATIONS and getattr(provider, "supports_prefill", False) and content:
+                    # Cut mid-text: ask for the rest with the text so far as the assistant prefill.
+                    continuations += 1
+                    emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": True,
+                                           "detail": "the reply reached max_tokens; asking for the rest"})  # fmt: skip
+                    outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
+                    continuing = True
+                    continue
+                emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": False,
+                                       "detail": "the reply reached max_tokens and was not continued"})  # fmt: skip
+            if done.stop_reason == "refusal":
+                emit("model_stopped", {"step": step, "stop_reason": "refusal",
+                                       "detail": "the model declined to continue this turn"})  # fmt: skip
+                if content:
+                    outcome.messages.append({"role": "assistant", "content": content})
+                outcome.stop_reason = "refusal"
                 return outcome
-            if continuations < MAX_CONTINUATIONS and getattr(provider, "supports_prefill", False) and content:
-                # Cut mid-text: ask for the rest with the text so far as the assistant prefill.
-                continuations += 1
-                emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": True,
-                                       "detail": "the reply reached max_tokens; asking for the rest"})  # fmt: skip
+            if done.stop_reason == "pause_turn":
+                # A long server-side tool turn paused: sending the reply back lets the model go on, in one message.
                 outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
                 continuing = True
                 continue
-            emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": False,
-                                   "detail": "the reply reached max_tokens and was not continued"})  # fmt: skip
-        if done.stop_reason == "refusal":
-            emit("model_stopped", {"step": step, "stop_reason": "refusal",
-                                   "detail": "the model declined to continue this turn"})  # fmt: skip
-            if content:
-                outcome.messages.append({"role": "assistant", "content": content})
-            outcome.stop_reason = "refusal"
-            return outcome
-        if done.stop_reason == "pause_turn":
-            # A long server-side tool turn paused: sending the reply back lets the model go on, in one message.
-            outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
-            continuing = True
-            continue
-        outcome.messages.append({"role": "assistant", "content": content})
+            outcome.messages.append({"role": "assistant", "content": content})
 
-        tool_uses = tool_uses_of(outcome.messages[-1])
-        if not tool_uses:
-            outcome.stop_reason = done.stop_reason
-            return outcome
-        _run_tools(executor, outcome, step, tool_uses, previous_end)
-    outcome.stop_reason = "max_steps"
-    return outcome
+            tool_uses = tool_uses_of(outcome.messages[-1])
+            if not tool_uses:
+                outcome.stop_reason = done.stop_reason
+                return outcome
+            _run_tools(executor, outcome, step, tool_uses, previous_end)
+        outcome.stop_reason = "max_steps"
+        return outcome
+    except TurnCancelled:
+        # Wherever it was noticed, the turn is kept up to its last complete step.
+        raise TurnCancelled(_answered(outcome.messages), list(outcome.steps)) from None
 
 
 def _request(
@@ -284,6 +299,16 @@ def _run_tools(
     except ApprovalNeeded as pause:
         pause.messages, pause.steps, pause.previous_end = list(outcome.messages), list(outcome.steps), previous_end
         raise
+    if executor.cancelled:
+        # A tool stopped by the cancel (OP-3): the run ends here, with its partial output as the result.
+        raise TurnCancelled()
+
+
+def _answered(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without a last assistant message whose tool calls have no results yet."""
+    if messages and messages[-1]["role"] == "assistant" and tool_uses_of(messages[-1]):
+        return list(messages[:-1])
+    return list(messages)
 
 
 def _as_prefill(content: list[dict[str, Any]]) -> list[dict[str, Any]]:

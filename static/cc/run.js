@@ -25,7 +25,13 @@
     const socket = new WebSocket(`${scheme}://${location.host}/ws/runs/${runId}/`);
     // The run may have moved on between rendering (or the last socket) and this one.
     socket.onopen = () => { retryDelay = 500; root.dataset.live = "1"; catchUp(); };
-    socket.onmessage = (message) => apply(JSON.parse(message.data));
+    socket.onmessage = (message) => {
+      const event = JSON.parse(message.data);
+      apply(event);
+      // A gap before this event: one was not delivered live (a Redis restart loses what was in
+      // flight); the log has it.
+      if (event.seq > contiguous() + 1) catchUp();
+    };
     socket.onclose = () => {
       delete root.dataset.live;
       setTimeout(connect, retryDelay);

@@ -451,7 +451,10 @@ def test_cancelling_the_parent_cancels_children_waiting_for_approval(fanout, ali
     pending = alice_api.get(f"/api/conversations/{run.conversation_id}/approvals/", {"status": "pending"}).json()
     assert pending == [] or pending.get("results") == []
     assert not any(workspace_root(run.conversation_id).iterdir())
-    assert Message.objects.filter(conversation=run.conversation).count() == 1  # nothing of the turn was stored
+    # The parent's turn is kept to where it stopped (OP-3): spawn_agents, answered as cancelled.
+    kept = list(Message.objects.filter(conversation=run.conversation).order_by("id"))
+    assert [m.role for m in kept] == ["user", "assistant", "user"]
+    assert json.loads(kept[2].content[0]["content"])["cancelled"] is True
 
 
 @pytest.mark.django_db(transaction=True)

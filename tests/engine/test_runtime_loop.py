@@ -10,7 +10,7 @@ import pytest
 
 from engine.actions import ActionLimits, ApprovalNeeded
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
-from engine.loop import PausedTurn, run_turn
+from engine.loop import PausedTurn, TurnCancelled, run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block
@@ -147,3 +147,50 @@ def test_a_compaction_hook_that_returns_a_shorter_history_gets_the_request_retri
         on_prompt_too_long=lambda history, turn_messages, error: [{"role": "user", "content": [text_block("hi")]}],
     )
     assert outcome.messages == [{"role": "assistant", "content": [text_block("short answer")]}]
+
+
+class CancellingBox:
+    """`stop` answers as bash does when a cancel killed it; `note` answers normally."""
+
+    def __init__(self) -> None:
+        self.cancel = False
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [{"name": n, "description": n, "input_schema": {"type": "object"}} for n in ("note", "stop")]
+
+    def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        if name == "stop":
+            return {"ok": False, "cancelled": True, "stdout": "1\n2\n", "error": "cancelled"}
+        self.cancel = True  # the person presses stop while this call runs
+        return {"ok": True}
+
+    def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.execute(name, arguments)
+
+    def requires_approval(self, name: str) -> bool:
+        return False
+
+    def resident_count(self) -> int | None:
+        return None
+
+    def restore_loaded(self, names: list[str]) -> None:
+        pass
+
+
+@pytest.mark.req("OP-3")
+def test_a_cancelled_turn_is_kept_to_its_last_complete_step_with_every_call_answered():
+    box = CancellingBox()
+    with pytest.raises(TurnCancelled) as stopped:
+        turn(provider([call("stop")], "never asked"), box)
+    assert [m["role"] for m in stopped.value.messages] == ["assistant", "user"]
+    [result] = stopped.value.messages[1]["content"]
+    assert result["tool_use_id"] == stopped.value.messages[0]["content"][0]["id"] and result["is_error"] is True
+    assert json.loads(result["content"])["stdout"] == "1\n2\n"
+    assert len(stopped.value.steps) == 1
+
+    # Cancelled during a tool that finishes normally: the next request is never sent, the step is kept whole.
+    box = CancellingBox()
+    with pytest.raises(TurnCancelled) as stopped:
+        turn(provider([call("note")], "a reply that is cut"), box, is_cancelled=lambda: box.cancel)
+    assert [m["role"] for m in stopped.value.messages] == ["assistant", "user"]
+    assert "cut" not in json.dumps(stopped.value.messages)
