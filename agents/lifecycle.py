@@ -491,7 +491,6 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
                 max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
                 resume=resume,
                 decisions=approvals.decisions_for(parent, subagent=child),
-                max_tokens=settings.CC_MAX_OUTPUT_TOKENS,  # a child's reply fits the same window (LM-2)
             )
 
     def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
