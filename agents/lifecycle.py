@@ -370,7 +370,11 @@ def run_execute(run_id: int, *, worker: str) -> None:
         # Scratchpad (SP-10): collect expired entries at the start of every turn.
         scratchpad_services.gc()
         catalog, toolbox = turns.turn_toolboxes(
-            run_id=run.pk, conversation_id=run.conversation_id, mode=run.mode, enqueue_subagent=enqueue_subagent
+            run_id=run.pk,
+            conversation_id=run.conversation_id,
+            owner_id=run.conversation.owner_id,
+            mode=run.mode,
+            enqueue_subagent=enqueue_subagent,
         )
         system = turns.turn_system(catalog)
 
@@ -394,6 +398,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
                 decisions=approvals.decisions_for(run),
                 on_prompt_too_long=turns.reactive_compaction_hook(run, emit, overhead=overhead),
                 max_tokens=settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
+                make_room=turns.room_making_hook(run, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
             )
 
     def failure(exc: Exception) -> str:
@@ -533,7 +538,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     if not subagent_claim(subagent_id=subagent_id, worker=worker):
         logger.info("subagent %s is not queued any more; %s leaves it alone", subagent_id, worker)
         return
-    child = Subagent.objects.select_related("parent", "parent__mode").get(pk=subagent_id)
+    child = Subagent.objects.select_related("parent", "parent__mode", "parent__conversation").get(pk=subagent_id)
     parent = child.parent
     resume = approvals.paused_turn_of(child)
     first = child.index == 0
@@ -562,7 +567,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         profile = subagents.subagent_profiles().get(child.profile)
         if profile is None:
             raise ValueError(f"profile {child.profile!r} is no longer configured")
-        catalog, toolbox = turns.subagent_toolboxes(conversation_id=parent.conversation_id, mode=parent.mode)
+        catalog, toolbox = turns.subagent_toolboxes(
+            conversation_id=parent.conversation_id, owner_id=parent.conversation.owner_id, mode=parent.mode
+        )
         with _tools_killed_on_cancel(parent.conversation_id, lambda: _subagent_cancelled(child.pk)):
             return run_turn(
                 provider=get_provider(parent.provider),

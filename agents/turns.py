@@ -26,7 +26,7 @@ from conversations.window import window_budget
 from engine.catalog.pins import pinnable
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import transcript
-from engine.loop import ReactiveCompaction
+from engine.loop import MakeRoom, ReactiveCompaction, RequestSize, Room
 from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
@@ -61,6 +61,7 @@ def turn_toolboxes(
     *,
     run_id: int,
     conversation_id: int,
+    owner_id: int | None,
     mode: Mode | None = None,
     enqueue_subagent: Callable[[int], None] | None = None,
     take_pins: bool = True,
@@ -72,11 +73,12 @@ def turn_toolboxes(
     catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
     A run passes how its subagents are queued; without it the stack is only described (Context view),
     and `take_pins=False` describes it without pinning the catalog for a conversation that never ran.
+    `owner_id` is the conversation's owner: whose memories and task list the tools touch.
     """
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
         conversation_id=conversation_id,
-        user_id=conversation_owner(conversation_id),
+        user_id=owner_id,
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
@@ -94,14 +96,16 @@ def turn_toolboxes(
     return catalog, stack
 
 
-def subagent_toolboxes(*, conversation_id: int, mode: Mode | None) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
+def subagent_toolboxes(
+    *, conversation_id: int, owner_id: int | None, mode: Mode | None
+) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """A child's catalog toolbox and the approval gate over it: the parent run's surface (its mode,
     resident set and deferred index; TD-8), without `spawn_agents`, whatever the child's task or
     profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4)."""
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
         conversation_id=conversation_id,
-        user_id=conversation_owner(conversation_id),
+        user_id=owner_id,
         mode=mode,
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
@@ -125,11 +129,6 @@ def conversation_tool_pins(conversation_id: int, *, take: bool = True) -> dict[s
     pins = pinnable(catalog_records())
     taken, _ = ConversationToolPins.objects.get_or_create(conversation_id=conversation_id, defaults={"pins": pins})
     return dict(taken.pins)
-
-
-def conversation_owner(conversation_id: int) -> int | None:
-    """Whose memories and task list the turn's tools touch."""
-    return Conversation.objects.filter(pk=conversation_id).values_list("owner_id", flat=True).first()
 
 
 @dataclass(frozen=True)
@@ -227,16 +226,24 @@ def recovery_limit(*, refused: int, estimated: int, maximum: int, fixed_tokens: 
 
 
 def reactive_compaction(
-    *, trigger: Message, history: list[dict[str, Any]], limit_tokens: int, run: Run | None = None
+    *,
+    trigger: Message,
+    history: list[dict[str, Any]],
+    limit_tokens: int,
+    run: Run | None = None,
+    target_tokens: int = 0,
+    kind: str = "reactive",
 ) -> tuple[list[dict[str, Any]], Compaction] | None:
-    """After the provider refused the prompt as too long (CH-2): one pass from the stored messages, no
-    model call; None if it cannot fit under `limit_tokens` or would send the same history again."""
+    """After the provider refused the prompt as too long (CH-2), or before a request our estimate says
+    would not fit (LM-2, `kind="proactive"`): one pass from the stored messages, no model call, down to
+    `target_tokens` (default: the limit); None if it cannot fit under `limit_tokens` or would send the
+    same history again."""
     done = compaction_pass(
         conversation_id=trigger.conversation_id,
         tip_id=trigger.pk,
         rungs=NO_CALL_RUNGS,
-        target_tokens=limit_tokens,
-        trigger="reactive",
+        target_tokens=min(target_tokens, limit_tokens) if target_tokens > 0 else limit_tokens,
+        trigger=kind,
         run=run,
         fit_tokens=limit_tokens,
     )
@@ -296,6 +303,50 @@ def reactive_compaction_hook(
     return compact
 
 
+# A request may fill this share of the window with its prompt (by our calibrated estimate) and the
+# reply it asks room for; the rest absorbs what the calibration still misses (LM-2).
+FIT_SHARE = 0.95
+
+
+def room_making_hook(run: Run, emit: Callable[[str, dict[str, Any]], None], *, max_tokens: int) -> MakeRoom:
+    """The loop's check before every request (LM-2): the prompt and the reply's room stay inside the window.
+
+    The turn-start check (`turn_context`) sees the history before the turn adds its tool results
+    and the tools it loads; this one sees each request as it will be sent. Past the window, one
+    ladder pass without a model call shrinks the history; if the pass cannot free enough (the
+    turn's own messages and the tool block are not the ladder's to shrink), the reply is asked
+    for in the room that is left, never less than `min_output` tokens. Our estimate is brought
+    to the provider's units by the turn's previous request when there is one, else by the
+    conversation's last measured request (CH-12).
+    """
+    window = settings.CC_CONTEXT_WINDOW_TOKENS
+    min_output = min(max_tokens, max(64, window // 32))
+    factor = calibration(conversation_id=run.conversation_id, model=run.model)
+
+    def make_room(history: list[dict[str, Any]], turn: list[dict[str, Any]], size: RequestSize) -> Room | None:
+        nonlocal factor
+        if size.previous_measured and size.previous_estimated:
+            low, high = CALIBRATION_BOUNDS
+            factor = min(high, max(low, size.previous_measured / size.previous_estimated))
+        if size.estimated * factor + max_tokens <= window * FIT_SHARE:
+            return None
+        fixed = size.estimated - size.history
+        limit = int((window * FIT_SHARE - max_tokens) / factor) - fixed
+        # Down to the compaction target when the tool block leaves room for it, so the next steps need no pass.
+        target = int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - fixed
+        compacted = reactive_compaction(
+            trigger=run.trigger, history=history, limit_tokens=limit, target_tokens=target, run=run, kind="proactive"
+        ) if limit > 0 else None  # fmt: skip
+        if compacted is not None:
+            view, compaction = compacted
+            emit("compaction", compaction_event(compaction))
+            return Room(history=view)
+        room = int(window * FIT_SHARE - size.estimated * factor)
+        return Room(max_tokens=max(min_output, min(max_tokens, room)))
+
+    return make_room
+
+
 def context_view(*, conversation: Conversation) -> dict[str, Any]:
     """The Context view (TD-15, CH-10 /context): what the next request of this conversation holds.
 
@@ -312,7 +363,11 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     # The very functions run_execute builds its requests with (TD-15).
     # The next run's model and mode are the conversation's pickers (run_start reads the same fields).
     catalog, toolbox = turn_toolboxes(
-        run_id=turn_id, conversation_id=conversation.pk, mode=conversation.mode, take_pins=False
+        run_id=turn_id,
+        conversation_id=conversation.pk,
+        owner_id=conversation.owner_id,
+        mode=conversation.mode,
+        take_pins=False,
     )
     path = selectors.current_path(conversation)
     pruning = turn_pruned(selectors.view_of_path(conversation_id=conversation.pk, path=path))

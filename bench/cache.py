@@ -33,24 +33,18 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 import threading
-import time
-import uuid
 from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-
+from bench.session import emulated_session
 from engine.actions import result_text
 from engine.breakpoints import prefix_bytes
 from engine.emulator import Emulator, TestClock
-from engine.emulator.server import EmulatorServer
 from engine.providers.openai_compat import to_chat_payload
 from engine.request import ModelRequestSpec
 
-MODEL = "claude-sonnet-4-5"
 PRICES = {"input": 1.0, "write_5m": 1.25, "write_1h": 2.0, "read": 0.1, "output": 5.0}
 SEARCHES = {
     3: "assign a ticket to a person",
@@ -168,62 +162,24 @@ def _workspace(root: Path) -> None:
 
 
 def _session(options: dict[str, Any], clock: TestClock, policy: Policy) -> dict[str, Any]:
-    from django.contrib.auth import get_user_model
-    from django.db import connection
-
-    from agents.chat import message_send
     from agents.models import ModelRequest, Run, RunEvent
-    from controlcenter.processes import WorkerProcess, services_env
-    from conversations.services import conversation_create
-    from scratchpad.models import Entry
-    from toolcatalog.services import catalog_import
-    from toolcatalog.workspace import workspace_root
 
-    if settings.CC_MODE != "services":
-        raise SystemExit("bench cache needs DATABASE_URL and REDIS_URL: it runs its turns on a Celery worker")
-    catalog_import(text=Path(options["catalog"]).read_text(encoding="utf-8"))
-    user, _ = get_user_model().objects.get_or_create(username=f"bench-cache-{uuid.uuid4().hex[:6]}")
-    with tempfile.TemporaryDirectory() as folder, EmulatorServer(Emulator(clock=clock, policy=policy)) as server:
-        settings.CC_WORKSPACE_ROOT = Path(folder)
-        # What the runs are created with (run_start takes the model and its provider from CC_MODELS).
-        settings.CC_PROVIDER, settings.CC_MODEL, settings.CC_MODELS = "anthropic", MODEL, {MODEL: "anthropic"}
-        settings.CC_RUN_QUEUE = f"bench-cache-{uuid.uuid4().hex[:8]}"
-        env = services_env(connection.settings_dict["NAME"])
-        env.update(
-            ANTHROPIC_API_KEY="bench", ANTHROPIC_BASE_URL=server.base_url, CC_WORKSPACE_ROOT=folder,
-            CC_RUN_QUEUE=settings.CC_RUN_QUEUE, CC_SERVER_TOOL_DEFERRAL="on", CC_SUBAGENT_RELEASE_WAIT_SECONDS="10",
-        )  # fmt: skip
-        worker = WorkerProcess(env, f"bench-cache-{uuid.uuid4().hex[:6]}@%h", Path(folder) / "worker.log",
-                               concurrency=4, queue=settings.CC_RUN_QUEUE)  # fmt: skip
-        try:
-            worker.wait_ready()
-            conversation = conversation_create(owner=user, title="bench cache")
-            _workspace(workspace_root(conversation.pk))
-            runs = []
-            for turn in range(1, options["turns"] + 1):
-                clock.advance(TURN_SECONDS)
-                sent = message_send(conversation=conversation, text=f"Please do step {turn}.")
-                run = _wait(sent.run, options["timeout"])
-                if run.status != Run.Status.SUCCEEDED:
-                    raise SystemExit(f"turn {turn} ended {run.status}: {run.error}")
-                runs.append(run.pk)
-            rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
-            pruned = RunEvent.objects.filter(run_id__in=runs, type="context_pruned").count()
-        finally:
-            worker.stop()
-            Entry.objects.filter(conversation__owner=user).delete()
-            user.delete()
+    session = emulated_session(
+        bench="cache", emulator=Emulator(clock=clock, policy=policy), catalog=options["catalog"],
+        workspace=_workspace, timeout=options["timeout"], concurrency=4,
+        env={"CC_SUBAGENT_RELEASE_WAIT_SECONDS": "10"},
+    )  # fmt: skip
+    with session as bench:
+        runs = []
+        for turn in range(1, options["turns"] + 1):
+            clock.advance(TURN_SECONDS)
+            run = bench.turn(f"Please do step {turn}.")
+            if run.status != Run.Status.SUCCEEDED:
+                raise SystemExit(f"turn {turn} ended {run.status}: {run.error}")
+            runs.append(run.pk)
+        rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
+        pruned = RunEvent.objects.filter(run_id__in=runs, type="context_pruned").count()
     return {"rows": rows, "pruned": pruned}
-
-
-def _wait(run: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.is_finished:
-            return run
-        time.sleep(0.05)
-    raise SystemExit(f"run {run.pk} did not finish within {timeout}s (still {run.status})")
 
 
 # --- replays -------------------------------------------------------------------------------

@@ -19,23 +19,19 @@ of the window (resident schemas plus loaded ones, and the name index).
 from __future__ import annotations
 
 import json
-import tempfile
 import threading
 import time
-import uuid
 from argparse import ArgumentParser
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-
+from bench.session import emulated_session
 from engine.actions import result_text
+from engine.context.transcript import request_tokens, transcript_tokens
 from engine.emulator import Emulator, TestClock
-from engine.emulator.server import EmulatorServer
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
-MODEL = "claude-sonnet-4-5"
 LOG_TURN = 5
 SEARCHES = {3: "show the commit history of the repository", 13: "run a SQL query", 23: "assign a ticket"}
 DIRECT = {8: ("file_info", {"path": "notes.txt"}), 18: ("git_status", {}), 28: ("list_tables", {})}
@@ -46,6 +42,7 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--catalog", default=str(Path(__file__).resolve().parents[1] / "tests/data/toolcatalog.json"))
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument("--detail", action="store_true", help="every request: counted, estimated, what took the room")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for one turn")
 
 
@@ -127,68 +124,37 @@ def _workspace(root: Path) -> None:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    from django.contrib.auth import get_user_model
-    from django.db import connection
-
     from agents.models import ModelRequest, Run, RunEvent
-    from controlcenter.processes import WorkerProcess, services_env
     from conversations.models import Compaction
-    from conversations.services import conversation_create, message_send
     from scratchpad.models import Entry
-    from toolcatalog.services import catalog_import
-    from toolcatalog.workspace import workspace_root
 
-    if settings.CC_MODE != "services":
-        raise SystemExit("bench small_window needs DATABASE_URL and REDIS_URL: it runs its turns on a Celery worker")
     window = options["window"]
-    catalog_import(text=Path(options["catalog"]).read_text(encoding="utf-8"))
-    user, _ = get_user_model().objects.get_or_create(username=f"bench-small-{uuid.uuid4().hex[:6]}")
     policy = Policy()
     emulator = Emulator(clock=TestClock(), policy=policy, context_window=window)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as folder, EmulatorServer(emulator) as server:
-        settings.CC_WORKSPACE_ROOT = Path(folder)
-        settings.CC_PROVIDER, settings.CC_MODEL, settings.CC_MODELS = "anthropic", MODEL, {MODEL: "anthropic"}
-        settings.CC_RUN_QUEUE = f"bench-small-{uuid.uuid4().hex[:8]}"
-        env = services_env(connection.settings_dict["NAME"])
-        env.update(
-            ANTHROPIC_API_KEY="bench", ANTHROPIC_BASE_URL=server.base_url, CC_WORKSPACE_ROOT=folder,
-            CC_RUN_QUEUE=settings.CC_RUN_QUEUE, CC_SERVER_TOOL_DEFERRAL="on", CC_CONTEXT_WINDOW_TOKENS=str(window),
-        )  # fmt: skip
-        worker = WorkerProcess(env, f"bench-small-{uuid.uuid4().hex[:6]}@%h", Path(folder) / "worker.log",
-                               concurrency=1, queue=settings.CC_RUN_QUEUE)  # fmt: skip
-        try:
-            worker.wait_ready()
-            conversation = conversation_create(owner=user, title="bench small window")
-            _workspace(workspace_root(conversation.pk))
-            runs, failed = [], []
-            for turn in range(1, options["turns"] + 1):
-                sent = message_send(conversation=conversation, text=f"Please do step {turn}.")
-                finished = _wait(sent.run, options["timeout"])
-                runs.append(finished.pk)
-                if finished.status != Run.Status.SUCCEEDED:
-                    failed.append({"turn": turn, "status": finished.status, "error": finished.error[:300]})
-            rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
-            compactions = list(Compaction.objects.filter(conversation=conversation).values_list("trigger", "rung"))
-            reactive = RunEvent.objects.filter(run_id__in=runs, type="compaction", payload__trigger="reactive").count()
-            offloaded = list(Entry.objects.filter(conversation=conversation).values_list("size_bytes", flat=True))
-        finally:
-            worker.stop()
-            Entry.objects.filter(conversation__owner=user).delete()
-            user.delete()
+    session = emulated_session(
+        bench="small-window", emulator=emulator, catalog=options["catalog"], workspace=_workspace,
+        timeout=options["timeout"], env={"CC_CONTEXT_WINDOW_TOKENS": str(window)},
+    )  # fmt: skip
+    with session as bench:
+        runs, failed = [], []
+        for turn in range(1, options["turns"] + 1):
+            finished = bench.turn(f"Please do step {turn}.")
+            runs.append(finished.pk)
+            if finished.status != Run.Status.SUCCEEDED:
+                failed.append({"turn": turn, "status": finished.status, "error": finished.error[:300]})
+        rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
+        compactions = list(Compaction.objects.filter(conversation=bench.conversation).values_list("trigger", "rung"))
+        reactive = RunEvent.objects.filter(run_id__in=runs, type="compaction", payload__trigger="reactive").count()
+        offloaded = list(Entry.objects.filter(conversation=bench.conversation).values_list("size_bytes", flat=True))
     requests = policy.recorded
-    counted = [emulator.count_tokens(p) for p in requests]
-    peaks = [(tokens + int(p.get("max_tokens", 0))) / window for tokens, p in zip(counted, requests, strict=True)]
-    tool_shares = [
-        (estimate_json_tokens([_bare(t) for t in p.get("tools", [])]) + _index_tokens(p)) / window for p in requests
-    ]
+    counted = [emulator.prompt_tokens(p) for p in requests]
+    peaks = [(tokens + int(p["max_tokens"])) / window for tokens, p in zip(counted, requests, strict=True)]
+    tool_shares = [(_tool_tokens(p) + _index_tokens(p)) / window for p in requests]
     # How far our estimate (what compaction decides with) is below the server's count.
-    under = [
-        tokens / max(1, estimate_json_tokens([p.get("system"), p.get("tools"), p["messages"]]))
-        for tokens, p in zip(counted, requests, strict=True)
-    ]
+    under = [tokens / max(1, _estimate(p)) for tokens, p in zip(counted, requests, strict=True)]
     too_long = reactive + sum("too long" in f["error"] for f in failed)
-    return {
+    figures = {
         "window_tokens": window,
         "turns": options["turns"],
         "requests": len(rows),
@@ -198,6 +164,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "prompt_too_long_errors": too_long,
         "compactions_by_rung": dict(Counter(rung for _, rung in compactions)),
         "compactions_by_trigger": dict(Counter(trigger for trigger, _ in compactions)),
+        # Requests whose reply was asked for in less than CC_MAX_OUTPUT_TOKENS: the room a compaction could not make.
+        "replies_with_less_room": sum(1 for p in requests if p["max_tokens"] < requests[0]["max_tokens"]),
         "tool_share_max": round(max(tool_shares), 3) if tool_shares else None,
         "tool_share_first_request": round(tool_shares[0], 3) if tool_shares else None,
         "counted_over_estimated_max": round(max(under), 3) if under else None,
@@ -205,6 +173,37 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "deferred_tools_loaded": sorted({name for row in rows for name in row.tools_loaded}),
         "seconds": round(time.monotonic() - started, 1),
     }
+    if options["detail"]:
+        figures["detail"] = [_detail(p, tokens, window) for p, tokens in zip(requests, counted, strict=True)]
+    return figures
+
+
+def _estimate(payload: dict[str, Any]) -> int:
+    return request_tokens(payload.get("system", []), payload.get("tools", []), payload["messages"])
+
+
+def _detail(payload: dict[str, Any], counted: int, window: int) -> dict[str, Any]:
+    """One request: which turn, the emulator's count against our estimate, and what took the room."""
+    messages = payload["messages"]
+    opening = max((i for i, m in enumerate(messages) if _opens_turn(m)), default=0)
+    return {
+        "turn": _text(messages[opening]).rsplit("step ", 1)[-1].rstrip("."),
+        "counted": counted,
+        "estimated": _estimate(payload),
+        "max_tokens": payload["max_tokens"],
+        "use": round((counted + payload["max_tokens"]) / window, 3),
+        "tools": _tool_tokens(payload),
+        "history": transcript_tokens(messages[:opening]),
+        "this_turn": transcript_tokens(messages[opening:]),
+    }
+
+
+def _tool_tokens(payload: dict[str, Any]) -> int:
+    """The schemas the model sees: resident ones and the deferred ones a reference loaded."""
+    text = json.dumps(payload["messages"])
+    return estimate_json_tokens(
+        [_bare(t) for t in payload.get("tools", []) if not t.get("defer_loading") or f'"{t["name"]}"' in text]
+    )
 
 
 def _bare(tool: dict[str, Any]) -> dict[str, Any]:
@@ -214,13 +213,3 @@ def _bare(tool: dict[str, Any]) -> dict[str, Any]:
 def _index_tokens(payload: dict[str, Any]) -> int:
     blocks = [b.get("text", "") for b in payload.get("system", []) if isinstance(b, dict)]
     return sum(estimate_text_tokens(text) for text in blocks if text.startswith("Deferred tools"))
-
-
-def _wait(run: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.is_finished:
-            return run
-        time.sleep(0.05)
-    raise SystemExit(f"run {run.pk} did not finish within {timeout}s (still {run.status})")

@@ -77,7 +77,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     worker = WorkerProcess(
         services_env(connection.settings_dict["NAME"]), f"bench-{uuid.uuid4().hex[:6]}@%h", log_dir / "worker.log"
     )
-    worker.wait_ready()
+    worker.wait_ready(timeout=120)  # a loaded machine can take a while to start Celery
     try:
         first_event_ms, reply_ms = async_to_sync(_measure)(conversation, options["turns"], options["warmup"])
     finally:

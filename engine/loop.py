@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of, turn_observations
 from engine.breakpoints import place_breakpoints
-from engine.context.transcript import request_tokens
+from engine.context.transcript import overhead_tokens, request_tokens, transcript_tokens
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
 from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
 from engine.toolbox import ToolBox
@@ -95,6 +95,34 @@ class PausedTurn:
 ReactiveCompaction = Callable[[list[dict[str, Any]], list[dict[str, Any]], PromptTooLong], list[dict[str, Any]] | None]
 
 
+@dataclass(frozen=True)
+class RequestSize:
+    """What the loop knows about the size of the request it is about to send (LM-2)."""
+
+    # Our estimate of the whole request: system, every tool sent, the history and this turn so far.
+    estimated: int
+    # The history's share of it: the only part a compaction pass can shrink.
+    history: int
+    # The previous request of this turn, as measured by the provider and as we estimated it
+    # (0 before the first): the most recent calibration there is.
+    previous_measured: int = 0
+    previous_estimated: int = 0
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the request is sent with instead: a shorter history, a smaller `max_tokens`, or both."""
+
+    history: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+
+
+# (history, this turn's messages so far, the request's size) -> what to send instead, or None to send it as is.
+# Called before every request, so a turn that grows past the window (tool results, tools loaded on the way)
+# makes room before the provider refuses it, not after.
+MakeRoom = Callable[[list[dict[str, Any]], list[dict[str, Any]], RequestSize], Room | None]
+
+
 def reactive_compaction_hook(
     history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong
 ) -> list[dict[str, Any]] | None:
@@ -130,6 +158,7 @@ def run_turn(
     on_prompt_too_long: ReactiveCompaction = reactive_compaction_hook,
     max_tokens: int = 4096,
     tool_choice: dict[str, Any] | None = None,
+    make_room: MakeRoom | None = None,
 ) -> TurnOutcome:
     """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person.
 
@@ -166,8 +195,13 @@ def run_turn(
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
+            room = _room_made(make_room, system, history, outcome, toolbox) if make_room is not None else None
+            if room is not None and room.history is not None:
+                # A new history is a new prefix: the previous turn's end is no longer a breakpoint worth keeping.
+                history, previous_end = [_as_blocks(message) for message in room.history], None
+            asked = room.max_tokens if room is not None and room.max_tokens else max_tokens
             request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
-                                                  previous_end, is_cancelled, on_prompt_too_long, max_tokens=max_tokens,
+                                                  previous_end, is_cancelled, on_prompt_too_long, max_tokens=asked,
                                                   tool_choice=tool_choice if step == first_step else None)  # fmt: skip
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
@@ -234,6 +268,26 @@ def run_turn(
     except TurnCancelled:
         # Wherever it was noticed, the turn is kept up to its last complete step.
         raise TurnCancelled(_answered(outcome.messages), list(outcome.steps)) from None
+
+
+def _room_made(
+    make_room: MakeRoom,
+    system: list[dict[str, Any]],
+    history: list[dict[str, Any]],
+    outcome: TurnOutcome,
+    toolbox: ToolBox,
+) -> Room | None:
+    """Ask `make_room` about the request the loop is about to send, with its estimated size."""
+    history_tokens = transcript_tokens(history)
+    estimated = overhead_tokens(system, toolbox.schemas()) + history_tokens + transcript_tokens(outcome.messages)
+    last = outcome.steps[-1] if outcome.steps else None
+    size = RequestSize(
+        estimated=estimated,
+        history=history_tokens,
+        previous_measured=last.usage.prompt_tokens if last else 0,
+        previous_estimated=last.estimated_tokens if last else 0,
+    )
+    return make_room(history, outcome.messages, size)
 
 
 def _request(

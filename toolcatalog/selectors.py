@@ -97,17 +97,21 @@ def fit_surface_to_window(catalog: CatalogToolBox, offered: list[dict[str, Any]]
         catalog.surface = fit_to_window(surface, budget_tokens=budget, uses=tool_use_counts())
 
 
-def tool_use_counts(recent_events: int = 50_000) -> dict[str, int]:
-    """How often each tool was called in the most recent runs' events: what a small window keeps resident."""
+def tool_use_counts(recent_calls: int = 2000) -> dict[str, int]:
+    """How often each tool was called in the most recent tool calls: what a small window keeps resident.
+
+    One query over the latest `recent_calls` events of that type, newest first along the primary
+    key, so its cost does not grow with the event log (it runs once per turn in a small window).
+    """
     # Looked up by name: the catalog does not depend on the runs app, it only reads what runs called.
     from django.apps import apps
 
     if not apps.is_installed("agents"):
         return {}
     RunEvent = apps.get_model("agents", "RunEvent")  # noqa: N806 - a model class
-    latest = RunEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
-    calls = RunEvent.objects.filter(pk__gt=latest - recent_events, type="tool_call")
-    return {row["payload__name"]: row["n"] for row in calls.values("payload__name").annotate(n=Count("pk"))}
+    latest = RunEvent.objects.filter(type="tool_call").order_by("-pk").values("pk")[:recent_calls]
+    calls = RunEvent.objects.filter(pk__in=latest).values("payload__name").annotate(n=Count("pk"))
+    return {row["payload__name"]: row["n"] for row in calls}
 
 
 def surface_context(surface: Surface) -> dict[str, Any]:

@@ -321,7 +321,7 @@ def _check_tool_choice(payload: dict[str, Any], thinking: bool) -> None:
         names = [t.get("name") for t in payload.get("tools") or [] if isinstance(t, dict)]
         if choice["name"] not in names:
             raise invalid_request(f"tool_choice.tool.name: Tool '{choice['name']}' not found in provided tools")
-    elif kind in allowed:
+    elif isinstance(kind, str) and kind in allowed:
         _extra(choice, {"type"} | allowed[kind], f"tool_choice.{kind}")
     else:
         raise _tag_error(kind, ("auto", "any", "tool", "none"), "tool_choice")
@@ -345,6 +345,8 @@ def check_tool(tool: Any, where: str) -> str:
     """One tool definition; returns its kind: 'custom' or a tool search type."""
     _expect(tool, dict, where, "a valid dictionary")
     kind = tool.get("type", "custom")
+    if not isinstance(kind, str):
+        raise _tag_error(kind, ("custom", *TOOL_SEARCH_TYPES), where)
     if kind in TOOL_SEARCH_TYPES:
         _extra(tool, {"type", "name", "cache_control"}, f"{where}.{kind}")
         if tool.get("name") != TOOL_SEARCH_TYPES[kind]:

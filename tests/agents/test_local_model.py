@@ -95,7 +95,7 @@ def test_a_forced_list_dir_call_runs_the_tool_and_the_model_answers_after_it(loc
     _, run = message_send(conversation=conversation, text="Which files are in the workspace?")
     # A mode of one tool keeps the prompt short: two full prompts on a loaded 2-core machine are minutes.
     mode = Mode.objects.create(name="list-only", allow=["list_dir"])
-    catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=conversation.pk, mode=mode)
+    catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=conversation.pk, owner_id=alice.pk, mode=mode)
     (tmp_path / str(conversation.pk) / "notes.txt").write_text("hello\n")
     events: list[tuple[str, dict]] = []
     outcome = run_turn(

@@ -592,8 +592,8 @@ def test_a_mode_that_denies_spawn_agents_never_offers_it(alice):
 
     conversation = Conversation.objects.create(owner=alice, title="no fan-out")
     solo = Mode.objects.create(name="solo", allow=["*"], deny=[SPAWN_AGENTS])
-    _, denied = turn_toolboxes(run_id=0, conversation_id=conversation.pk, mode=solo)
-    _, offered = turn_toolboxes(run_id=0, conversation_id=conversation.pk, mode=None)
+    _, denied = turn_toolboxes(run_id=0, conversation_id=conversation.pk, owner_id=conversation.owner_id, mode=solo)
+    _, offered = turn_toolboxes(run_id=0, conversation_id=conversation.pk, owner_id=conversation.owner_id, mode=None)
     assert SPAWN_AGENTS in [schema["name"] for schema in offered.schemas()]
     assert SPAWN_AGENTS not in [schema["name"] for schema in denied.schemas()]
     refused = denied.execute(SPAWN_AGENTS, {"tasks": ["anything"]})

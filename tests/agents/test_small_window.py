@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from agents.chat import message_send
+from agents.lifecycle import run_execute
 from agents.models import Run, RunEvent
 from agents.turns import turn_toolboxes
+from conversations.models import Compaction
 from conversations.services import conversation_create
 from engine.catalog.fit import KEEP_RESIDENT, fit_to_window, resident_tokens, tool_block_tokens
 from engine.catalog.surface import ModeSpec, build_surface
 from engine.context.snapshots import page_for_window
+from engine.emulator import Emulator
+from engine.emulator.server import EmulatorServer
 from engine.tokens import estimate_json_tokens
 from engine.window import budget_for_window
 from tests.support.catalog import CATALOG_PATH, reference_records
 from toolcatalog.selectors import run_surface
 from toolcatalog.services import catalog_import
+from toolcatalog.workspace import workspace_root
 
 
 @pytest.mark.req("LM-2")
@@ -62,7 +69,7 @@ def test_a_run_surface_and_the_context_view_follow_the_window(settings, alice, a
     RunEvent.objects.bulk_create(
         RunEvent(run=run, seq=100 + i, type="tool_call", payload={"name": "glob"}) for i in range(5)
     )
-    catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=conversation.pk)
+    catalog, toolbox = turn_toolboxes(run_id=run.pk, conversation_id=conversation.pk, owner_id=alice.pk)
     surface = catalog.surface
     runtime = [schema for schema in toolbox.schemas() if schema["name"] not in surface.admitted]
     # Everything every request carries: resident schemas, the name index, the runtime's own tools.
@@ -79,3 +86,80 @@ def test_a_run_surface_and_the_context_view_follow_the_window(settings, alice, a
     html = client.get(f"/conversations/{conversation.pk}/context/").content.decode()
     budget = html[html.index('id="window-budget"') :].split("</p>")[0]
     assert "resident tools" in budget and f"{view['budget']['tool_percent']} %" in budget
+
+
+WINDOW = 8192
+MODEL = "claude-sonnet-4-5"
+
+
+def _opening(messages: list[dict]) -> int:
+    """The message that opened the current turn: the last user message that is not only tool results."""
+    return max(
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "user" and not any(b.get("type") == "tool_result" for b in m["content"])
+    )
+
+
+class Reader:
+    """Every turn reads two stretches of the notes, searches the catalog (which loads tools mid-turn), answers."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict] = []
+
+    def __call__(self, payload: dict) -> list[dict]:
+        self.payloads.append(copy.deepcopy(payload))
+        step = len(payload["messages"]) - 1 - _opening(payload["messages"])
+        if step == 0:
+            reads = [{"path": "notes.txt", "offset": offset, "limit": 28} for offset in (0, 60)]
+            return [{"type": "tool_use", "name": "read_file", "input": arguments} for arguments in reads]
+        if step == 2:
+            return [{"type": "tool_use", "name": "search_tools", "input": {"query": "show the commit history"}}]
+        return [{"type": "text", "text": "The notes say the queue is healthy; the history tools are loaded."}]
+
+
+@pytest.fixture
+def window_8k(settings, tmp_path):
+    """A worker's settings at an 8K window (every threshold scaled as settings.py scales it), the
+    Anthropic adapter pointed at an emulator that refuses what does not fit the same window."""
+    reader = Reader()
+    budget = budget_for_window(WINDOW)
+    settings.CC_CONTEXT_WINDOW_TOKENS = WINDOW
+    settings.CC_MAX_OUTPUT_TOKENS = budget.max_output_tokens
+    settings.CC_COMPACT_AT_PERCENT = budget.compact_at_percent
+    settings.CC_COMPACT_TO_PERCENT = budget.compact_to_percent
+    settings.CC_COMPACT_TAIL_TOKENS = budget.compact_tail_tokens
+    settings.CC_PRUNE_MIN_TOKENS = budget.prune_min_tokens
+    settings.SCRATCHPAD_THRESHOLD_BYTES = budget.scratchpad_threshold_bytes
+    settings.SCRATCHPAD_SUMMARY_CHARS = budget.summary_chars
+    settings.CC_SNAPSHOT_PAGE_PIXELS = budget.page_pixels
+    settings.CC_WORKSPACE_ROOT = tmp_path
+    settings.CC_MODEL, settings.CC_MODELS = MODEL, {MODEL: "anthropic"}
+    emulator = Emulator(policy=reader, context_window=WINDOW)
+    with EmulatorServer(emulator) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        yield emulator, reader
+
+
+@pytest.mark.django_db
+@pytest.mark.req("LM-2")
+def test_every_request_of_a_growing_session_fits_an_8k_window_with_room_for_the_reply(alice, window_8k):
+    # Tool results and tools loaded during a turn grow its later requests past what the turn-start
+    # check saw: before the check ran before every request, the fourth turn's requests passed the window.
+    emulator, reader = window_8k
+    catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
+    conversation = conversation_create(owner=alice, title="small window")
+    notes = workspace_root(conversation.pk) / "notes.txt"
+    notes.parent.mkdir(parents=True, exist_ok=True)
+    notes.write_text("".join(f"note {n}: the service handled its queue in {n % 17} ms, healthy\n" for n in range(99)))
+    for turn in range(6):
+        conversation.refresh_from_db()
+        _, run = message_send(conversation=conversation, text=f"Check the notes, step {turn}.")
+        run_execute(run_id=run.pk, worker="test")
+        run.refresh_from_db()
+        assert run.status == Run.Status.SUCCEEDED, (turn, run.error)
+    uses = [(emulator.prompt_tokens(p) + p["max_tokens"]) / WINDOW for p in reader.payloads]
+    assert len(uses) == 6 * 3 and max(uses) <= 1.0, uses
+    compactions = Compaction.objects.filter(conversation=conversation)
+    assert compactions.exists() and not compactions.filter(trigger="reactive").exists()
+    assert not RunEvent.objects.filter(run__conversation=conversation, type="compaction", payload__trigger="reactive")

@@ -10,7 +10,7 @@ import pytest
 
 from engine.actions import ActionLimits, ApprovalNeeded
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
-from engine.loop import PausedTurn, TurnCancelled, run_turn
+from engine.loop import PausedTurn, RequestSize, Room, TurnCancelled, run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block
@@ -194,3 +194,41 @@ def test_a_cancelled_turn_is_kept_to_its_last_complete_step_with_every_call_answ
         turn(provider([call("note")], "a reply that is cut"), box, is_cancelled=lambda: box.cancel)
     assert [m["role"] for m in stopped.value.messages] == ["assistant", "user"]
     assert "cut" not in json.dumps(stopped.value.messages)
+
+
+class Recording(EmulatorProvider):
+    """The in-process provider, keeping every request it was asked to send."""
+
+    def __init__(self, *replies: Any) -> None:
+        super().__init__(Emulator(clock=TestClock(), policy=ScriptedPolicy(list(replies))))
+        self.requests: list[Any] = []
+
+    def stream(self, request):
+        self.requests.append(request)
+        return super().stream(request)
+
+
+@pytest.mark.req("LM-2")
+def test_the_loop_asks_before_every_request_and_sends_what_the_hook_makes_room_with(tmp_path):
+    (tmp_path / "notes.txt").write_text("a line of notes\n" * 40)
+    seen: list[RequestSize] = []
+
+    def make_room(history, turn_so_far, size):
+        seen.append(size)
+        if len(seen) == 2:
+            # The tool result grew the request: a shorter history and a smaller reply.
+            return Room(history=[{"role": "user", "content": "go, compacted"}], max_tokens=300)
+        return None
+
+    box = WorkspaceToolBox(tmp_path, approve=lambda name, arguments: True)
+    model = Recording([call("read_file", path="notes.txt")], "done")
+    outcome, _ = turn(model, box, make_room=make_room, max_tokens=1000)
+    assert len(seen) == 2 and seen[1].estimated > seen[0].estimated
+    assert seen[1].history == seen[0].history  # the growth is this turn's, not the history's
+    # The second size carries the first request's measured and estimated tokens: the latest calibration.
+    assert seen[0].previous_measured == 0 and seen[1].previous_measured == outcome.steps[0].usage.prompt_tokens
+    assert seen[1].previous_estimated == outcome.steps[0].estimated_tokens > 0
+    first, second = model.requests
+    assert first.max_tokens == 1000 and second.max_tokens == 300
+    assert second.messages[0]["content"] == [text_block("go, compacted")]
+    assert second.messages[1:] == outcome.messages[:2]  # this turn's call and result follow the new history
