@@ -70,9 +70,16 @@ lint: install lock-check
 	$(BIN)/lint-imports
 	$(BIN)/mypy engine
 
+# TEST_WORKERS pytest-xdist workers, each with its own test database, Redis db (TEST_REDIS_URL's
+# db + 1, + 2, ...) and var folder (tests/conftest.py); tests that share a costly module or session
+# fixture stay on one worker (--dist loadgroup). The suite starts hundreds of Python processes
+# (servers, workers, shells): a bytecode cache in var/pycache spares each of them compiling Django and
+# every library again, even where PYTHONDONTWRITEBYTECODE is set (the checkout stays clean).
+TEST_WORKERS ?= 3
 test: lint
-	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \
-	  $(BIN)/python -m pytest -q
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/var/pycache \
+	  DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \
+	  $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The pure core's tests: no services needed, seconds to run.
 test-fast: install
