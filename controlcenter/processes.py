@@ -83,11 +83,14 @@ class WorkerProcess(ProcessGroup):
         )  # fmt: skip
 
     def wait_ready(self, timeout: float = 90) -> None:
+        """Return once the worker is ready; else kill it (no caller's teardown would) and raise."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self.kill()
                 raise RuntimeError(f"worker exited early:\n{self.log_path.read_text()}")
             if b"ready." in self.log_path.read_bytes():
                 return
             time.sleep(0.1)
+        self.kill()
         raise RuntimeError(f"worker not ready after {timeout}s:\n{self.log_path.read_text()}")

@@ -1,21 +1,62 @@
-"""Shared fixtures: named users (alice, bob) and API clients authenticated as them."""
+"""Shared fixtures: named users (alice, bob) and API clients authenticated as them; a session's
+Celery worker and embedded servers; and what each pytest-xdist worker gets for itself."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import pytest
 from rest_framework.test import APIClient
 
 from controlcenter.processes import WorkerProcess, services_env
+from tests.support.embedded import start_embedded_server, stop_embedded_server
 from tests.support.factories import UserFactory
+
+# --- pytest-xdist: every worker its own Redis database and var folder -----------------
+# Django reads its settings before this file is loaded in a worker, so the controller sets them in
+# each worker's environment when it starts it. PostgreSQL needs nothing: pytest-django names each
+# worker's test database after it (test_<name>_gw0, ...).
+
+
+def pytest_xdist_setupnodes(config, specs) -> None:
+    redis_url, var_dir = os.environ.get("REDIS_URL"), os.environ.get("CC_VAR_DIR")
+    for index, spec in enumerate(specs):
+        if redis_url:
+            spec.env["REDIS_URL"] = _worker_redis_url(redis_url, index)
+        if var_dir:
+            spec.env["CC_VAR_DIR"] = str(Path(var_dir) / f"gw{index}")
+
+
+def _worker_redis_url(url: str, index: int) -> str:
+    """The database after the controller's for worker `index` (db 1 gives workers 2, 3, ...): the
+    Celery broker, channel layer and cache of one worker never see another's keys."""
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0) + 1 + index
+    if db > 15:
+        raise pytest.UsageError(
+            f"REDIS_URL names db {parts.path.strip('/')}: worker {index} would need db {db} of 0-15"
+        )
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (`--dist loadgroup`)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keep the users of one costly shared fixture on one xdist worker, so that it starts once.
+
+    A module-scoped fixture (a browser, an embedded server, a private Celery worker) groups its
+    module; a session-scoped one defined in a test module (the llama.cpp server) groups its users.
+    The session fixtures of this file (the Celery worker) start once per worker, as they must.
+    """
+    for item in items:
+        for definitions in item._fixtureinfo.name2fixturedefs.values():
+            fixture = definitions[-1]
+            if fixture.scope == "module":
+                item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            elif fixture.scope in ("package", "session") and fixture.baseid not in ("", "tests"):
+                item.add_marker(pytest.mark.xdist_group(f"{fixture.baseid}::{fixture.argname}"))
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +111,7 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
     worker = WorkerProcess(
         services_env(name), f"test-{uuid.uuid4().hex[:8]}@%h", tmp_path_factory.mktemp("worker") / "worker.log"
     )
-    worker.wait_ready()
+    worker.wait_ready(timeout=60)  # a cap, not a wait: a busy shared machine can take half a minute
     yield worker
     worker.stop()
 
@@ -78,67 +119,19 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
 # --- the embedded server ----------------------------------------------------------
 
 
-ROOT = Path(__file__).resolve().parent.parent
-EMBEDDED_ADMIN_PASSWORD = "embedded-pass-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_embedded_server(var: Path) -> tuple[subprocess.Popen, str, Path]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    # Keep any PYTHONPATH the caller set (after this tree, which must win).
-    pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    # Its own temporary folder, so a test can see what the server spools to disk (SB-5).
-    (var / "tmp").mkdir(exist_ok=True)
-    env.update(
-        CC_VAR_DIR=str(var / "var"),
-        CC_ADMIN_PASSWORD=EMBEDDED_ADMIN_PASSWORD,
-        PYTHONPATH=pythonpath,
-        TMPDIR=str(var / "tmp"),
-    )
-    controlcenter = [sys.executable, "-m", "controlcenter.cli"]
-    setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
-    assert setup.returncode == 0, setup.stderr
-    port = _free_port()
-    log_path = var / "server.log"
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(
-            [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120  # a loaded CI host can take a minute to import and bind
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return server, base, log_path
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    server.kill()
-    pytest.fail(log_path.read_text())
-
-
-def _stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    server.wait(timeout=10)
-
-
 @pytest.fixture
 def embedded_server(tmp_path):
     """A fresh embedded server (SQLite, in-process worker) for one test; tests seed its database
     through `tmp_path / "var"`."""
-    server, base, log_path = _start_embedded_server(tmp_path)
+    server, base, log_path = start_embedded_server(tmp_path)
     yield base, log_path
-    _stop(server)
+    stop_embedded_server(server)
 
 
 @pytest.fixture(scope="module")
 def embedded_server_module(tmp_path_factory):
     """One embedded server for a module's browser journeys, each in its own conversation; seed it
     through the log's folder (`log.parent / "var"`)."""
-    server, base, log_path = _start_embedded_server(tmp_path_factory.mktemp("embedded"))
+    server, base, log_path = start_embedded_server(tmp_path_factory.mktemp("embedded"))
     yield base, log_path
-    _stop(server)
+    stop_embedded_server(server)

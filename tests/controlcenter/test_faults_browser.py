@@ -11,7 +11,7 @@ from playwright.sync_api import expect, sync_playwright
 from agents.models import Run
 from controlcenter.stack import Stack
 from conversations.models import Message
-from tests.ui.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [
     pytest.mark.browser,

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import EMBEDDED_ADMIN_PASSWORD, ROOT
+from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD, ROOT
 
 # Starting the server and seeding it spawn three Django processes: on a loaded machine that alone
 # can pass the default 120 s.

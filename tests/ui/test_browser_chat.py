@@ -17,10 +17,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.conftest import EMBEDDED_ADMIN_PASSWORD
+from tests.support.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, screenshot, seed
+from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD
 from tests.support.waiting import wait_until
-from tests.ui.test_browser_conversation import CHROMIUM, CHROMIUM_ARGS
-from tests.ui.test_browser_ui import ARTIFACTS, _screenshot, _seed
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -158,7 +157,7 @@ def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context
     assert tab_b.locator(".approval").get_attribute("data-decision") is None
     pending = context.request.get(f"{base}/api/conversations/{conversation}/approvals/?status=pending").json()
     assert len(pending) == 1
-    _screenshot(tab_b, "chat-approval-second-tab")
+    screenshot(tab_b, "chat-approval-second-tab")
 
     tab_a.locator(".approval button.approve").click()  # only the prompt's own button decides
     expect(tab_b.locator(".approval")).to_have_attribute("data-decision", "approved")  # the other tab follows
@@ -197,7 +196,7 @@ def test_replies_follow_their_prompts_and_the_live_view_equals_the_reloaded_one(
 @pytest.mark.req("UX-2")
 def test_a_failed_run_stays_with_retry_and_regenerate_and_edit_branch_in_place(context, embedded_server_module):
     base, log = embedded_server_module
-    seeded = _seed(
+    seeded = seed(
         log.parent,
         "c = Conversation.objects.create(owner=admin, title='failed run')\n"
         "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'try me'}])\n"
@@ -210,7 +209,7 @@ def test_a_failed_run_stays_with_retry_and_regenerate_and_edit_branch_in_place(c
     card = page.locator("article.run-ended")
     expect(card).to_contain_text("the model was overloaded")
     page.reload()  # still there after a reload, with its Retry
-    _screenshot(page, "chat-failed-run")
+    screenshot(page, "chat-failed-run")
     page.locator("article.run-ended button.retry").click()
     _settled(page)
     expect(page.locator("article.run-ended")).to_have_count(0)
@@ -343,11 +342,11 @@ def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context
     expect(block.locator("button.copy")).to_have_text("Copied")
     assert page.evaluate("navigator.clipboard.readText()") == "def f():\n    return 1 < 2\n"
     assert page.evaluate("window.__pwned") is None
-    _screenshot(page, "chat-markdown")
+    screenshot(page, "chat-markdown")
     page.emulate_media(color_scheme="dark")
     page.reload()
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")  # follows the system
-    _screenshot(page, "chat-markdown-dark")
+    screenshot(page, "chat-markdown-dark")
     page.locator("#theme-toggle").click()
     page.reload()
     expect(page.locator("html")).to_have_attribute("data-theme", "light")  # the toggle is remembered
@@ -356,7 +355,7 @@ def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context
 @pytest.mark.req("UX-5", "UX-2")
 def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(context, embedded_server_module):
     base, log = embedded_server_module
-    seeded = _seed(
+    seeded = seed(
         log.parent,
         "c = Conversation.objects.create(owner=admin, title='long ' + 'x' * 300)\n"
         "parent = None\n"
@@ -475,7 +474,7 @@ def test_every_page_sends_the_security_headers_and_breaks_no_csp_rule_in_use(con
     the context fixture fails the test on any CSP violation (the API docs included: offline,
     from the app's own Swagger UI)."""
     base, log = embedded_server_module
-    seeded = _seed(
+    seeded = seed(
         log.parent,
         "from scratchpad.services import put_observation\n"
         "c = Conversation.objects.create(owner=admin, title='headers')\n"

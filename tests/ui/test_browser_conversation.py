@@ -2,35 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from tests.conftest import EMBEDDED_ADMIN_PASSWORD
+from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture
-def page():
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context()
-        yield context.new_page()
-        browser.close()
 
 
 @pytest.mark.req("RN-1")

@@ -9,8 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.ui.test_browser_conversation import page  # noqa: F401  (the Chromium page fixture)
-from tests.ui.test_browser_ui import _new_conversation, _screenshot, _seed, _sign_in
+from tests.support.browser import new_conversation, screenshot, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -26,18 +25,18 @@ def offered_models(monkeypatch):
 def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
     offered_models,
     embedded_server,
-    page,  # noqa: F811
+    page,
     tmp_path,
 ):
     base, _ = embedded_server
-    seeded = _seed(
+    seeded = seed(
         tmp_path,
         "from toolcatalog.models import Mode\n"
         "m = Mode.objects.create(name='no-listing', allow=['*'], deny=['list_dir'])\n"
         "print(json.dumps({'mode': m.pk}))\n",
     )
-    _sign_in(page, base)
-    _new_conversation(page, "pickers")
+    sign_in(page, base)
+    new_conversation(page, "pickers")
     conversation_id = int(re.search(r"/conversations/(\d+)/$", page.url).group(1))
     model, mode = page.locator("#model-picker"), page.locator("#mode-picker")
     status = page.locator("#run-options-status")
@@ -59,7 +58,7 @@ def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
     expect(model).to_have_value("offline-2")
     expect(mode).to_have_value(str(seeded["mode"]))
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
-    _screenshot(page, "pickers")
+    screenshot(page, "pickers")
 
     page.fill("#composer-input", "please list the files in the workspace")
     page.keyboard.press("Enter")
@@ -70,13 +69,13 @@ def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
     expect(page.locator("#run-model")).to_have_text("offline/offline-2")
     expect(page.locator("#run-mode")).to_have_text("no-listing")
-    _screenshot(page, "pickers-run-page")
+    screenshot(page, "pickers-run-page")
 
 
-def test_a_refused_choice_puts_the_picker_back_and_says_why(offered_models, embedded_server, page):  # noqa: F811
+def test_a_refused_choice_puts_the_picker_back_and_says_why(offered_models, embedded_server, page):
     base, _ = embedded_server
-    _sign_in(page, base)
-    _new_conversation(page, "refused")
+    sign_in(page, base)
+    new_conversation(page, "refused")
     # An option the server does not offer (as if CC_MODELS changed since the page was drawn).
     page.evaluate("document.querySelector('#model-picker').add(new Option('gone-1', 'gone-1'))")
     page.select_option("#model-picker", "gone-1")

@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (the Chromium `page` fixture is imported, then taken as a parameter)
 """The tree navigator, fork, the Context view and /shake in a real headless Chromium against the
 embedded server. Each test saves a screenshot of its page in var/test-artifacts/."""
 
@@ -9,8 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.ui.test_browser_conversation import page  # noqa: F401  (the Chromium page fixture)
-from tests.ui.test_browser_ui import _screenshot, _seed, _sign_in
+from tests.support.browser import screenshot, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -44,8 +42,8 @@ def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyb
     embedded_server_module, page, tmp_path
 ):
     base, log = embedded_server_module
-    seeded = _seed(log.parent, SEED)
-    _sign_in(page, base)
+    seeded = seed(log.parent, SEED)
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/")
     expect(page.locator("article.message").last).to_contain_text("Only text files here.")
     page.fill("#composer-input", "/tree")
@@ -57,7 +55,7 @@ def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyb
     expect(tip).to_have_attribute("data-message-id", str(seeded["b2"]))
     expect(tip).to_be_focused()  # the keyboard starts at the tip
     expect(page.locator("#tree [role=treeitem]")).to_have_count(10)
-    _screenshot(page, "tree-before")
+    screenshot(page, "tree-before")
 
     page.click(f"#m-{seeded['a3']}")  # the other branch's last answer
     expect(page.locator("#tree [aria-selected=true]")).to_have_attribute("data-message-id", str(seeded["a3"]))
@@ -82,7 +80,7 @@ def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyb
     expect(page.locator("#tree-status")).to_contain_text("Rewound to planned")
     expect(page.locator("#tree [aria-selected=true]")).to_have_attribute("data-message-id", str(seeded["a1"]))
     expect(page.locator(".rewinds")).to_contain_text("planned")
-    _screenshot(page, "tree-after-branch")
+    screenshot(page, "tree-after-branch")
 
     page.goto(f"{base}/conversations/{seeded['conversation']}/")  # the page shows the new path
     expect(page.locator("article.message").last).to_contain_text("Here is the plan.")
@@ -91,8 +89,8 @@ def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyb
 @pytest.mark.req("CH-8")
 def test_fork_from_the_tree_opens_the_copy(embedded_server_module, page, tmp_path):
     base, log = embedded_server_module
-    seeded = _seed(log.parent, SEED)
-    _sign_in(page, base)
+    seeded = seed(log.parent, SEED)
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
     page.click("#fork")
     expect(page.locator("h1")).to_have_text("branches (fork)")
@@ -102,15 +100,15 @@ def test_fork_from_the_tree_opens_the_copy(embedded_server_module, page, tmp_pat
     expect(page.locator(".page-links")).to_contain_text(f"forked from conversation {seeded['conversation']}")
     page.click("#tree-link")
     expect(page.locator("#tree [role=treeitem]")).to_have_count(4)  # no rows shared with the source
-    _screenshot(page, "fork")
+    screenshot(page, "fork")
 
 
 @pytest.mark.req("TD-15")
 @pytest.mark.req("CH-10")
 def test_context_view_opens_from_the_slash_command_with_the_apis_figures(embedded_server_module, page, tmp_path):
     base, log = embedded_server_module
-    seeded = _seed(log.parent, SEED.replace("c.tip = b2", "c.tip = a3"))
-    _sign_in(page, base)
+    seeded = seed(log.parent, SEED.replace("c.tip = b2", "c.tip = a3"))
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/")
     page.fill("#composer-input", "/context")
     page.keyboard.press("Escape")
@@ -127,15 +125,15 @@ def test_context_view_opens_from_the_slash_command_with_the_apis_figures(embedde
         expect(row).to_have_text(f"{category['tokens']:,}")
     assert api["categories"][4]["name"] == "tool_results" and api["categories"][4]["tokens"] > 1000
     expect(page.locator("#resident-tools tbody tr")).to_have_count(max(1, len(api["tools"]["resident"])))
-    _screenshot(page, "context-view")
+    screenshot(page, "context-view")
 
 
 @pytest.mark.req("CH-1")
 @pytest.mark.req("CH-10")
 def test_shake_shows_what_each_free_rung_did(embedded_server_module, page, tmp_path):
     base, log = embedded_server_module
-    seeded = _seed(log.parent, SEED.replace("c.tip = b2", "c.tip = a3"))
-    _sign_in(page, base)
+    seeded = seed(log.parent, SEED.replace("c.tip = b2", "c.tip = a3"))
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/")
     page.fill("#composer-input", "/shake")
     page.keyboard.press("Escape")
@@ -149,14 +147,14 @@ def test_shake_shows_what_each_free_rung_did(embedded_server_module, page, tmp_p
     assert freed > 1000  # the 3,000-entry listing of the older turn was elided
     expect(page.locator("#status")).to_contain_text("tokens (rung: elide)")
     expect(page.locator("#composer-input")).to_have_value("")
-    _screenshot(page, "shake")
+    screenshot(page, "shake")
 
 
 @pytest.mark.req("CH-7")
 def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server_module, page, tmp_path):
     base, log = embedded_server_module
-    seeded = _seed(log.parent, SEED)
-    _sign_in(page, base)
+    seeded = seed(log.parent, SEED)
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
     first_prompt = page.locator("#tree [role=treeitem]").first
     first_prompt.focus()
@@ -177,14 +175,14 @@ def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server_module,
     expect(roots.filter(has_text="Plan the migration.")).to_have_count(1)  # the old prompt stays
     expect(roots.filter(has_text="in two steps")).to_have_count(1)
     expect(page.locator("#tree [aria-selected=true]")).to_have_class(re.compile(r"\bassistant\b"))
-    _screenshot(page, "tree-edited")
+    screenshot(page, "tree-edited")
 
 
 @pytest.mark.req("SP-6")
 @pytest.mark.req("TD-15")
 def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embedded_server_module, page, tmp_path):
     base, log = embedded_server_module
-    seeded = _seed(
+    seeded = seed(
         log.parent,
         SEED.replace("print(", "seeded = (") + "from scratchpad.services import put_observation\n"
         "r = Run.objects.create(conversation=c, trigger=e2, provider='offline', model='offline-1', "
@@ -195,7 +193,7 @@ def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embed
         "conversation_id=c.pk)\n"
         "print(json.dumps({'conversation': c.pk, 'entry': entry.pk}))\n",
     )
-    _sign_in(page, base)
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/context/")
     link = page.locator(f"#scratchpad-entries a[href='/scratchpad/{seeded['entry']}/']")
     expect(link).to_be_visible()
@@ -217,7 +215,7 @@ def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embed
     page.click("#slice-form button")
     expect(page.locator("#slice-status.error")).to_contain_text("start <= end")
     expect(slice_text).to_have_text("line 1 ok\nline 2 ok\n")
-    _screenshot(page, "scratchpad-viewer")
+    screenshot(page, "scratchpad-viewer")
 
 
 LONG_SEED = """
@@ -244,9 +242,9 @@ def test_a_long_tree_is_windowed_and_folds_open_by_keyboard_then_the_tip_moves_i
     tmp_path,
 ):
     base, log = embedded_server_module
-    seeded = _seed(log.parent, LONG_SEED)
+    seeded = seed(log.parent, LONG_SEED)
     ids = seeded["ids"]
-    _sign_in(page, base)
+    sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
     items = page.locator("#tree [role=treeitem]")
     expect(page.locator("#tree [aria-selected=true]")).to_have_attribute("data-message-id", str(ids[-1]))
@@ -255,7 +253,7 @@ def test_a_long_tree_is_windowed_and_folds_open_by_keyboard_then_the_tip_moves_i
     path_fold, side_fold = page.locator("#tree li.fold").first, page.locator("#tree li.fold").last
     expect(path_fold).to_contain_text("Show 200 earlier messages")
     expect(side_fold).to_contain_text(f"Show a branch of 40 messages from #{ids[250]}")
-    _screenshot(page, "tree-windowed")
+    screenshot(page, "tree-windowed")
 
     page.keyboard.press("Home")  # the earlier-path fold
     expect(path_fold).to_be_focused()
@@ -275,4 +273,4 @@ def test_a_long_tree_is_windowed_and_folds_open_by_keyboard_then_the_tip_moves_i
     # A new window around the new tip: the old continuation (49 messages) is now the folded branch.
     expect(page.locator("#tree li.fold").last).to_contain_text(f"Show a branch of 49 messages from #{ids[250]}")
     expect(items).to_have_count(102)
-    _screenshot(page, "tree-windowed-moved")
+    screenshot(page, "tree-windowed-moved")

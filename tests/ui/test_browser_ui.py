@@ -5,73 +5,21 @@ var/test-artifacts/."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.conftest import EMBEDDED_ADMIN_PASSWORD, ROOT
-from tests.ui.test_browser_conversation import page  # noqa: F401  (the Chromium page fixture)
+from tests.support.browser import new_conversation, screenshot, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-ARTIFACTS = ROOT / "var" / "test-artifacts"
-
-
-def _screenshot(page, name: str) -> None:  # noqa: F811
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def _sign_in(page, base: str) -> None:  # noqa: F811
-    page.goto(base + "/")
-    page.fill("input[name=username]", "admin")
-    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
-    page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Conversations")
-
-
-def _new_conversation(page, title: str) -> None:  # noqa: F811
-    page.fill("#new-conversation input[name=title]", title)
-    page.click("#new-conversation button")
-    expect(page.locator("h1")).to_have_text(title)
-    expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the websocket is open
-
-
-def _seed(folder, code: str) -> dict:
-    """Write rows into the embedded server's database, as an earlier session would have."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
-    env.update(
-        CC_VAR_DIR=str(folder / "var"),
-        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    )
-    prelude = (
-        "import json\n"
-        "from django.contrib.auth import get_user_model\n"
-        "from agents.models import ModelRequest, Run, RunEvent\n"
-        "from conversations.models import Conversation, Message\n"
-        "admin = get_user_model().objects.get(username='admin')\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "controlcenter.cli", "manage", "shell", "-c", prelude + code],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 @pytest.mark.req("CH-10")
-def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page):  # noqa: F811
+def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page):
     base, log = embedded_server_module
-    _sign_in(page, base)
-    _new_conversation(page, "slash")
+    sign_in(page, base)
+    new_conversation(page, "slash")
     composer = page.locator("#composer-input")
     menu = page.locator("#slash-menu")
     composer.focus()
@@ -89,7 +37,7 @@ def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page
     page.keyboard.press("ArrowUp")
     page.keyboard.press("ArrowUp")  # wraps from the first to the last
     expect(menu.locator("[aria-selected=true]")).to_have_attribute("data-command", "/rewind")
-    _screenshot(page, "conversation-slash-menu")
+    screenshot(page, "conversation-slash-menu")
 
     page.keyboard.press("Escape")
     expect(menu).to_be_hidden()
@@ -123,10 +71,10 @@ def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page
 
 
 @pytest.mark.req("RN-4")
-def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(embedded_server_module, page):  # noqa: F811
+def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(embedded_server_module, page):
     base, log = embedded_server_module
-    _sign_in(page, base)
-    _new_conversation(page, "approvals")
+    sign_in(page, base)
+    new_conversation(page, "approvals")
 
     # The offline model asks for the shell, which requires a person's approval (RN-4).
     page.fill("#composer-input", "please run `echo approved-by-keyboard`")
@@ -135,7 +83,7 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     expect(prompt).to_contain_text("echo approved-by-keyboard", timeout=15_000)
     # The prompt never takes focus (UX-3): Shift+Tab from the composer reaches Deny, then Approve.
     expect(page.locator("#composer-input")).to_be_focused()
-    _screenshot(page, "conversation-approval")
+    screenshot(page, "conversation-approval")
     page.keyboard.press("Shift+Tab")
     expect(prompt.locator("button.deny")).to_be_focused()
     page.keyboard.press("Shift+Tab")
@@ -164,11 +112,11 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
 @pytest.mark.req("RN-4", "TD-14")
 def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_decides_them(
     embedded_server_module,
-    page,  # noqa: F811
+    page,
 ):
     base, log = embedded_server_module
-    _sign_in(page, base)
-    _new_conversation(page, "subagent approvals")
+    sign_in(page, base)
+    new_conversation(page, "subagent approvals")
 
     # The offline model fans out one subagent per task; each asks for the shell (RN-4).
     page.fill("#composer-input", "in parallel: run `echo child-zero-ran`; run `echo child-one-ran`")
@@ -179,7 +127,7 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
     one = page.locator(".approval[data-subagent]", has_text="echo child-one-ran")
     expect(zero).to_contain_text("Subagent 0 (worker) asks to run bash")
     expect(one).to_contain_text("Subagent 1 (worker) asks to run bash")
-    _screenshot(page, "conversation-subagent-approvals")
+    screenshot(page, "conversation-subagent-approvals")
     zero.locator("button.approve").focus()
     page.keyboard.press("Enter")
     expect(zero).to_have_attribute("data-decision", "approved")
@@ -197,10 +145,10 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
 
 
 @pytest.mark.req("RN-2")
-def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(embedded_server_module, page):  # noqa: F811
+def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(embedded_server_module, page):
     base, log = embedded_server_module
-    _sign_in(page, base)
-    _new_conversation(page, "run page")
+    sign_in(page, base)
+    new_conversation(page, "run page")
     page.fill("#composer-input", "please list the files in the workspace")
     page.keyboard.press("Enter")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
@@ -229,15 +177,15 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
     expect(timeline.locator(".event-tool_call")).to_contain_text("list_dir")
     expect(timeline.locator(".event-run_finished")).to_contain_text("succeeded")
     expect(page.locator("#run-status")).to_have_text("succeeded")
-    _screenshot(page, "run-page")
+    screenshot(page, "run-page")
 
 
 @pytest.mark.req("RN-2")
 @pytest.mark.req("TD-15")
-def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server, page, tmp_path):  # noqa: F811
+def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_server, page, tmp_path):
     base, log = embedded_server
     # An earlier run that read most of its prompt from the cache: 900 of 1,000 tokens.
-    _seed(
+    seed(
         tmp_path,
         "c = Conversation.objects.create(owner=admin, title='earlier')\n"
         "m = Message.objects.create(conversation=c, role='user', content=[{'type': 'text', 'text': 'hi'}])\n"
@@ -247,7 +195,7 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
         "cache_read_input_tokens=900, output_tokens=10, breakpoints=['tools'])\n"
         "print(json.dumps({'run': r.pk}))\n",
     )
-    _sign_in(page, base)
+    sign_in(page, base)
     page.goto(base + "/dashboard/")
     ratio = page.locator("#cache-ratio")
     expect(ratio).to_have_text("90.0%")
@@ -256,7 +204,7 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
 
     other = page.context.new_page()  # the conversation in another tab; the dashboard stays open
     other.goto(base + "/")
-    _new_conversation(other, "moves the ratio")
+    new_conversation(other, "moves the ratio")
     other.fill("#composer-input", "hello dashboard")
     other.keyboard.press("Enter")
     expect(other.locator("#status")).to_have_text("Run finished.", timeout=15_000)
@@ -266,18 +214,18 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
     assert ratio.inner_text() == f"{expected['totals']['cache_ratio'] * 100:.1f}%"
     expect(page.locator("#recent-runs tbody tr").first).to_contain_text("moves the ratio")
     expect(page.locator("#by-day tbody tr").first).to_contain_text(ratio.inner_text())  # one model, one day
-    _screenshot(page, "dashboard")
+    screenshot(page, "dashboard")
 
 
-def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server, page):  # noqa: F811
+def test_conversation_list_searches_message_text_and_shows_recent_activity(embedded_server, page):
     base, log = embedded_server
-    _sign_in(page, base)
-    _new_conversation(page, "alpha")
+    sign_in(page, base)
+    new_conversation(page, "alpha")
     page.fill("#composer-input", "the word zebra appears here")
     page.keyboard.press("Enter")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
     page.goto(base + "/")
-    _new_conversation(page, "beta")
+    new_conversation(page, "beta")
     page.goto(base + "/")
     items = page.locator("#conversations li")
     expect(items.first).to_contain_text("beta")  # most recent activity first
@@ -287,4 +235,4 @@ def test_conversation_list_searches_message_text_and_shows_recent_activity(embed
     page.keyboard.press("Enter")
     expect(items).to_have_count(1)
     expect(items.first).to_contain_text("alpha")
-    _screenshot(page, "conversation-list")
+    screenshot(page, "conversation-list")

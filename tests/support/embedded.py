@@ -1,0 +1,57 @@
+"""The embedded server (SQLite, in-process worker) as a subprocess, for tests that drive it from outside."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlcenter.stack import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EMBEDDED_ADMIN_PASSWORD = "embedded-pass-1"
+
+
+def embedded_env(var: Path) -> dict[str, str]:
+    """This environment without the services' variables, with its own var folder and this tree first on
+    PYTHONPATH (any PYTHONPATH the caller set stays after it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE")}
+    pythonpath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.update(CC_VAR_DIR=str(var), PYTHONPATH=pythonpath)
+    return env
+
+
+def start_embedded_server(folder: Path) -> tuple[subprocess.Popen, str, Path]:
+    """Bootstrap `folder / "var"` and serve it on a free port: (process, base URL, log path)."""
+    # Its own temporary folder, so a test can see what the server spools to disk (SB-5).
+    (folder / "tmp").mkdir(exist_ok=True)
+    env = embedded_env(folder / "var") | {"CC_ADMIN_PASSWORD": EMBEDDED_ADMIN_PASSWORD, "TMPDIR": str(folder / "tmp")}
+    controlcenter = [sys.executable, "-m", "controlcenter.cli"]
+    setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert setup.returncode == 0, setup.stderr
+    port = free_port()
+    log_path = folder / "server.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [*controlcenter, "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120  # a cap, not a wait: a loaded CI host can take a minute to import and bind
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return server, base, log_path
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    server.kill()
+    pytest.fail(log_path.read_text())
+
+
+def stop_embedded_server(server: subprocess.Popen) -> None:
+    server.terminate()
+    server.wait(timeout=10)
