@@ -153,7 +153,8 @@ class StepExecutor:
                     )
                     plan.append(("wait", None))
                     continue
-                if decision == "denied":
+                if decision != "approved":
+                    # Fail closed: only an explicit approval runs the call (an expired one does not).
                     plan.append(("done", denied_observation(name)))
                     continue
             plan.append(("run", (tool_step, block)))

@@ -121,6 +121,20 @@ def test_a_call_that_needs_approval_pauses_the_step_before_anything_runs_and_res
 
 
 @pytest.mark.req("RN-4")
+def test_only_an_explicit_approval_runs_a_call_that_needs_one(tmp_path):
+    model = provider([call("bash", command="echo hi > b.txt")], "finished")
+    box = ApprovingBox(tmp_path, needs={"bash"})
+    with pytest.raises(ApprovalNeeded) as paused:
+        turn(model, box)
+    pause = paused.value
+    resume = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
+    # An approval that expired (its run was cancelled) is no approval.
+    outcome, _ = turn(model, box, resume=resume, decisions={pause.pending[0]["id"]: "expired"})
+    assert observations(outcome, 1)[0]["denied"] is True
+    assert not (tmp_path / "b.txt").exists()
+
+
+@pytest.mark.req("RN-4")
 def test_a_prompt_too_long_goes_to_the_compaction_hook_and_fails_with_the_measured_size_when_it_declines(tmp_path):
     seen: list[PromptTooLong] = []
 
