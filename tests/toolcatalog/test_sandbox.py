@@ -7,6 +7,7 @@ session through the whole product is tests/test_sandbox_attack.py.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -171,7 +172,9 @@ def test_a_timeout_kills_the_whole_sandbox(box, tmp_path):
 def test_cancel_kills_the_running_sandbox_within_a_second(tmp_path):
     box = WorkspaceToolBox(tmp_path, approve=_approve_all, conversation_id=987654)
     outcome: dict = {}
-    thread = threading.Thread(target=lambda: outcome.update(box.execute("bash", {"command": "sleep 6061"})))
+    # A duration of its own, so a sleep left by another run on this machine is not taken for ours.
+    command = f"sleep {6000 + secrets.randbelow(100_000) / 1000:.3f}"
+    thread = threading.Thread(target=lambda: outcome.update(box.execute("bash", {"command": command})))
     thread.start()
     deadline = time.monotonic() + 10
     while not sandbox.kill_running(987654):
@@ -181,7 +184,7 @@ def test_cancel_kills_the_running_sandbox_within_a_second(tmp_path):
     thread.join(timeout=5)
     assert time.monotonic() - cancelled < 1.0
     assert outcome["ok"] is False and "cancelled" in outcome["error"]
-    assert _alive("sleep 6061") == ""
+    assert _alive(command) == ""
 
 
 @pytest.mark.req("SB-3")
