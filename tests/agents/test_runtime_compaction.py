@@ -302,3 +302,76 @@ def test_a_pass_whose_retry_is_refused_too_is_not_kept_for_later_turns(alice, se
     # The pass was made (and announced), but its view is gone: later turns start from the path again.
     assert RunEvent.objects.filter(run=run, type="compaction", payload__trigger="reactive").exists()
     assert not Compaction.objects.filter(conversation=conversation).exists()
+
+
+def _window(settings, window: int) -> None:
+    """The settings a worker derives from CC_CONTEXT_WINDOW_TOKENS at start (LM-2)."""
+    from engine.window import budget_for_window
+
+    budget = budget_for_window(window)
+    settings.CC_CONTEXT_WINDOW_TOKENS = window
+    settings.CC_COMPACT_AT_PERCENT = budget.compact_at_percent
+    settings.CC_COMPACT_TO_PERCENT = budget.compact_to_percent
+    settings.CC_COMPACT_TAIL_TOKENS, settings.CC_SNAPSHOT_PAGE_PIXELS = budget.compact_tail_tokens, budget.page_pixels
+    settings.CC_MAX_OUTPUT_TOKENS = budget.max_output_tokens
+
+
+class _ReadsTheScratchpad:
+    """A model that reads the part of the prompt the scratchpad took, then answers with what it found."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict] = []
+
+    def __call__(self, payload: dict) -> list[dict]:
+        import re
+
+        self.payloads.append(payload)
+        last = payload["messages"][-1]["content"]
+        blocks = [last] if isinstance(last, str) else last
+        results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+        if results:
+            return [{"type": "text", "text": "Found: " + json.dumps(results[0]["content"])[:300]}]
+        text = json.dumps(payload["messages"][-1])
+        entry = re.search(r"scratchpad entry ([0-9a-f]{16})", text)
+        if entry is None:
+            return [{"type": "text", "text": "no entry"}]
+        arguments = {"scratchpad_id": entry.group(1), "mode": "grep", "pattern": "MIDDLE-MARKER"}
+        return [{"type": "tool_use", "name": "scratchpad_read", "input": arguments}]
+
+
+@pytest.mark.req("CH-13")
+def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is_in_the_scratchpad(alice, settings):
+    from engine.emulator.server import EmulatorServer
+    from scratchpad.models import Entry
+    from scratchpad.services import full_content
+
+    _window(settings, 20_000)
+    filler = "".join(f"line {n}: the service logged a retry and moved on.\n" for n in range(2_000))
+    prompt = "START-ASK: find why the deploy hangs.\n" + filler + "MIDDLE-MARKER here\n" + filler
+    prompt += "END-ASK: and say which line shows it first."
+    assert 200_000 < len(prompt) < settings.CC_MAX_MESSAGE_CHARS  # a 200 KB prompt is accepted as it is
+    conversation = conversation_create(owner=alice, title="big prompt")
+    conversation.model = "claude-haiku-4-5"
+    conversation.save()
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
+    model = _ReadsTheScratchpad()
+    with EmulatorServer(Emulator(policy=model, context_window=20_000)) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        _, run = message_send(conversation=conversation, text=prompt)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    # Every request fit the window by the provider's own count; none was refused.
+    requests = list(ModelRequest.objects.filter(run=run).order_by("step"))
+    assert len(requests) == 2 and all(r.prompt_tokens <= 20_000 for r in requests)
+    # The question's words at its start and end are text in the request, never only on a page.
+    sent = model.payloads[0]["messages"][-1]["content"]
+    texts = [block["text"] for block in sent if block.get("type") == "text"]
+    assert any("START-ASK" in text and "END-ASK" in text for text in texts)
+    assert not any(block.get("type") == "image" for block in sent)
+    # The rest is in the scratchpad, pinned to the conversation, and the model read it.
+    (entry,) = Entry.objects.filter(conversation=conversation, pinned=True)
+    assert full_content(entry) == prompt and f"scratchpad entry {entry.pk}" in texts[0]
+    assert "MIDDLE-MARKER" in json.dumps(model.payloads[1]["messages"][-1]["content"])
+    compaction = Compaction.objects.get(conversation=conversation)
+    assert compaction.rung == "scratchpad" and compaction.replaced[-1]["entry"] == entry.pk
