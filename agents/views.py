@@ -163,7 +163,9 @@ def _present(path: list[conversation_selectors.PathMessage], run_by_trigger: dic
 
 def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
     """Everything the messages fragment draws: the same on the first load and on every refresh."""
-    runs = {run.trigger_id: run for run in Run.objects.filter(conversation=conversation).order_by("id")}
+    # The turns that answer prompts; a compaction run (CH-14) answers none.
+    answering = Run.objects.filter(conversation=conversation, compact_rungs__isnull=True).order_by("id")
+    runs = {run.trigger_id: run for run in answering}
     path = conversation_selectors.current_path(conversation)
     # Presented whole, then cut, so a call shown on the page always has its result.
     shown = _present(path, {trigger: run.pk for trigger, run in runs.items()})
