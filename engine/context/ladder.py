@@ -165,11 +165,15 @@ def compact(
                 report.note = "no summarizer is available here (summaries need a model call)"
             else:
                 source = middle
-                summary = summarize(_bounded_source_text(source, summary_input_chars))
-                replacement = _replacement(source, "summary", [{"type": "text", "text": summary}])
-                pages = []
-                report.items = 1
-                replaced.append({"kind": "summary", "messages": _ids(source)})
+                summary = summarize(_bounded_source_text(source, summary_input_chars)).strip()
+                if summary:
+                    replacement = _replacement(source, "summary", [{"type": "text", "text": summary}])
+                    pages = []
+                    report.items = 1
+                    replaced.append({"kind": "summary", "messages": _ids(source)})
+                else:
+                    # An empty text block is refused by providers; the view keeps what the rungs below made.
+                    report.note = "the model answered the summary request with no text"
         current = transcript_tokens(view(), image_rule=image_rule)
         report.tokens_after = current
         steps.append(report)

@@ -156,8 +156,9 @@ def test_the_summary_rung_asked_for_calls_the_local_model_and_records_its_cost(l
     parent = Message.objects.create(
         conversation=conversation, role="user", content=[{"type": "text", "text": "Fix it."}]
     )
-    for n in range(3):
-        note = f"Finding {n}: the parser drops the last token when the input ends without a newline. " * 12
+    local_settings.CC_COMPACT_TAIL_TOKENS = 1024  # about the last turn stays literal; the rest is summarized
+    for n in range(4):
+        note = f"Finding {n}: the parser drops the last token when the input ends without a newline. " * 40
         parent = Message.objects.create(conversation=conversation, parent=parent, role="assistant",
                                         content=[{"type": "text", "text": note}])  # fmt: skip
         parent = Message.objects.create(conversation=conversation, parent=parent, role="user",

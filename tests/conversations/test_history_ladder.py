@@ -324,6 +324,14 @@ def test_what_the_tail_cannot_keep_goes_to_the_scratchpad_with_both_ends_kept_as
     assert untargeted.rung == "snapshot" and untargeted.messages[-1]["content"][-1]["text"] == question
 
 
+@pytest.mark.req("CH-14")
+def test_an_empty_summary_is_never_sent_as_an_empty_block():
+    session = long_session(turns=6)
+    result = ladder.compact(session, rungs=("elide", "summary"), tail_tokens=600, summarize=lambda text: "  \n")
+    assert result.rung == "elide" and "no text" in result.steps[-1].note
+    assert all(b.get("text") != "" for m in result.messages for b in m["content"] if b.get("type") == "text")
+
+
 @pytest.mark.req("CH-11")
 def test_the_same_messages_give_the_same_view_and_snapshots_are_worth_a_page():
     session = long_session(turns=10)
