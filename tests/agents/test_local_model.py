@@ -129,6 +129,10 @@ def test_a_prompt_beyond_the_window_is_answered_from_its_two_ends_and_the_scratc
     from scratchpad.models import Entry
 
     conversation = conversation_create(owner=alice, title="too long")
+    # One tool and a short literal tail keep the prompt the slow model reads small.
+    conversation.mode = Mode.objects.create(name="list-only-ends", allow=["list_dir"])
+    conversation.save()
+    local_settings.CC_COMPACT_TAIL_TOKENS = 256
     text = "FIRST " + " ".join(f"word{n}" for n in range(12_000)) + " LAST"  # far beyond 8,192 tokens
     _, run = message_send(conversation=conversation, text=text)
     started = time.monotonic()
@@ -156,9 +160,10 @@ def test_the_summary_rung_asked_for_calls_the_local_model_and_records_its_cost(l
     parent = Message.objects.create(
         conversation=conversation, role="user", content=[{"type": "text", "text": "Fix it."}]
     )
-    local_settings.CC_COMPACT_TAIL_TOKENS = 1024  # about the last turn stays literal; the rest is summarized
+    # About the last turn stays literal; the rest (a few hundred tokens: the model is slow) is summarized.
+    local_settings.CC_COMPACT_TAIL_TOKENS, local_settings.CC_COMPACT_MIN_FREED_TOKENS = 200, 100
     for n in range(4):
-        note = f"Finding {n}: the parser drops the last token when the input ends without a newline. " * 40
+        note = f"Finding {n}: the parser drops the last token when the input ends without a newline. " * 6
         parent = Message.objects.create(conversation=conversation, parent=parent, role="assistant",
                                         content=[{"type": "text", "text": note}])  # fmt: skip
         parent = Message.objects.create(conversation=conversation, parent=parent, role="user",
