@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
@@ -14,7 +15,14 @@ from agents.serializers import ApprovalSerializer, CacheMetricSerializer, RunEve
 from controlcenter.api import MAX_QUERY_INT, query_int, request_user
 from conversations import selectors as conversation_selectors
 from conversations.selectors import conversation_for_user
-from conversations.serializers import MessageCreateSerializer, MessageEditSerializer, MessageSerializer
+from conversations.serializers import (
+    CompactionSerializer,
+    CompactSerializer,
+    MessageCreateSerializer,
+    MessageEditSerializer,
+    MessageSerializer,
+)
+from conversations.services import conversation_compact
 from scratchpad import services as scratchpad_services
 from scratchpad.serializers import EntrySerializer
 
@@ -218,6 +226,41 @@ class MessageRegenerateApi(APIView):
             {"message": MessageSerializer(sent.message).data, "run": RunSerializer(sent.run).data},
             status=status.HTTP_201_CREATED,
         )
+
+
+class CompactApi(APIView):
+    """Compaction passes (CH-10 /compact; `rungs: ["elide", "drop_images"]` is /shake). With the summary
+    rung (CH-14) the pass calls the model, so a worker makes it: 202 with the queued compaction run."""
+
+    @extend_schema(responses=CompactionSerializer(many=True))
+    def get(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
+        return Response(
+            CompactionSerializer(conversation_selectors.compactions_for(conversation=conversation), many=True).data
+        )
+
+    @extend_schema(
+        request=CompactSerializer,
+        responses={201: CompactionSerializer, 200: OpenApiTypes.OBJECT, 202: inline_serializer(
+            "CompactionQueued", {"run": RunSerializer(), "detail": serializers.CharField()})},
+    )  # fmt: skip
+    def post(self, request: Request, conversation_id: int) -> Response:
+        conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
+        payload = CompactSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        rungs = payload.validated_data["rungs"]
+        if "summary" in rungs:
+            run = services.compaction_start(conversation=conversation, rungs=rungs)
+            detail = f"Compaction run {run.pk} is queued; a worker climbs {', '.join(rungs)} with {run.model}."
+            return Response({"run": RunSerializer(run).data, "detail": detail}, status=status.HTTP_202_ACCEPTED)
+        done = conversation_compact(conversation=conversation, rungs=rungs)
+        if done.compaction is None:
+            # Too little to free (CH-11): nothing recorded, the path sends what it sent before.
+            return Response(
+                {"recorded": False, "detail": done.reason, "tokens_now": done.tokens_now,
+                 "tokens_after": done.result.tokens_after, "freed": done.freed, "required": done.required}
+            )  # fmt: skip
+        return Response(CompactionSerializer(done.compaction).data, status=status.HTTP_201_CREATED)
 
 
 class ContextApi(APIView):

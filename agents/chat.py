@@ -17,7 +17,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.functions import Cast
 
 from agents.models import Run
-from agents.services import run_start
+from agents.services import compaction_start, run_start
 from agents.turns import context_view
 from controlcenter.errors import Conflict, DomainError
 from conversations import commands, selectors
@@ -167,6 +167,14 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
     except commands.CommandError as exc:
         raise DomainError(str(exc)) from None
     name = command.name
+    if command.summary:
+        # The web process never calls a model (RN-1): a worker climbs to the summary (CH-14).
+        run = compaction_start(conversation=conversation, rungs=ladder.RUNGS)
+        return CommandResult(
+            name,
+            f"/compact summary: compaction run {run.pk} is queued; a worker climbs to a summary by {run.model}.",
+            {"run": run.pk, "status": run.status, "rungs": list(ladder.RUNGS)},
+        )
     if name in ("compact", "shake"):
         # The web process never calls a model (RN-1), so /compact climbs the free rungs and snapshots.
         rungs = ladder.FREE_RUNGS if name == "shake" else ("elide", "drop_images", "snapshot")

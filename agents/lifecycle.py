@@ -362,6 +362,9 @@ def run_execute(run_id: int, *, worker: str) -> None:
     started = {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None}
     retry_of = _retry_of(run)
     emit("run_started", {**started, "worker": worker, **({"retry_of": retry_of} if retry_of else {})})
+    if run.compact_rungs is not None:
+        _compaction_execute(run, emit, publisher)
+        return
     history: list[dict[str, Any]] = []
     catalog: CatalogToolBox | None = None
 
@@ -448,6 +451,27 @@ def _finish_cancelled(
     kept = reconnecting(lambda: _persist_turn(run, outcome, catalog, status=Run.Status.CANCELLED))
     if kept is not None:  # None: failed meanwhile (reaped), and that verdict was announced
         publisher.publish("run_finished", _cancelled_payload(run, kept))
+
+
+def _compaction_execute(run: Run, emit: Callable[[str, dict[str, Any]], None], publisher: RunEventPublisher) -> None:
+    """A compaction run (CH-14): one pass over the path to the trigger, climbing the rungs asked for
+    with the conversation's own model as the summarizer; the summary's request is recorded with
+    the run, and the pass with it (`Compaction.run`). A failed call records no pass."""
+    try:
+        done = turns.requested_compaction(run)
+    except ProviderError as exc:
+        run_finish(run, Run.Status.FAILED, f"{type(exc).__name__}: {exc}", publisher)
+        return
+    except Exception as exc:
+        logger.exception("compaction run %s failed", run.pk)
+        run_finish(run, Run.Status.FAILED, f"internal error: {type(exc).__name__}: {exc}", publisher)
+        return
+    if done.compaction is not None:
+        emit("compaction", turns.compaction_event(done.compaction))
+    else:
+        # Too little freed (CH-11): nothing recorded but the call's cost, which was spent.
+        emit("compaction", {"trigger": "command", "recorded": False, "detail": done.reason})
+    run_finish(run, Run.Status.SUCCEEDED, "", publisher)
 
 
 @transaction.atomic

@@ -41,6 +41,10 @@ class Run(models.Model):
     # The messages this turn produced before it paused for approval (RN-4). Kept here, not in
     # the transcript, which is written only at the turn boundary (CH-5).
     pending_turn = models.JSONField(null=True, blank=True)
+    # A compaction run (CH-14: the summary rung asked for through the API or `/compact summary`): the
+    # rungs to climb over the path to `trigger`, in a worker, since the web process never calls a
+    # model (RN-1). Null for an agent turn.
+    compact_rungs = models.JSONField(null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 

@@ -35,7 +35,8 @@ class ModelRequestSerializer(serializers.ModelSerializer):
 
 class RunSerializer(serializers.ModelSerializer):
     model_requests = ModelRequestSerializer(many=True, read_only=True)
-    # The passes this run's turn made (Compaction.run); /compact and /shake have no run.
+    # The passes this run made (Compaction.run): a turn's own, or a compaction run's (CH-14);
+    # /compact and /shake without the summary have no run.
     compactions = CompactionSerializer(many=True, read_only=True)
 
     class Meta:
@@ -55,6 +56,7 @@ class RunSerializer(serializers.ModelSerializer):
             "finished_at",
             "error",
             "retryable",
+            "compact_rungs",
             "model_requests",
             "compactions",
         ]

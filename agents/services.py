@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.conf import settings
 from django.db import transaction
 
@@ -9,14 +11,15 @@ from agents import lifecycle
 from agents.events import publish_conversation_changed
 from agents.models import Run
 from agents.subagents import subagents_cancel
-from controlcenter.errors import Conflict
+from controlcenter.errors import Conflict, DomainError
 from conversations.models import Conversation, Message
 from conversations.services import conversation_locked
+from engine.context import ladder
 
 
-def run_start(*, conversation: Conversation, trigger: Message) -> Run:
+def run_start(*, conversation: Conversation, trigger: Message, compact_rungs: list[str] | None = None) -> Run:
     """Create a queued run for `trigger` with the conversation's model and mode, and hand it to
-    a worker once the row is committed."""
+    a worker once the row is committed; with `compact_rungs`, a compaction run over the path to it."""
     model = conversation.model or settings.CC_MODEL
     if model not in settings.CC_MODELS:
         raise Conflict(
@@ -29,6 +32,7 @@ def run_start(*, conversation: Conversation, trigger: Message) -> Run:
         provider=settings.CC_MODELS[model],
         model=model,
         mode_id=conversation.mode_id,
+        compact_rungs=compact_rungs,
     )
     # Announced before the run is handed out, so every tab draws the prompt before its reply (UX-4).
     transaction.on_commit(lambda: publish_conversation_changed(conversation_id=conversation.pk, reason="run_queued"))
@@ -42,7 +46,25 @@ def run_retry(*, run: Run) -> Run:
     if not run.retryable:
         raise Conflict(f"Run {run.pk} is {run.status}; only a failed or cancelled run can be retried.")
     with transaction.atomic():
-        return run_start(conversation=conversation_locked(run.conversation), trigger=lifecycle.retry_trigger(run))
+        locked = conversation_locked(run.conversation)
+        return run_start(conversation=locked, trigger=lifecycle.retry_trigger(run), compact_rungs=run.compact_rungs)
+
+
+def compaction_start(*, conversation: Conversation, rungs: Sequence[str]) -> Run:
+    """Queue a compaction run that may call the model (CH-14: the summary rung, API and `/compact summary`).
+
+    The web process never calls a model (RN-1), so a worker climbs the rungs, with the
+    conversation's own model for the summary; the run records its cost. A run in flight
+    holds the conversation (409); bad rungs or an empty conversation change nothing (400).
+    """
+    unknown = [rung for rung in rungs if rung not in ladder.RUNGS]
+    if unknown or not rungs:
+        raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
+    with transaction.atomic():
+        locked = conversation_locked(conversation)
+        if locked.tip is None:
+            raise Conflict("The conversation has no messages yet; there is nothing to compact.")
+        return run_start(conversation=locked, trigger=locked.tip, compact_rungs=list(rungs))
 
 
 def run_cancel(*, run: Run) -> Run:

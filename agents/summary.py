@@ -3,13 +3,16 @@
 It is the last rung: a proactive pass climbs to it only when the rungs that need no call
 (elide, drop images, snapshots) cannot fit the window. Reactive recovery never calls it
 (CH-2: overflow recovery never depends on a model call). The ladder caps its input at
-`ladder.SUMMARY_INPUT_CHARS`; the answer is capped at SUMMARY_MAX_TOKENS. Its usage is
+`ladder.SUMMARY_INPUT_CHARS` and half the window; the answer at SUMMARY_MAX_TOKENS and the
+window's reply budget. Its usage is
 recorded as a `ModelRequest` of the run labelled `summary`, so the run's cost includes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+from django.conf import settings
 
 from agents.models import ModelRequest, Run
 from engine.providers.protocol import MessageDone, Provider, TextDelta
@@ -33,7 +36,8 @@ def run_summarizer(run: Run, provider: Provider) -> Callable[[str], str]:
             system=[text_block(SUMMARY_SYSTEM)],
             tools=[],
             messages=[{"role": "user", "content": [text_block("Summarize this part of the conversation:\n\n" + text)]}],
-            max_tokens=SUMMARY_MAX_TOKENS,
+            # Never more than the window leaves a reply (LM-2).
+            max_tokens=min(SUMMARY_MAX_TOKENS, settings.CC_MAX_OUTPUT_TOKENS),
         )
         parts: list[str] = []
         done: MessageDone | None = None

@@ -20,17 +20,17 @@ from agents.providers import get_provider
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from agents.summary import run_summarizer
 from conversations import export, selectors
-from conversations.compaction import compaction_pass
+from conversations.compaction import CompactionPass, compaction_pass
 from conversations.models import Compaction, Conversation, Message
 from conversations.window import window_budget
 from engine.catalog.pins import pinnable
 from engine.catalog.toolbox import CatalogToolBox
-from engine.context import transcript
+from engine.context import ladder, transcript
 from engine.loop import MakeRoom, ReactiveCompaction, RequestSize, Room
 from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
-from engine.tokens import estimate_text_tokens
+from engine.tokens import CHARS_PER_TOKEN, estimate_text_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
@@ -176,7 +176,13 @@ def turn_context(
     done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", fit_tokens=fits, **free)
     if fits is not None and done.compaction is None and done.result.tokens_after > fits:
         try:
-            done = compaction_pass(rungs=(*NO_CALL_RUNGS, "summary"), trigger="proactive", summarize=summarize, **free)
+            done = compaction_pass(
+                rungs=(*NO_CALL_RUNGS, "summary"),
+                trigger="proactive",
+                summarize=summarize,
+                summary_input_chars=summary_input_chars(),
+                **free,
+            )
         except ProviderError:
             # The summary is a convenience: without it the free rungs' view is still the best we have.
             done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", **free)
@@ -223,6 +229,25 @@ def recovery_limit(*, refused: int, estimated: int, maximum: int, fixed_tokens: 
     """
     ratio = max(1.0, refused / estimated) if estimated > 0 else 1.0
     return int(maximum * RECOVERY_MARGIN / ratio) - fixed_tokens
+
+
+def summary_input_chars() -> int:
+    """The summary request's input cap: half the window, so the call fits the model it goes to (CH-14)."""
+    return min(ladder.SUMMARY_INPUT_CHARS, settings.CC_CONTEXT_WINDOW_TOKENS // 2 * CHARS_PER_TOKEN)
+
+
+def requested_compaction(run: Run) -> CompactionPass:
+    """The pass of a compaction run (CH-14, `/compact summary` and the API): the rungs it asked for over
+    the path to its trigger, the summary by the run's (the conversation's) model, its cost recorded."""
+    return compaction_pass(
+        conversation_id=run.conversation_id,
+        tip_id=run.trigger_id,
+        rungs=run.compact_rungs or ladder.RUNGS,
+        trigger="command",
+        run=run,
+        summarize=run_summarizer(run, get_provider(run.provider)),
+        summary_input_chars=summary_input_chars(),
+    )
 
 
 def reactive_compaction(

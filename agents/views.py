@@ -170,8 +170,13 @@ def _present(
 
 def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str, Any]:
     """Everything the messages fragment draws: the same on the first load and on every refresh."""
-    # What the cards draw: not the paused turns (`pending_turn`) of 250 runs.
-    rows = Run.objects.filter(conversation=conversation).only("id", "trigger_id", "status", "error").order_by("id")
+    # What the cards draw: not the paused turns (`pending_turn`) of 250 runs, and only the turns
+    # that answer prompts (a compaction run, CH-14, answers none).
+    rows = (
+        Run.objects.filter(conversation=conversation, compact_rungs__isnull=True)
+        .only("id", "trigger_id", "status", "error")
+        .order_by("id")
+    )
     runs = {run.trigger_id: run for run in rows}
     path = conversation_selectors.current_path(conversation)
     # Only the messages that draw an article count (a message of tool results folds into its

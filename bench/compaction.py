@@ -3,11 +3,14 @@
 The session of `tests/test_runtime_compaction_services.py`, run in this process: each turn
 is a real run (`run_execute`) with the Anthropic adapter talking to the emulator over HTTP;
 the model asks for a `bash` command with about 1,500 tokens of output, then answers with a
-paragraph. Per window it reports the peak window use by the runtime's own count (the
-images by the documented formula) and by the emulator's recorded usage, the error of the
-calibrated estimate against the recorded usage (requests without pages; the emulator
-counts pages as base64 until the emulator issue lands), the compactions by rung with the
-tokens they freed, failed runs, and the cost against the same session with compaction off.
+paragraph. The emulator's window is the session's, so a request past it is refused as a
+real provider would. Per window it reports the peak window use by the runtime's own count
+(the images by the documented formula) and by the emulator's recorded usage, the error of
+the calibrated estimate against the recorded usage after the first request (mean and max,
+requests with snapshot pages included: the emulator counts them by the same formula), the
+compactions by rung with the tokens they freed, failed runs, and the cost against the same
+session with compaction off (the off session runs in an unbounded window: it could not run
+in the real one).
 
 Cost units weigh tokens like Anthropic's prices: uncached input 1, cache writes 1.25,
 cache reads 0.1, output 5.
@@ -35,7 +38,7 @@ from engine.context.transcript import request_tokens
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
 
-MODEL = "claude-bench-compaction"
+MODEL = "claude-sonnet-4-5"
 NOTES = "What I checked, step by step, and what I would look at next before changing the build. " * 12
 
 
@@ -50,6 +53,8 @@ class _Script:
 
     def __call__(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         self.payloads.append(payload)
+        if _is_summary(payload):
+            return [{"type": "text", "text": "Summary: the build ran step by step; every log line said ok. " * 4}]
         last = payload["messages"][-1]["content"]
         if isinstance(last, list) and any(block.get("type") == "tool_result" for block in last):
             return [{"type": "text", "text": "The command ran; its output is above. " + NOTES}]
@@ -80,6 +85,7 @@ def _cost(requests: list[ModelRequest]) -> float:
 def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, compact: bool) -> dict[str, Any]:
     script: _Script = server.script  # type: ignore[attr-defined]
     first_payload = len(script.payloads)
+    server.emulator.context_window = window if compact else 10**8
     overrides = {
         "CC_CONTEXT_WINDOW_TOKENS": window,
         # Off: the trigger can never be reached.
@@ -108,7 +114,7 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
     errors = []
     for index in range(1, min(len(requests), len(payloads))):
         previous, request = requests[index - 1], requests[index]
-        if _has_pages(payloads[index - 1]) or _has_pages(payloads[index]) or not request.prompt_tokens:
+        if not request.prompt_tokens:
             continue
         factor = min(1.25, max(0.8, previous.prompt_tokens / max(1, previous.estimated_tokens)))
         errors.append(abs(request.estimated_tokens * factor - request.prompt_tokens) / request.prompt_tokens)
@@ -120,6 +126,7 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
     return {
         "requests": len(payloads),
         "failed_runs": sum(run.status != Run.Status.SUCCEEDED for run in runs),
+        "failures": sorted({run.error[:160] for run in runs if run.status != Run.Status.SUCCEEDED}),
         "peak_estimated_use": round(max(estimates) / window, 4) if estimates else 0,
         "peak_recorded_use": round(max(r.prompt_tokens for r in requests) / window, 4) if requests else 0,
         "requests_with_pages": sum(_has_pages(p) for p in payloads),

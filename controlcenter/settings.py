@@ -196,7 +196,8 @@ if "openai" in CC_MODELS.values() and not (OPENAI_API_KEY or OPENAI_BASE_URL):
 
 # The worker/server CLI flag --tool-deferral overrides this by setting the variable.
 CC_SERVER_TOOL_DEFERRAL = env_on_off("CC_SERVER_TOOL_DEFERRAL", True)
-CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
+# A prompt larger than the window is fine: the scratchpad takes what the tail cannot keep (CH-13).
+CC_MAX_MESSAGE_CHARS = env_int("CC_MAX_MESSAGE_CHARS", 400_000, minimum=1)
 CC_WORKSPACE_ROOT = Path(env_str("CC_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
 # Workers refresh a liveness key this often; a run whose worker misses three beats failed.
 CC_WORKER_HEARTBEAT_SECONDS = env_int("CC_WORKER_HEARTBEAT_SECONDS", 5, minimum=1)

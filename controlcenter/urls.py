@@ -58,7 +58,7 @@ api_patterns = [
             ("fork/", conversations_api.ForkApi, "api-conversation-fork"),
             ("checkpoints/", conversations_api.CheckpointListApi, "api-conversation-checkpoints"),
             ("rewind/", conversations_api.RewindApi, "api-conversation-rewind"),
-            ("compact/", conversations_api.CompactApi, "api-conversation-compact"),
+            ("compact/", agents_api.CompactApi, "api-conversation-compact"),
             ("context/", agents_api.ContextApi, "api-conversation-context"),
             ("export/<str:kind>/", conversations_api.ExportApi, "api-conversation-export"),
             ("retry/", agents_api.RetryApi, "api-conversation-retry"),

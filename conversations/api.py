@@ -14,8 +14,6 @@ from conversations.serializers import (
     BranchSerializer,
     CheckpointCreateSerializer,
     CheckpointSerializer,
-    CompactionSerializer,
-    CompactSerializer,
     ConversationCreateSerializer,
     ConversationListQuerySerializer,
     ConversationSerializer,
@@ -151,29 +149,6 @@ class RewindApi(APIView):
         payload.is_valid(raise_exception=True)
         record = services.conversation_rewind(conversation=conversation, label=payload.validated_data["label"])
         return Response(RewindDigestSerializer(record).data)
-
-
-class CompactApi(APIView):
-    """Run the ladder now (CH-10 /compact; `rungs: ["elide", "drop_images"]` is /shake)."""
-
-    @extend_schema(responses=CompactionSerializer(many=True))
-    def get(self, request: Request, conversation_id: int) -> Response:
-        conversation = _conversation(request, conversation_id)
-        return Response(CompactionSerializer(selectors.compactions_for(conversation=conversation), many=True).data)
-
-    @extend_schema(request=CompactSerializer, responses={201: CompactionSerializer, 200: OpenApiTypes.OBJECT})
-    def post(self, request: Request, conversation_id: int) -> Response:
-        conversation = _conversation(request, conversation_id)
-        payload = CompactSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        done = services.conversation_compact(conversation=conversation, rungs=payload.validated_data["rungs"])
-        if done.compaction is None:
-            # Too little to free (CH-11): nothing recorded, the path sends what it sent before.
-            return Response(
-                {"recorded": False, "detail": done.reason, "tokens_now": done.tokens_now,
-                 "tokens_after": done.result.tokens_after, "freed": done.freed, "required": done.required}
-            )  # fmt: skip
-        return Response(CompactionSerializer(done.compaction).data, status=status.HTTP_201_CREATED)
 
 
 class ExportApi(APIView):

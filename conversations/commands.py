@@ -17,7 +17,8 @@ LABEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MESSAGE_ID_PATTERN = re.compile(r"^#?([0-9]{1,18})$", re.ASCII)
 
 USAGE: dict[str, str] = {
-    "compact": "/compact  run the context ladder now (elision, image dropping, snapshots)",
+    "compact": "/compact [summary]  run the context ladder now (elision, image dropping, snapshots); "
+    "with summary, a worker climbs on to a summary by the conversation's model",
     "shake": "/shake  the free rungs only: elision and image dropping",
     "context": "/context  what fills the context window, by category, with token counts",
     "tree": "/tree  the conversation's message tree",
@@ -37,6 +38,8 @@ class Command:
     name: str
     message_id: int | None = None
     label: str | None = None
+    # `/compact summary`: the last rung, a model call (CH-14).
+    summary: bool = False
 
 
 def is_command(text: str) -> bool:
@@ -70,6 +73,10 @@ def parse(text: str) -> Command:
     name, args = words[0][1:].lower(), words[1:]
     if name not in USAGE:
         raise CommandError(f"Unknown command /{name[:40]}. " + usage())
+    if name == "compact" and args:
+        if len(args) != 1 or args[0].lower() != "summary":
+            raise CommandError(f"/compact takes no argument or 'summary'. Usage: {USAGE[name]}")
+        return Command(name, summary=True)
     if name in ("compact", "shake", "context", "tree", "fork"):
         if args:
             raise CommandError(f"/{name} takes no arguments. Usage: {USAGE[name]}")

@@ -8,15 +8,19 @@ only when it frees enough against what the path sends now.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from django.conf import settings
+from django.utils import timezone
 
 from conversations import selectors
 from conversations.models import Compaction
 from engine.context import ladder, snapshots, transcript
+from scratchpad import services as scratchpad
+from scratchpad.models import Entry
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,13 @@ def compaction_pass(
     run: Any = None,
     summarize: Callable[[str], str] | None = None,
     fit_tokens: int | None = None,
+    summary_input_chars: int = ladder.SUMMARY_INPUT_CHARS,
 ) -> CompactionPass:
     """Run the ladder over the stored path to `tip_id` and record it if it frees enough (CH-11).
 
     With `fit_tokens`, a view still larger than that is not recorded either: a failed
-    pass's view is never kept for later turns (CH-12).
+    pass's view is never kept for later turns (CH-12). A pass beyond the free rungs holds
+    the literal head and tail to their budget through the scratchpad (CH-13).
     """
     path = selectors.path_to(conversation_id=conversation_id, tip_id=tip_id)
     view_now = selectors.view_of_path(conversation_id=conversation_id, path=path)
@@ -90,6 +96,8 @@ def compaction_pass(
         tail_tokens=tail_budget(target_tokens),
         summarize=summarize,
         shape=shape,
+        offload=None if set(rungs) <= set(ladder.FREE_RUNGS) else literal_offload(conversation_id),
+        summary_input_chars=summary_input_chars,
     )
     freed = tokens_now - result.tokens_after
     required = minimum_freed(result, shape)
@@ -109,3 +117,34 @@ def compaction_pass(
         run=run,
     )
     return CompactionPass(compaction, result, view_now, tokens_now, freed, required)
+
+
+def literal_offload(conversation_id: int) -> ladder.Offload:
+    """The scratchpad side of CH-13: a text too large to keep literal becomes a pinned entry of the
+    conversation (readable with `scratchpad_read` in its later turns, SP-11). The same text reuses
+    its live entry, so the same messages still give the same view (CH-11)."""
+
+    def offload(text: str, message_id: Any) -> str:
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        existing = (
+            Entry.objects.filter(
+                conversation_id=conversation_id, pinned=True, expires_at__gt=timezone.now(), metadata__sha256=digest
+            )
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if existing is not None:
+            return str(existing)
+        entry = scratchpad.put(
+            turn_id=f"conversation-{conversation_id}",
+            content=text,
+            kind="text",
+            executor_name=f"message #{message_id}",
+            conversation_id=conversation_id,
+            pinned=True,
+            ttl_seconds=scratchpad.DEFAULT_PINNED_TTL_SECONDS,
+            metadata={"message": message_id, "sha256": digest},
+        )
+        return str(entry.pk)
+
+    return offload

@@ -108,7 +108,8 @@ class RewindDigestSerializer(serializers.ModelSerializer):
 
 class CompactSerializer(serializers.Serializer):
     rungs = serializers.ListField(
-        child=serializers.ChoiceField(choices=["elide", "drop_images", "snapshot"]),
+        # "summary" calls the conversation's model, in a worker (CH-14).
+        child=serializers.ChoiceField(choices=["elide", "drop_images", "snapshot", "summary"]),
         required=False,
         allow_empty=False,
         default=["elide", "drop_images", "snapshot"],

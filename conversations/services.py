@@ -7,7 +7,7 @@ these services instead of starting a run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -234,7 +234,6 @@ def conversation_compact(
     conversation: Conversation,
     rungs: Sequence[str] = ladder.RUNGS,
     target_tokens: int = 0,
-    summarize: Callable[[str], str] | None = None,
     trigger: str = "command",
 ) -> CompactionPass:
     """Run the ladder over the current path and record the pass (CH-1, CH-10 /compact and /shake).
@@ -246,16 +245,18 @@ def conversation_compact(
     unknown = [rung for rung in rungs if rung not in ladder.RUNGS]
     if unknown or not rungs:
         raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
-    if conversation.tip_id is None:
-        raise Conflict("The conversation has no messages yet; there is nothing to compact.")
-    return compaction_pass(
-        conversation_id=conversation.pk,
-        tip_id=conversation.tip_id,
-        rungs=rungs,
-        target_tokens=target_tokens,
-        summarize=summarize,
-        trigger=trigger,
-    )
+    with transaction.atomic():
+        # A run in flight holds the conversation (409): its turn compacts on its own (CH-2).
+        locked = conversation_locked(conversation)
+        if locked.tip_id is None:
+            raise Conflict("The conversation has no messages yet; there is nothing to compact.")
+        return compaction_pass(
+            conversation_id=locked.pk,
+            tip_id=locked.tip_id,
+            rungs=rungs,
+            target_tokens=target_tokens,
+            trigger=trigger,
+        )
 
 
 def message_delete(*, message: Message) -> Conversation:

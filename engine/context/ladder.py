@@ -3,6 +3,7 @@
     elide        old, uneventful tool results become a stub       free, loses nothing read again
     drop_images  old screenshots become a caption                 free
     snapshot     the middle becomes pages of glyphs (snapshots)   free: no model call, no key
+    (scratchpad) the literal parts' excess goes to the scratchpad     free: text kept at both ends (CH-13)
     summary      the middle becomes a summary                     one model call, last resort
 
 Pure: the caller hands in the path as plain messages (with their database `id`)
@@ -25,15 +26,20 @@ from typing import Any
 from engine.actions import result_text
 from engine.context import snapshots
 from engine.context.transcript import Msg, image_size, transcript_tokens, trim_for_resume
+from engine.tokens import CHARS_PER_TOKEN, estimate_text_tokens
 
 RUNGS = ("elide", "drop_images", "snapshot", "summary")
 FREE_RUNGS = ("elide", "drop_images")
 DEFAULT_TAIL_TOKENS = 8_000
 # The summary request must never itself overflow: its input is capped.
 SUMMARY_INPUT_CHARS = 60_000
+# A block the scratchpad takes keeps at least this much text at each end (CH-13).
+OFFLOAD_KEEP_CHARS = 400
 _SCRATCHPAD_ID = re.compile(r'"(?:scratchpad_id|entry_id)"\s*:\s*"?([\w-]+)')
 
 Summarize = Callable[[str], str]
+# (the whole text of a block, the id of its message) -> the scratchpad entry that keeps it.
+Offload = Callable[[str, Any], str]
 
 
 @dataclass
@@ -86,12 +92,18 @@ def compact(
     summarize: Summarize | None = None,
     shape: snapshots.PageShape = snapshots.PAGE_SHAPES["area"],
     image_rule: str = "area",
+    offload: Offload | None = None,
+    summary_input_chars: int = SUMMARY_INPUT_CHARS,
 ) -> LadderResult:
     """Climb the requested rungs in ladder order until the view fits `target_tokens` (0: climb them all).
 
     The head (the first message: the task and its constraints) and the tail (the
     most recent messages within `tail_tokens`, cut where no call loses its result)
     stay literal; only the old middle is elided, dropped, imaged or summarized.
+    With `offload` and a target still missed after the snapshot rung, literal parts
+    larger than `tail_tokens` (a prompt bigger than the window's budget for the tail)
+    keep the start and end of their largest text blocks and hand the whole text to the
+    scratchpad, before the summary rung (CH-13).
     """
     unknown = [rung for rung in rungs if rung not in RUNGS]
     if unknown:
@@ -113,13 +125,19 @@ def compact(
         return _merge_roles([*head, *([replacement] if replacement else middle), *tail])
 
     current = tokens_before
-    for rung in RUNGS:
-        if rung not in rungs:
+    for rung in (*RUNGS[:3], "scratchpad", *RUNGS[3:]):
+        # The scratchpad rung holds the literal parts to their budget only when a target says the view must shrink.
+        if rung not in rungs and not (rung == "scratchpad" and offload is not None and target_tokens):
             continue
         if target_tokens and current <= target_tokens:
             break
         report = RungReport(rung, current, current)
-        if rung == "elide" and replacement is None:
+        if rung == "scratchpad" and offload is not None:
+            head, tail = _offload_literal(head, tail, tail_tokens, offload, replaced, image_rule)
+            report.items = sum(1 for item in replaced if item["kind"] == "scratchpad")
+            if not report.items:
+                continue
+        elif rung == "elide" and replacement is None:
             report.items = _elide(middle, replaced)
         elif rung == "drop_images" and replacement is None:
             report.items = _drop_images(middle, replaced)
@@ -147,11 +165,15 @@ def compact(
                 report.note = "no summarizer is available here (summaries need a model call)"
             else:
                 source = middle
-                summary = summarize(_bounded_source_text(source))
-                replacement = _replacement(source, "summary", [{"type": "text", "text": summary}])
-                pages = []
-                report.items = 1
-                replaced.append({"kind": "summary", "messages": _ids(source)})
+                summary = summarize(_bounded_source_text(source, summary_input_chars)).strip()
+                if summary:
+                    replacement = _replacement(source, "summary", [{"type": "text", "text": summary}])
+                    pages = []
+                    report.items = 1
+                    replaced.append({"kind": "summary", "messages": _ids(source)})
+                else:
+                    # An empty text block is refused by providers; the view keeps what the rungs below made.
+                    report.note = "the model answered the summary request with no text"
         current = transcript_tokens(view(), image_rule=image_rule)
         report.tokens_after = current
         steps.append(report)
@@ -260,6 +282,59 @@ def _drop_images(middle: list[Msg], replaced: list[dict[str, Any]]) -> int:
     return count
 
 
+def _offload_literal(
+    head: list[Msg], tail: list[Msg], budget: int, offload: Offload, replaced: list[dict[str, Any]], image_rule: str
+) -> tuple[list[Msg], list[Msg]]:
+    """Head and tail held to `budget` tokens: the largest text blocks keep their two ends as text and
+    the whole block goes to the scratchpad (CH-13). The latest prompt is never an image, and never lost."""
+    literal = [*head, *tail]
+    excess = transcript_tokens(literal, image_rule=image_rule) - budget
+    if excess <= 0:
+        return head, tail
+    literal = [{**message, "content": _block_list(message.get("content"))} for message in literal]
+    blocks = [
+        (len(text), m, b)
+        for m, message in enumerate(literal)
+        for b, block in enumerate(message["content"])
+        if (text := _plain_text(block)) is not None
+    ]
+    for length, m, b in sorted(blocks, key=lambda item: (-item[0], item[1], item[2])):
+        if excess <= 0:
+            break
+        message, block = literal[m], literal[m]["content"][b]
+        text = _plain_text(block) or ""
+        keep = max(OFFLOAD_KEEP_CHARS, (length - excess * CHARS_PER_TOKEN - 400) // 2)
+        if 2 * keep + 400 >= length:
+            continue
+        entry = offload(text, message.get("id"))
+        where = f"message #{message.get('id')}" if message.get("id") is not None else "this message"
+        note = (
+            f"\n[... {length - 2 * keep} characters left out here (characters {keep} to {length - keep} of "
+            f"{length}); the whole text of {where} is scratchpad entry {entry}: read it with scratchpad_read ...]\n"
+        )
+        cut = text[:keep] + note + text[length - keep :]
+        message["content"][b] = {**block, "text": cut} if block.get("type") == "text" else {**block, "content": cut}
+        excess -= estimate_text_tokens(text) - estimate_text_tokens(cut)
+        replaced.append({"kind": "scratchpad", "message": message.get("id"), "block": b, "chars": length,
+                         "entry": entry})  # fmt: skip
+    return literal[: len(head)], literal[len(head) :]
+
+
+def _block_list(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [dict(block) for block in content or []]
+
+
+def _plain_text(block: dict[str, Any]) -> str | None:
+    """The text of a block the scratchpad can take: prose, or a tool's plain-text output."""
+    if block.get("type") == "text":
+        return str(block.get("text", ""))
+    if block.get("type") == "tool_result" and isinstance(block.get("content"), str):
+        return str(block["content"])
+    return None
+
+
 def _replacement(source: Sequence[Msg], kind: str, blocks: list[dict[str, Any]]) -> Msg:
     ids = [i for i in _ids(source) if i is not None]
     span = f"messages #{ids[0]}-#{ids[-1]}" if ids else f"{len(source)} messages"
@@ -270,11 +345,11 @@ def _replacement(source: Sequence[Msg], kind: str, blocks: list[dict[str, Any]])
     return {"role": "user", "content": [intro, *blocks]}
 
 
-def _bounded_source_text(source: Sequence[Msg]) -> str:
+def _bounded_source_text(source: Sequence[Msg], limit: int = SUMMARY_INPUT_CHARS) -> str:
     text = "\n".join(line.text for line in snapshots.source_lines(source))
-    if len(text) <= SUMMARY_INPUT_CHARS:
+    if len(text) <= limit:
         return text
-    half = SUMMARY_INPUT_CHARS // 2
+    half = limit // 2
     return text[:half] + f"\n[... {len(text) - 2 * half} chars left out ...]\n" + text[-half:]
 
 

@@ -666,8 +666,15 @@
     if (body.command) { commandDone(body.command); return; }
     following = true;
     setActiveRun(body.run.id);
-    // A leading "/" that is not a command went out as a prompt: say so.
-    if (body.note) statusLine.textContent = body.note;
+    // A leading "/" that is not a command went out as a prompt: say so, in a note that stays
+    // (the status line is the run's from its first event on).
+    if (body.note) {
+      const note = el("article", "message note prompt-note");
+      note.setAttribute("role", "status");
+      note.append(el("p", "detail", body.note));
+      notes.appendChild(note);
+      statusLine.textContent = body.note;
+    }
     await refresh();
   }
 

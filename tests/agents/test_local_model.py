@@ -124,18 +124,62 @@ def test_a_forced_list_dir_call_runs_the_tool_and_the_model_answers_after_it(loc
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("LM-1")
-def test_a_prompt_beyond_the_window_ends_clearly_never_hangs(local_settings, alice):
+@pytest.mark.req("CH-13")
+def test_a_prompt_beyond_the_window_is_answered_from_its_two_ends_and_the_scratchpad(local_settings, alice):
+    from scratchpad.models import Entry
+
     conversation = conversation_create(owner=alice, title="too long")
-    text = " ".join(f"word{n}" for n in range(12_000))  # far beyond 8,192 tokens in one message
-    local_settings.CC_MAX_MESSAGE_CHARS = len(text) + 1
+    # One tool and a short literal tail keep the prompt the slow model reads small.
+    conversation.mode = Mode.objects.create(name="list-only-ends", allow=["list_dir"])
+    conversation.save()
+    local_settings.CC_COMPACT_TAIL_TOKENS = 256
+    text = "FIRST " + " ".join(f"word{n}" for n in range(12_000)) + " LAST"  # far beyond 8,192 tokens
     _, run = message_send(conversation=conversation, text=text)
     started = time.monotonic()
     run_execute(run_id=run.pk, worker="test")
     run = _finished(run)
     assert time.monotonic() - started < 300
-    # The first message is the task: compaction keeps it literal, so this is a clear refusal.
-    assert run.status == Run.Status.FAILED
-    assert "The prompt is too long" in run.error and "8192" in run.error
+    # Once a clear refusal; now the prompt's two ends are sent as text and the scratchpad keeps it whole.
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    (request,) = ModelRequest.objects.filter(run=run)
+    assert request.prompt_tokens <= 8192
+    (entry,) = Entry.objects.filter(conversation=conversation, pinned=True)
+    assert entry.length == len(text)
+    view = conversation.compactions.get().view
+    assert "FIRST word0" in json.dumps(view) and "word11999 LAST" in json.dumps(view)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("CH-14")
+def test_the_summary_rung_asked_for_calls_the_local_model_and_records_its_cost(local_settings, alice, alice_api):
+    from agents.services import compaction_start
+    from conversations.models import Message
+
+    conversation = conversation_create(owner=alice, title="summary")
+    conversation.model = MODEL
+    parent = Message.objects.create(
+        conversation=conversation, role="user", content=[{"type": "text", "text": "Fix it."}]
+    )
+    # About the last turn stays literal; the rest (a few hundred tokens: the model is slow) is summarized.
+    local_settings.CC_COMPACT_TAIL_TOKENS, local_settings.CC_COMPACT_MIN_FREED_TOKENS = 200, 100
+    for n in range(4):
+        note = f"Finding {n}: the parser drops the last token when the input ends without a newline. " * 6
+        parent = Message.objects.create(conversation=conversation, parent=parent, role="assistant",
+                                        content=[{"type": "text", "text": note}])  # fmt: skip
+        parent = Message.objects.create(conversation=conversation, parent=parent, role="user",
+                                        content=[{"type": "text", "text": f"Go on with part {n + 1}."}])  # fmt: skip
+    conversation.tip = parent
+    conversation.save()
+    run = compaction_start(conversation=conversation, rungs=["summary"])
+    run_execute(run_id=run.pk, worker="test")
+    run = _finished(run)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    compaction = conversation.compactions.get()
+    assert compaction.rung == "summary" and compaction.run_id == run.pk
+    (summary,) = ModelRequest.objects.filter(run=run)
+    # The conversation's own model, its usage recorded, within its window.
+    assert summary.subagent == "summary" and summary.model == MODEL and summary.output_tokens > 0
+    assert 0 < summary.prompt_tokens < 8192 // 2
 
 
 @pytest.mark.req("LM-1")

@@ -218,12 +218,10 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
         )
 
 
-@pytest.mark.req("CH-14")
-def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(alice, settings):
-    from engine.emulator.server import EmulatorServer
-
+def _prose_conversation(owner) -> Conversation:
+    """Eight turns of a model's prose: text the free rungs cannot shorten."""
     prose = "I read the module, traced the call into the parser and noted what breaks on empty input. " * 60
-    conversation = conversation_create(owner=alice, title="prose")
+    conversation = conversation_create(owner=owner, title="prose")
     parent = Message.objects.create(conversation=conversation, role="user", content=[text_block("Audit the parser.")])
     for n in range(8):
         parent = Message.objects.create(
@@ -238,6 +236,14 @@ def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(al
     conversation.tip = parent
     conversation.model = "claude-haiku-4-5"
     conversation.save()
+    return conversation
+
+
+@pytest.mark.req("CH-14")
+def test_a_run_climbs_to_the_summary_rung_only_when_the_free_rungs_cannot_fit(alice, settings):
+    from engine.emulator.server import EmulatorServer
+
+    conversation = _prose_conversation(alice)
     # A window where head, tail and even one snapshot page leave the target behind: only a summary fits.
     settings.CC_CONTEXT_WINDOW_TOKENS = 8_000
     settings.CC_COMPACT_AT_PERCENT, settings.CC_COMPACT_TO_PERCENT = 80, 50
@@ -302,3 +308,145 @@ def test_a_pass_whose_retry_is_refused_too_is_not_kept_for_later_turns(alice, se
     # The pass was made (and announced), but its view is gone: later turns start from the path again.
     assert RunEvent.objects.filter(run=run, type="compaction", payload__trigger="reactive").exists()
     assert not Compaction.objects.filter(conversation=conversation).exists()
+
+
+def _window(settings, window: int) -> None:
+    """The settings a worker derives from CC_CONTEXT_WINDOW_TOKENS at start (LM-2)."""
+    from engine.window import budget_for_window
+
+    budget = budget_for_window(window)
+    settings.CC_CONTEXT_WINDOW_TOKENS = window
+    settings.CC_COMPACT_AT_PERCENT = budget.compact_at_percent
+    settings.CC_COMPACT_TO_PERCENT = budget.compact_to_percent
+    settings.CC_COMPACT_TAIL_TOKENS, settings.CC_SNAPSHOT_PAGE_PIXELS = budget.compact_tail_tokens, budget.page_pixels
+    settings.CC_MAX_OUTPUT_TOKENS = budget.max_output_tokens
+
+
+class _ReadsTheScratchpad:
+    """A model that reads the part of the prompt the scratchpad took, then answers with what it found."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict] = []
+
+    def __call__(self, payload: dict) -> list[dict]:
+        import re
+
+        self.payloads.append(payload)
+        last = payload["messages"][-1]["content"]
+        blocks = [last] if isinstance(last, str) else last
+        results = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"]
+        if results:
+            return [{"type": "text", "text": "Found: " + json.dumps(results[0]["content"])[:300]}]
+        text = json.dumps(payload["messages"][-1])
+        entry = re.search(r"scratchpad entry ([0-9a-f]{16})", text)
+        if entry is None:
+            return [{"type": "text", "text": "no entry"}]
+        arguments = {"scratchpad_id": entry.group(1), "mode": "grep", "pattern": "MIDDLE-MARKER"}
+        return [{"type": "tool_use", "name": "scratchpad_read", "input": arguments}]
+
+
+@pytest.mark.req("CH-13")
+def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is_in_the_scratchpad(alice, settings):
+    from engine.emulator.server import EmulatorServer
+    from scratchpad.models import Entry
+    from scratchpad.services import full_content
+
+    _window(settings, 20_000)
+    filler = "".join(f"line {n}: the service logged a retry and moved on.\n" for n in range(2_000))
+    prompt = "START-ASK: find why the deploy hangs.\n" + filler + "MIDDLE-MARKER here\n" + filler
+    prompt += "END-ASK: and say which line shows it first."
+    assert 200_000 < len(prompt) < settings.CC_MAX_MESSAGE_CHARS  # a 200 KB prompt is accepted as it is
+    conversation = conversation_create(owner=alice, title="big prompt")
+    conversation.model = "claude-haiku-4-5"
+    conversation.save()
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
+    model = _ReadsTheScratchpad()
+    with EmulatorServer(Emulator(policy=model, context_window=20_000)) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        _, run = message_send(conversation=conversation, text=prompt)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    # Every request fit the window by the provider's own count; none was refused.
+    requests = list(ModelRequest.objects.filter(run=run).order_by("step"))
+    assert len(requests) == 2 and all(r.prompt_tokens <= 20_000 for r in requests)
+    # The question's words at its start and end are text in the request, never only on a page.
+    sent = model.payloads[0]["messages"][-1]["content"]
+    texts = [block["text"] for block in sent if block.get("type") == "text"]
+    assert any("START-ASK" in text and "END-ASK" in text for text in texts)
+    assert not any(block.get("type") == "image" for block in sent)
+    # The rest is in the scratchpad, pinned to the conversation, and the model read it.
+    (entry,) = Entry.objects.filter(conversation=conversation, pinned=True)
+    assert full_content(entry) == prompt and f"scratchpad entry {entry.pk}" in texts[0]
+    assert "MIDDLE-MARKER" in json.dumps(model.payloads[1]["messages"][-1]["content"])
+    compaction = Compaction.objects.get(conversation=conversation)
+    assert compaction.rung == "scratchpad" and compaction.replaced[-1]["entry"] == entry.pk
+
+
+@pytest.mark.req("CH-14")
+@pytest.mark.parametrize("how", ["api", "command"])
+def test_the_summary_rung_asked_for_runs_in_a_worker_with_the_conversations_model_and_records_its_cost(
+    alice, alice_api, client, settings, how
+):
+    from engine.emulator.server import EmulatorServer
+
+    conversation = _prose_conversation(alice)
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
+    url = f"/api/conversations/{conversation.pk}/"
+    with EmulatorServer(Emulator()) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        if how == "api":
+            response = alice_api.post(url + "compact/", {"rungs": ["elide", "summary"]}, format="json")
+            assert response.status_code == 202, response.json()
+            run_id = response.json()["run"]["id"]
+            assert response.json()["run"]["compact_rungs"] == ["elide", "summary"]
+        else:
+            response = alice_api.post(url + "messages/", {"text": "/compact summary"}, format="json")
+            assert response.status_code == 200, response.json()
+            run_id = response.json()["command"]["data"]["run"]
+        # The web process called no model: the pass waits for a worker, and holds the conversation meanwhile.
+        assert not Compaction.objects.exists() and not ModelRequest.objects.exists()
+        busy = alice_api.post(url + "compact/", {"rungs": ["summary"]}, format="json")
+        assert busy.status_code == 409 and Run.objects.count() == 1
+        run_execute(run_id=run_id, worker="test")
+    run = Run.objects.get(pk=run_id)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert run.trigger_id == conversation.tip_id and run.model == "claude-haiku-4-5"
+    compaction = Compaction.objects.get(conversation=conversation)
+    assert compaction.rung == "summary" and compaction.run_id == run.pk and compaction.trigger == "command"
+    assert "summary of messages #" in json.dumps(compaction.view)
+    # One bounded call of the conversation's own model, paid for and recorded with the run.
+    (summary,) = ModelRequest.objects.filter(run=run)
+    assert summary.subagent == "summary" and summary.model == "claude-haiku-4-5"
+    assert 0 < summary.prompt_tokens < 60_000 // 3 and summary.output_tokens > 0
+    listed = alice_api.get(f"/api/runs/{run.pk}/").json()
+    assert [c["id"] for c in listed["compactions"]] == [compaction.pk] and listed["model_requests"]
+    assert RunEvent.objects.filter(run=run, type="compaction", payload__rung="summary").exists()
+    # The conversation page draws no prompt card for it (it answers none).
+    client.force_login(alice)
+    page = client.get(f"/conversations/{conversation.pk}/")
+    assert page.status_code == 200 and f"run {run.pk}<" not in page.content.decode()
+
+
+@pytest.mark.req("CH-14")
+def test_bad_compaction_requests_are_refused_and_store_nothing(alice, alice_api, settings):
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
+    conversation = _prose_conversation(alice)
+    url = f"/api/conversations/{conversation.pk}/compact/"
+    for body in ({"rungs": ["summarise"]}, {"rungs": []}, {"rungs": "summary"}):
+        response = alice_api.post(url, body, format="json")
+        assert response.status_code == 400, (body, response.json())
+    bad = alice_api.post(f"/api/conversations/{conversation.pk}/messages/", {"text": "/compact everything"})
+    assert bad.status_code == 400 and "/compact [summary]" in bad.json()["error"]["message"]
+    empty = conversation_create(owner=alice, title="empty")
+    nothing = alice_api.post(f"/api/conversations/{empty.pk}/compact/", {"rungs": ["summary"]}, format="json")
+    assert nothing.status_code == 409 and "nothing to compact" in nothing.json()["error"]["message"]
+    _, turn = message_send(conversation=conversation, text="And now?")  # a run in flight (queued)
+    for body in ({"rungs": ["summary"]}, {}):
+        assert alice_api.post(url, body, format="json").status_code == 409
+    assert (
+        alice_api.post(f"/api/conversations/{conversation.pk}/messages/", {"text": "/compact summary"}).status_code
+        == 409
+    )
+    assert list(Run.objects.values_list("pk", flat=True)) == [turn.pk]
+    assert not Compaction.objects.exists() and not ModelRequest.objects.exists()

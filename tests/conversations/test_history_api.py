@@ -106,7 +106,7 @@ def test_retry_over_the_api_says_which_empty_case_it_is(alice_api, alice, explor
         ("post", "branch/", {}, "message"),
         ("post", "checkpoints/", {"label": "no spaces allowed"}, "not a valid label"),
         ("post", "checkpoints/", {}, "label"),
-        ("post", "compact/", {"rungs": ["summary"]}, "rungs"),
+        ("post", "compact/", {"rungs": ["summarise"]}, "rungs"),
         ("post", "compact/", {"rungs": []}, "rungs"),
         ("post", "messages/", {"text": "/rewind a b"}, "at most one label"),
         ("post", "messages/", {"text": "/branch x"}, "needs one message id"),

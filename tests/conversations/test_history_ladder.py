@@ -301,6 +301,37 @@ def test_a_latest_prompt_larger_than_the_tail_stays_text_and_is_never_only_on_a_
     assert pages and all("NOW: why" not in line.text for line in snapshots.source_lines(session[1:-1]))
 
 
+@pytest.mark.req("CH-13")
+def test_what_the_tail_cannot_keep_goes_to_the_scratchpad_with_both_ends_kept_as_text():
+    session = long_session(turns=10)
+    question = "NOW: why does the parser reject this input? " + "Here is the input I mean. " * 8000 + "Say why."
+    session.append({"id": 999, "role": "user", "content": [{"type": "text", "text": question}]})
+    stored: dict[str, str] = {}
+
+    def offload(text: str, message_id: int) -> str:
+        stored.setdefault(f"entry-{message_id}", text)
+        return f"entry-{message_id}"
+
+    options = {"rungs": ("elide", "drop_images", "snapshot"), "tail_tokens": 2_000, "target_tokens": 6_000}
+    result = ladder.compact(session, offload=offload, **options)
+    assert result.rung == "scratchpad" and result.tokens_after <= 6_000
+    (kept,) = [b["text"] for b in result.messages[-1]["content"] if "entry-999" in b.get("text", "")]
+    assert kept.startswith("NOW: why") and kept.endswith("Say why.")
+    assert "message #999 is scratchpad entry entry-999" in kept and stored["entry-999"] == question
+    # Idempotent (CH-11), and without a target (a plain /compact) nothing is taken.
+    assert ladder.compact(session, offload=offload, **options).messages == result.messages
+    untargeted = ladder.compact(session, offload=offload, rungs=options["rungs"], tail_tokens=2_000)
+    assert untargeted.rung == "snapshot" and untargeted.messages[-1]["content"][-1]["text"] == question
+
+
+@pytest.mark.req("CH-14")
+def test_an_empty_summary_is_never_sent_as_an_empty_block():
+    session = long_session(turns=6)
+    result = ladder.compact(session, rungs=("elide", "summary"), tail_tokens=600, summarize=lambda text: "  \n")
+    assert result.rung == "elide" and "no text" in result.steps[-1].note
+    assert all(b.get("text") != "" for m in result.messages for b in m["content"] if b.get("type") == "text")
+
+
 @pytest.mark.req("CH-11")
 def test_the_same_messages_give_the_same_view_and_snapshots_are_worth_a_page():
     session = long_session(turns=10)

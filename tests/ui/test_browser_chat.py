@@ -352,7 +352,7 @@ def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context
     expect(page.locator("html")).to_have_attribute("data-theme", "light")  # the toggle is remembered
 
 
-@pytest.mark.req("UX-5", "UX-2")
+@pytest.mark.req("UX-5", "UX-2", "CH-10")
 def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(context, embedded_server_module):
     base, log = embedded_server_module
     seeded = seed(
@@ -428,6 +428,11 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     page.keyboard.press("Enter")
     expect(page.locator("#notes article.command-result[data-command=shake]")).to_contain_text("/shake:")
     expect(page.locator("#composer-input")).to_have_value("")
+    # A leading "/" that is no command is sent as a prompt, and the page says so (CH-10).
+    page.locator("#composer-input").fill("/usr/bin/python3 crashes on start")
+    page.keyboard.press("Enter")
+    expect(page.locator("article.user").last).to_contain_text("/usr/bin/python3 crashes on start", timeout=15_000)
+    expect(page.locator("#notes article.prompt-note")).to_contain_text("is not a command, so it was sent as a message")
 
 
 @pytest.mark.req("UX-5")
