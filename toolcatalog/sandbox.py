@@ -244,6 +244,9 @@ def _pipe_of(data: bytes) -> int:
     return read
 
 
+KILL_AGAIN_SECONDS = 0.2
+
+
 @dataclass(eq=False)
 class Sandboxed:
     """A running sandbox: `kill()` ends every process in it (its PID namespace dies with bwrap)."""
@@ -255,10 +258,17 @@ class Sandboxed:
 
     def kill(self) -> None:
         self._killed = True
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        self._kill_group()
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
+        # A kill that lands while bwrap is still cloning the sandbox's PID 1 can miss that child,
+        # which has not yet asked to die with its parent: it would live on under init. It is in
+        # the same process group, so the group is killed once more after the clone has settled.
+        threading.Timer(KILL_AGAIN_SECONDS, self._kill_group).start()
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
     @property
     def killed(self) -> bool:
