@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from _pytest.nodes import coerce_node_id
 from rest_framework.test import APIClient
 
 from controlcenter.processes import WorkerProcess, services_env
@@ -49,8 +50,15 @@ def pytest_collection_modifyitems(config, items) -> None:
     A module-scoped fixture (a browser, an embedded server, a private Celery worker) groups its
     module; a session-scoped one defined in a test module (the llama.cpp server) groups its users.
     The session fixtures of this file (the Celery worker) start once per worker, as they must.
+
+    Schemathesis gives every API operation's item the same node id (its name carries the
+    operation). xdist's group scheduler keys work by node id, so 43 of the 44 operations never
+    ran under `--dist loadgroup`; each item gets its name as its id.
     """
     for item in items:
+        module, _, name = item.nodeid.rpartition("::")
+        if name != item.name:
+            item._id = coerce_node_id(f"{module}::{item.name}")
         for definitions in item._fixtureinfo.name2fixturedefs.values():
             fixture = definitions[-1]
             if fixture.scope == "module":
