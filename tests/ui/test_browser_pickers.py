@@ -48,9 +48,11 @@ def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
     expect(status).to_have_text("The next run uses model offline-2.")
     page.keyboard.press("Tab")
     expect(mode).to_be_focused()
-    for _ in range(3):  # past the starter modes bootstrap creates (chat, code), to no-listing
+    # Past the starter modes bootstrap creates (chat, code), to no-listing; one key per saved choice
+    # (keys pressed faster than the saves answer can show an earlier save's answer last).
+    for name in ("chat", "code", "no-listing"):
         page.keyboard.press("ArrowDown")
-    expect(status).to_have_text("The next run uses mode no-listing.")
+        expect(status).to_have_text(f"The next run uses mode {name}.")
     saved = page.evaluate(f"fetch('/api/conversations/{conversation_id}/').then(r => r.json())")["conversation"]
     assert (saved["model"], saved["mode"]) == ("offline-2", seeded["mode"])
 
