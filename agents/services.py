@@ -11,10 +11,9 @@ from agents import lifecycle
 from agents.events import publish_conversation_changed
 from agents.models import Run
 from agents.subagents import subagents_cancel
-from controlcenter.errors import Conflict, DomainError
+from controlcenter.errors import Conflict
 from conversations.models import Conversation, Message
-from conversations.services import conversation_locked
-from engine.context import ladder
+from conversations.services import check_rungs, conversation_locked
 
 
 def run_start(*, conversation: Conversation, trigger: Message, compact_rungs: list[str] | None = None) -> Run:
@@ -57,9 +56,7 @@ def compaction_start(*, conversation: Conversation, rungs: Sequence[str]) -> Run
     conversation's own model for the summary; the run records its cost. A run in flight
     holds the conversation (409); bad rungs or an empty conversation change nothing (400).
     """
-    unknown = [rung for rung in rungs if rung not in ladder.RUNGS]
-    if unknown or not rungs:
-        raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
+    check_rungs(rungs)
     with transaction.atomic():
         locked = conversation_locked(conversation)
         if locked.tip is None:

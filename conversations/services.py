@@ -229,6 +229,13 @@ def conversation_rewind(*, conversation: Conversation, label: str | None = None)
     return record
 
 
+def check_rungs(rungs: Sequence[str]) -> None:
+    """Refuse an empty or unknown list of compaction rungs (400), before anything is stored."""
+    unknown = [rung for rung in rungs if rung not in ladder.RUNGS]
+    if unknown or not rungs:
+        raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
+
+
 def conversation_compact(
     *,
     conversation: Conversation,
@@ -242,9 +249,7 @@ def conversation_compact(
     original message. A pass that frees too little records nothing (CH-11), so a no-op
     `/shake` changes nothing.
     """
-    unknown = [rung for rung in rungs if rung not in ladder.RUNGS]
-    if unknown or not rungs:
-        raise DomainError(f"Unknown or no rungs {unknown}; choose from {', '.join(ladder.RUNGS)}.")
+    check_rungs(rungs)
     with transaction.atomic():
         # A run in flight holds the conversation (409): its turn compacts on its own (CH-2).
         locked = conversation_locked(conversation)
