@@ -24,6 +24,11 @@ from toolcatalog.models import Mode
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
+# A test here starts its own worker and waits on a fan-out of several model turns: under CI's
+# load (three test sessions, each with workers, on two cores) one has taken over 120 s. The
+# waits below give up after 120 s with what they waited for, inside this larger bound.
+pytestmark = pytest.mark.timeout(300)
+
 MODEL = "claude-sonnet-4-5"
 TASKS = [f"Summarise part {n} of the report." for n in range(5)]
 
@@ -408,7 +413,11 @@ def test_children_pause_for_approval_on_the_parent_run_and_resume_when_approved_
     assert denied.status_code == 200, denied.content
     assert alice_api.post(f"/api/approvals/{one['id']}/approve/").status_code == 409
 
-    wait_until(lambda: Run.objects.get(pk=run.pk).is_finished, what="the parent run to finish")
+    try:
+        wait_until(lambda: Run.objects.get(pk=run.pk).is_finished, what="the parent run to finish")
+    except AssertionError as exc:
+        children = list(Subagent.objects.filter(parent=run).values_list("index", "status", "error"))
+        raise AssertionError(f"{exc}; children {children}; worker log: {worker.log_path.read_text()[-3000:]}") from None
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, (run.error, worker.log_path.read_text()[-3000:])
     observation = observation_of(run)
