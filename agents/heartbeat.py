@@ -36,20 +36,37 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
-def beat_forever(hostname: str, stop: threading.Event, on_complete: Callable[[list[str]], object]) -> None:
-    """Refresh this worker's key; hand the live set to `on_complete` (the reaper, CH-5) once it is complete."""
+def beat_forever(hostname: str, stop: threading.Event, reap_due: threading.Event) -> None:
+    """Refresh this worker's key, and signal `reap_due` once the live set is complete (CH-5).
+
+    This thread only talks to Redis. The reaper's database work runs on its own thread: a reap
+    pass waiting on a slow or locked database once delayed the beat past the TTL under load, and
+    other workers then took this live worker for dead and failed its running turn.
+    """
     client = redis_client()
     while not stop.is_set():
         try:
             if beat(client, hostname):
-                on_complete(live_workers())
+                reap_due.set()
         except redis.RedisError:
             pass  # Redis being down is what /healthz reports; keep trying.
-        except DatabaseError:
-            # A dropped connection must not end the heartbeat (the worker would look dead).
-            logger.warning("heartbeat: database error; reconnecting on the next beat", exc_info=True)
-            connection.close()
         stop.wait(interval_seconds())
+
+
+def reap_when_due(stop: threading.Event, reap_due: threading.Event, on_complete: Callable[[list[str]], object]) -> None:
+    """Hand the live set to `on_complete` (the reaper and the sweep) each time a beat says it is due."""
+    while not stop.is_set():
+        if not reap_due.wait(interval_seconds()):
+            continue
+        reap_due.clear()
+        try:
+            on_complete(live_workers())
+        except redis.RedisError:
+            pass
+        except DatabaseError:
+            # A dropped connection must not end the reaper; the next pass reconnects.
+            logger.warning("reaper: database error; reconnecting on the next pass", exc_info=True)
+            connection.close()
 
 
 def beat(client: redis.Redis, hostname: str) -> bool:
@@ -61,8 +78,9 @@ def beat(client: redis.Redis, hostname: str) -> bool:
 
 
 def start_heartbeat(hostname: str, on_complete: Callable[[list[str]], object]) -> threading.Event:
-    stop = threading.Event()
-    threading.Thread(target=beat_forever, args=(hostname, stop, on_complete), daemon=True, name="cc-heartbeat").start()
+    stop, reap_due = threading.Event(), threading.Event()
+    threading.Thread(target=beat_forever, args=(hostname, stop, reap_due), daemon=True, name="cc-heartbeat").start()
+    threading.Thread(target=reap_when_due, args=(stop, reap_due, on_complete), daemon=True, name="cc-reaper").start()
     return stop
 
 

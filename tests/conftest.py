@@ -124,6 +124,15 @@ def celery_worker_process(django_db_setup, django_db_blocker, tmp_path_factory):
     worker.stop()
 
 
+@pytest.fixture
+def inprocess_runs(settings):
+    """Runs this test executes itself (`run_execute` in the test process): what a send enqueues
+    goes to a queue no worker consumes, so a session worker started by an earlier test on this
+    xdist process cannot claim the run first (seen under load: the test's own call then found the
+    run taken and returned with it still running)."""
+    settings.CC_RUN_QUEUE = f"in-process-{uuid.uuid4().hex[:8]}"
+
+
 # --- the embedded server ----------------------------------------------------------
 
 

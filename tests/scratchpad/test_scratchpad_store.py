@@ -170,7 +170,8 @@ def test_catastrophic_regex_is_stopped_by_the_timeout():
     started = datetime.now()
     result = services.read(entry_id=entry.pk, turn_id="t", arguments={"mode": "grep", "pattern": r"(a|aa)+$"}, now=T0)
     assert result["ok"] is False and "took more than 2 s" in result["error"]
-    assert (datetime.now() - started).total_seconds() < 10
+    # Unbounded, this pattern backtracks for hours; 30 s leaves a loaded CI machine room (15 s seen).
+    assert (datetime.now() - started).total_seconds() < 30
 
 
 @pytest.mark.req("SP-11")

@@ -27,7 +27,7 @@ from engine.emulator.server import EmulatorServer
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import Tool
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("inprocess_runs")]
 
 
 @pytest.fixture

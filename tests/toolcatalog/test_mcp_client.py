@@ -130,6 +130,7 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
 
 @pytest.mark.req("MC-2")
 @pytest.mark.req("LM-3")
+@pytest.mark.usefixtures("inprocess_runs")
 def test_a_conversation_calls_the_reference_servers_deferred_tools(alice, tmp_path, settings, workspaces):
     time_and_git = _reference_servers(only=("time", "git"))
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, time_and_git)))
