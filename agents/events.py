@@ -33,8 +33,11 @@ _sender_loop: asyncio.AbstractEventLoop | None = None
 _sender_lock = threading.Lock()
 
 # Deltas closer together than this are sent as one event: a model streams tokens far
-# faster than a person reads, and every event costs a database row and a broadcast.
-DELTA_COALESCE_SECONDS = 0.03
+# faster than a person reads, and every event costs a database row, a broadcast, and a frame
+# per watching socket in the web process (RN-1). At 30 ms a 3 s reply was 71 events; at 100 ms
+# (ten updates a second, still fluid to read) 34, and the web process spent 0.7x the CPU
+# streaming it to 200 watchers (bench load --phases watch, three runs back to back).
+DELTA_COALESCE_SECONDS = 0.1
 # The events after which a run's owner's dashboards get fresh figures (runs in flight, waiting).
 DASHBOARD_EVENTS = frozenset({"run_started", "approval_requested", "approval_decided", "run_finished"})
 
