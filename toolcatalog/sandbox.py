@@ -411,7 +411,9 @@ def start(
             try:
                 cgroup.add(process.pid)
             except OSError as error:
-                raise SandboxUnavailable(f"the call could not be put in its cgroup: {error}") from error
+                # Gone already (a cancel that came first): nothing ran, bwrap was waiting for its options.
+                if process.poll() is None and not sandboxed.killed:
+                    raise SandboxUnavailable(f"the call could not be put in its cgroup: {error}") from error
         os.close(kept.pop("args"))
         if network:
             sandboxed.network = _connect(slirp or "slirp4netns", kept["info"], uid)
@@ -620,14 +622,11 @@ def run(
             if waiter.poll(min(int(POLL_SECONDS * 1000), max(int((deadline - time.monotonic()) * 1000), 1))):
                 continue
             now = time.monotonic()
-            if now >= deadline:
-                timed_out = True
-            elif limit := sandboxed.limit_hit(limits):
-                pass
-            elif watchdog is not None and now >= next_watch:
+            timed_out = now >= deadline
+            limit = None if timed_out else sandboxed.limit_hit(limits)
+            if not (timed_out or limit) and watchdog is not None and now >= next_watch:
                 stopped_by = watchdog()
-                spent = time.monotonic() - now
-                next_watch = now + max(POLL_SECONDS, 10 * spent)
+                next_watch = now + max(POLL_SECONDS, 10 * (time.monotonic() - now))
             if timed_out or limit or stopped_by:
                 sandboxed.kill()
                 process.wait()

@@ -192,18 +192,20 @@ def test_the_sandbox_dies_with_its_worker(tmp_path):
     # A worker process is killed (SIGKILL, no cleanup) while its tool runs a detached process.
     script = textwrap.dedent(
         f"""
-        import django, os
+        import os
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
-        django.setup()
         from pathlib import Path
-        from toolcatalog import cgroups, quota, sandbox
+        from toolcatalog import sandbox  # settings only: no app registry needed
         sandbox.run(Path({str(tmp_path)!r}), ["bash", "-c", "(setsid sleep 4711 &); sleep 4712"],
                     limits=sandbox.Limits.from_settings(), output_cap=1000)
         """
     )
+    found = cgroups.layout()  # this process's, found while the worker lives
+    assert found is not None
     worker = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 30
-    while "4711" not in (_alive("sleep 4711") and "4711"):
+    # The sleep itself (the worker's own command line names it too).
+    while not _alive("^sleep 4711"):
         assert time.monotonic() < deadline and worker.poll() is None, "the sandbox never started"
         time.sleep(0.05)
     worker.send_signal(signal.SIGKILL)
@@ -212,6 +214,11 @@ def test_the_sandbox_dies_with_its_worker(tmp_path):
     while _alive("sleep 471[12]") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _alive("sleep 471[12]") == ""
+    # The dead worker's call cgroup is left behind; the next worker to start removes it.
+    left = [path for parent in found.parents() for path in parent.glob(f"{cgroups.PREFIX}{worker.pid}-*")]
+    assert left
+    cgroups.reset()
+    assert cgroups.layout() is not None and not any(path.exists() for path in left)
 
 
 @pytest.fixture
