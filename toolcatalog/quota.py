@@ -108,13 +108,14 @@ class Before:
 
     usage: int
     entries: dict[str, tuple[int, int]] = field(default_factory=dict)
-    started_ns: int = 0
+    since_ns: int = 0  # a file changed (ctime) since then may be the call's
 
     @classmethod
     def take(cls, root: Path) -> Before:
         """One walk (the one that measures the usage anyway), before the call starts."""
-        started_ns = time.time_ns()
-        before = cls(0, {}, started_ns)
+        # File times come from a coarse clock that can lag this one by a tick: a margin, so a file
+        # the call writes at once is not taken for an old one.
+        before = cls(0, {}, time.time_ns() - 1_000_000_000)
         stack = [("", str(root))]
         while stack:
             relative, directory = stack.pop()
@@ -207,7 +208,7 @@ def _changes(fd: int, relative: str, before: Before, changes: list[_Change], new
                         _changes(child, path, before, changes, new_directories)
                     finally:
                         os.close(child)
-            elif stat.S_ISREG(info.st_mode) and info.st_ctime_ns >= before.started_ns:
+            elif stat.S_ISREG(info.st_mode) and info.st_ctime_ns >= before.since_ns:
                 if old is None:
                     changes.append(_Change(info.st_ctime_ns, path, info.st_size, None))
                 elif old[0] == info.st_ino and info.st_size > old[1]:

@@ -130,7 +130,9 @@ def _as_sandbox_user(uid: int | None) -> list[str]:
 def _launcher(limits: Limits, uid: int | None, file_size: int, *, per_call: bool) -> list[str]:
     """prlimit then setpriv in front of bwrap: the limits are set before bwrap creates its user
     namespace (RLIMIT_NPROC is captured then), and Python can spawn with vfork instead of
-    running a preexec function in a forked copy of a large process (tens of ms per call).
+    running a preexec function in a forked copy of a large process (tens of ms per call). (The
+    worker cannot set them from outside once setpriv has changed the uid: that needs
+    CAP_SYS_RESOURCE, which a root worker in a container may lack.)
 
     `per_call`: the call has its own cgroup, whose process and memory limits replace RLIMIT_NPROC
     (which counts every process of the host uid, the worker's own too) and RLIMIT_AS (address

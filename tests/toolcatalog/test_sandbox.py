@@ -248,6 +248,9 @@ def test_without_a_cgroup_per_process_limits_end_with_a_clear_tool_error(box, se
     settings.CC_SANDBOX_MEMORY_MB = 128
     settings.CC_SANDBOX_PROCESSES = 32
     settings.CC_SANDBOX_FILE_SIZE_MB = 1
+    # RLIMIT_NPROC counts every process of the host uid: one of its own, not shared with other
+    # sandboxes on this machine (a root worker's; an unprivileged worker's own uid counts too).
+    settings.CC_SANDBOX_UID = 60000 + secrets.randbelow(5000)
     assert cgroups.describe().startswith("per process, with rlimits")
     cpu = _bash(box, "while :; do :; done")
     assert cpu["ok"] is False and "CPU-time limit of 1 s" in cpu["error"], cpu
