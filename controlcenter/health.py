@@ -49,7 +49,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
         }
     # This process runs /mcp tool calls in the sandbox: without bwrap they refuse to run. Which
     # limits apply (per call in cgroups, or per process) is said here and logged once.
-    checks["sandbox"] = {"ok": sandbox.bwrap_path() is not None, "limits": cgroups.describe()}
+    checks["sandbox"] = {"ok": sandbox.bwrap_path() is not None, "limits": cgroups.describe(paths=False)}
     healthy = all(check["ok"] for check in checks.values())
     checks = _visible_to(_caller(request), checks)
     return JsonResponse(

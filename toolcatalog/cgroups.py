@@ -57,29 +57,22 @@ class Layout:
     def parents(self) -> list[Path]:
         return ([self.v2] if self.v2 is not None else []) + list(self.v1.values())
 
-    def describe(self) -> str:
+    def describe(self, *, paths: bool = True) -> str:
+        """E.g. "per call, in a cgroup of its own (CPU time, kill from cgroup v2; processes, memory from
+        cgroup v1)", with the parent directories when `paths` (the log; /healthz leaves them out)."""
         parts = {
             "processes": "v2" if "pids" in self.v2_controllers else "v1",
             "memory": "v2" if "memory" in self.v2_controllers else "v1",
             "CPU time": "v2" if self.v2 is not None else "v1",
             "kill": "v2" if self.v2 is not None else "v1",
         }
-        by_version = {
-            version: ", ".join(name for name, used in parts.items() if used == version) for version in ("v2", "v1")
-        }
-        return (
-            "per call, in a cgroup of its own ("
-            + "; ".join(
-                f"{names} from cgroup {version} under {self.v2 if version == 'v2' else _v1_dirs(self)}"
-                for version, names in by_version.items()
-                if names
-            )
-            + ")"
-        )
-
-
-def _v1_dirs(layout: Layout) -> str:
-    return ", ".join(str(path) for path in layout.v1.values())
+        where = {"v2": str(self.v2), "v1": ", ".join(str(path) for path in self.v1.values())}
+        sources = []
+        for version in ("v2", "v1"):
+            names = ", ".join(name for name, used in parts.items() if used == version)
+            if names:
+                sources.append(f"{names} from cgroup {version}" + (f" under {where[version]}" if paths else ""))
+        return "per call, in a cgroup of its own (" + "; ".join(sources) + ")"
 
 
 RLIMITS = (
@@ -88,10 +81,10 @@ RLIMITS = (
 )
 
 
-def describe() -> str:
-    """Which limits the sandbox applies in this process, as one sentence (log, /healthz)."""
+def describe(*, paths: bool = True) -> str:
+    """Which limits the sandbox applies in this process, as one sentence (log, /healthz, bench)."""
     found = layout()
-    return found.describe() if found is not None else RLIMITS
+    return found.describe(paths=paths) if found is not None else RLIMITS
 
 
 def layout() -> Layout | None:
