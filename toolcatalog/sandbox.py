@@ -259,7 +259,6 @@ def _pipe_of(data: bytes) -> int:
     return read
 
 
-KILL_AGAIN_SECONDS = 0.2
 # How often a running call's cgroup counters (CPU time, OOM kills, failed forks) are read.
 POLL_SECONDS = 0.1
 
@@ -278,14 +277,13 @@ class Sandboxed:
         self._killed = True
         if self.cgroup is not None:
             self.cgroup.kill()  # every process of the call, bwrap and one being cloned included
+        # Without a cgroup, a kill that lands while bwrap is still cloning the sandbox's PID 1 can
+        # miss that child, which has not yet asked to die with its parent and is in a session of
+        # its own (`--new-session`): it lives on under init (docs/security.md). Killing bwrap's
+        # process group again later does not reach it, so only the cgroup closes that gap.
         self._kill_group()
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
-        if self.cgroup is None:
-            # A kill that lands while bwrap is still cloning the sandbox's PID 1 can miss that child,
-            # which has not yet asked to die with its parent: it would live on under init. It is in
-            # the same process group, so the group is killed once more after the clone has settled.
-            threading.Timer(KILL_AGAIN_SECONDS, self._kill_group).start()
 
     def limit_hit(self, limits: Limits) -> str | None:
         """ "processes", "memory" or "cpu": the per-call limit the call ran into (cgroups only)."""
