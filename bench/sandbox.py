@@ -4,7 +4,9 @@ python manage.py bench sandbox --json [--repeat 40] [--files 200]
 
 Bare and sandboxed calls alternate in one run, so both see the same machine load; the figures
 are medians, the added milliseconds and the ratio. `bash_tool_true` is the whole bash tool call
-(quota walk, limits, output readers) on a workspace of `--files` files.
+(quota walk, limits, output readers) on a workspace of `--files` files. `cgroup` alternates a
+sandboxed `true` in a cgroup of its own with one under rlimits only (CC_SANDBOX_CGROUP=off), so
+the cost of the per-call cgroup is measured in one run too; `limits` says which applies here.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolcatalog import sandbox
+from django.test import override_settings
+
+from toolcatalog import cgroups, sandbox
 from toolcatalog.builtins import WorkspaceToolBox
 
 
@@ -65,4 +69,21 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         figures["bwrap_minimal_true_p50_ms"] = round(statistics.median(minimal), 2)
         tool = [_ms(lambda: box.execute("bash", {"command": "true"})) for _ in range(repeat)]
         figures["bash_tool_true_p50_ms"] = round(statistics.median(tool), 2)
+        figures["limits"] = cgroups.describe()
+        if cgroups.layout() is not None:
+            figures["cgroup"] = _cgroup_cost(root, limits, repeat)
     return figures
+
+
+def _cgroup_cost(root: Path, limits: sandbox.Limits, repeat: int) -> dict[str, float]:
+    with_cgroup, without = [], []
+    for _ in range(repeat):
+        with_cgroup.append(_ms(lambda: sandbox.run(root, ["true"], limits=limits, output_cap=1_000_000)))
+        with override_settings(CC_SANDBOX_CGROUP="off"):
+            cgroups.reset()
+            cgroups.layout()  # found outside the timing, as a worker finds it once
+            without.append(_ms(lambda: sandbox.run(root, ["true"], limits=limits, output_cap=1_000_000)))
+        cgroups.reset()
+        cgroups.layout()
+    on, off = statistics.median(with_cgroup), statistics.median(without)
+    return {"true_p50_ms": round(on, 2), "true_rlimits_only_p50_ms": round(off, 2), "added_ms": round(on - off, 2)}

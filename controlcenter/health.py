@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from agents.heartbeat import live_workers
 from agents.lifecycle import stale_queued_counts
 from controlcenter.lockout import ThrottledTokenAuthentication
+from toolcatalog import cgroups, sandbox
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -46,6 +47,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
             "queued_longer_than_seconds": settings.CC_QUEUE_SWEEP_SECONDS,
             **stale,
         }
+    # This process runs /mcp tool calls in the sandbox: without bwrap they refuse to run. Which
+    # limits apply (per call in cgroups, or per process) is said here and logged once.
+    checks["sandbox"] = {"ok": sandbox.bwrap_path() is not None, "limits": cgroups.describe(paths=False)}
     healthy = all(check["ok"] for check in checks.values())
     checks = _visible_to(_caller(request), checks)
     return JsonResponse(

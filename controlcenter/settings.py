@@ -436,6 +436,9 @@ CC_SANDBOX_MEMORY_MB = env_int("CC_SANDBOX_MEMORY_MB", 2048, minimum=64)
 CC_SANDBOX_PROCESSES = env_int("CC_SANDBOX_PROCESSES", 256, minimum=8)
 CC_SANDBOX_FILE_SIZE_MB = env_int("CC_SANDBOX_FILE_SIZE_MB", 512, minimum=1)
 CC_SANDBOX_TMP_MB = env_int("CC_SANDBOX_TMP_MB", 64, minimum=1)
+# Per-call cgroups (CPU, memory and process limits over the whole call, and its kill): "auto" uses
+# a writable cgroup below the worker's own (v2 first, else v1), "off" per-process rlimits only.
+CC_SANDBOX_CGROUP = env_choice("CC_SANDBOX_CGROUP", ["auto", "off"], "auto")
 # The host uid a root worker drops to before starting bubblewrap (a non-root worker runs it as itself).
 CC_SANDBOX_UID = env_int("CC_SANDBOX_UID", 65534, minimum=1)
 # Time budget of one call's regular-expression matching (search_files; SB-4).

@@ -7,9 +7,12 @@ directories read-only, a `/etc` of a few files, its own `/proc`, `/dev` and a sm
 nothing else of the host. bwrap itself is started with the allow-listed environment, so the
 sandbox's PID 1 holds nothing of the worker's either.
 
-Lifetimes: the program is PID 2 of its own PID namespace under bwrap's init, which ends the
-namespace (every process in it, detached or not) when the program exits; `--die-with-parent`
-does the same when the worker dies, and `Sandboxed.kill()` when a call times out or is cancelled.
+Limits and lifetimes: where a cgroup is writable, each call runs in a cgroup of its own
+(toolcatalog/cgroups.py) with a process limit, a memory limit and a CPU-time budget over all of
+its processes, and ending the call kills that cgroup; elsewhere per-process rlimits apply. The
+program is also PID 2 of its own PID namespace under bwrap's init, which ends the namespace
+(every process in it, detached or not) when the program exits; `--die-with-parent` does the same
+when the worker dies, and `Sandboxed.kill()` when a call times out or is cancelled.
 
 Identity: a non-root worker runs the sandbox as itself. A root worker first drops to
 `CC_SANDBOX_UID` (the kernel ignores RLIMIT_NPROC for root, so a fork bomb could not be bounded
@@ -39,6 +42,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
+
+from toolcatalog.cgroups import CallCgroup
 
 WORKSPACE = "/workspace"
 INNER_UID = 1000
@@ -122,17 +127,24 @@ def _as_sandbox_user(uid: int | None) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
 
 
-def _launcher(limits: Limits, uid: int | None, file_size: int) -> list[str]:
+def _launcher(limits: Limits, uid: int | None, file_size: int, *, per_call: bool) -> list[str]:
     """prlimit then setpriv in front of bwrap: the limits are set before bwrap creates its user
     namespace (RLIMIT_NPROC is captured then), and Python can spawn with vfork instead of
-    running a preexec function in a forked copy of a large process (tens of ms per call)."""
+    running a preexec function in a forked copy of a large process (tens of ms per call). (The
+    worker cannot set them from outside once setpriv has changed the uid: that needs
+    CAP_SYS_RESOURCE, which a root worker in a container may lack.)
+
+    `per_call`: the call has its own cgroup, whose process and memory limits replace RLIMIT_NPROC
+    (which counts every process of the host uid, the worker's own too) and RLIMIT_AS (address
+    space, per process). RLIMIT_CPU stays as a per-process backstop of the call's CPU budget:
+    nothing polls the budget of a long-lived MCP server."""
     mb = 1024 * 1024
+    per_process = [] if per_call else [f"--as={limits.memory_mb * mb}", f"--nproc={limits.processes}"]
     return [
         "prlimit",
         # CPU: SIGXCPU at the soft limit (the result can name it), SIGKILL a second later.
         f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",
-        f"--as={limits.memory_mb * mb}",
-        f"--nproc={limits.processes}",
+        *per_process,
         f"--fsize={file_size}",
         "--core=0",
         "--",
@@ -234,6 +246,9 @@ def _searchable_parents(directory: Path) -> None:
             parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
 
 
+_PIPE_BUFFER = 65536
+
+
 def _pipe_of(data: bytes) -> int:
     """A pipe's read end already holding `data` (well under the 64 KiB a pipe buffers)."""
     read, write = os.pipe()
@@ -244,27 +259,35 @@ def _pipe_of(data: bytes) -> int:
     return read
 
 
-KILL_AGAIN_SECONDS = 0.2
+# How often a running call's cgroup counters (CPU time, OOM kills, failed forks) are read.
+POLL_SECONDS = 0.1
 
 
 @dataclass(eq=False)
 class Sandboxed:
-    """A running sandbox: `kill()` ends every process in it (its PID namespace dies with bwrap)."""
+    """A running sandbox: `kill()` ends every process in it (its cgroup, or its PID namespace with bwrap)."""
 
     process: subprocess.Popen[bytes]
     key: Any = None
     network: _Network | None = None
+    cgroup: CallCgroup | None = None
     _killed: bool = field(default=False, repr=False)
 
     def kill(self) -> None:
         self._killed = True
+        if self.cgroup is not None:
+            self.cgroup.kill()  # every process of the call, bwrap and one being cloned included
+        # Without a cgroup, a kill that lands while bwrap is still cloning the sandbox's PID 1 can
+        # miss that child, which has not yet asked to die with its parent and is in a session of
+        # its own (`--new-session`): it lives on under init (docs/security.md). Killing bwrap's
+        # process group again later does not reach it, so only the cgroup closes that gap.
         self._kill_group()
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
-        # A kill that lands while bwrap is still cloning the sandbox's PID 1 can miss that child,
-        # which has not yet asked to die with its parent: it would live on under init. It is in
-        # the same process group, so the group is killed once more after the clone has settled.
-        threading.Timer(KILL_AGAIN_SECONDS, self._kill_group).start()
+
+    def limit_hit(self, limits: Limits) -> str | None:
+        """ "processes", "memory" or "cpu": the per-call limit the call ran into (cgroups only)."""
+        return self.cgroup.limit_hit(limits.cpu_seconds) if self.cgroup is not None else None
 
     def _kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -330,6 +353,7 @@ def start(
         data["resolv.conf"] = f"nameserver {_SLIRP_DNS}\n"
     fds: dict[str, int] = {}
     kept: dict[str, int] = {}
+    cgroup = CallCgroup.create(limits.memory_mb * 1024 * 1024, limits.processes)
     try:
         for name, text in data.items():
             fds[name] = _pipe_of(text.encode())
@@ -343,14 +367,20 @@ def start(
             fds["block"], kept["block"] = os.pipe()
             options += ["--info-fd", str(fds["info"]), "--block-fd", str(fds["block"])]
         # The options go through a pipe so the sandbox's /proc/1/cmdline does not show host paths.
-        fds["args"] = _pipe_of(b"".join(option.encode() + b"\0" for option in options))
+        # Its write end stays open until the process is in the call's cgroup: bwrap reads the
+        # options to their end before it clones anything, so every process of the call starts there.
+        fds["args"], kept["args"] = os.pipe()
+        encoded = b"".join(option.encode() + b"\0" for option in options)
+        if len(encoded) > _PIPE_BUFFER:
+            fcntl.fcntl(kept["args"], fcntl.F_SETPIPE_SZ, len(encoded))
+        os.write(kept["args"], encoded)
         # bwrap itself writes /etc/passwd & co. (a few hundred bytes): a file-size limit below that
         # (a user over the quota) goes on the program alone, at the cost of one more exec.
         inner = fsize < _BWRAP_WRITES
         limited = ["prlimit", f"--fsize={max(fsize, 0)}", "--", *command] if inner else list(command)
         process = subprocess.Popen(  # noqa: S603 - running the caller's program in the sandbox is the point
             [
-                *_launcher(limits, uid, _BWRAP_WRITES if inner else fsize),
+                *_launcher(limits, uid, _BWRAP_WRITES if inner else fsize, per_call=cgroup is not None),
                 bwrap_path() or "bwrap",
                 "--args",
                 str(fds["args"]),
@@ -364,22 +394,37 @@ def start(
             start_new_session=True,
             pass_fds=tuple(fds.values()),
         )
+    except BaseException:
+        for fd in kept.values():
+            os.close(fd)
+        if cgroup is not None:
+            cgroup.remove()
+        raise
     finally:
         for fd in fds.values():
             os.close(fd)
-    sandboxed = Sandboxed(process, key)
+    sandboxed = Sandboxed(process, key, cgroup=cgroup)
     with _running_lock:
         _running.setdefault(key, set()).add(sandboxed)
-    if network:
-        try:
+    try:
+        if cgroup is not None:
+            try:
+                cgroup.add(process.pid)
+            except OSError as error:
+                # Gone already (a cancel that came first): nothing ran, bwrap was waiting for its options.
+                if process.poll() is None and not sandboxed.killed:
+                    raise SandboxUnavailable(f"the call could not be put in its cgroup: {error}") from error
+        os.close(kept.pop("args"))
+        if network:
             sandboxed.network = _connect(slirp or "slirp4netns", kept["info"], uid)
             os.write(kept["block"], b"1")
-        except BaseException:
-            finish(sandboxed)
-            raise
-        finally:
-            for fd in kept.values():
-                os.close(fd)
+    except BaseException:
+        # Nothing has run yet (bwrap still waits for its options): end it rather than run it unlimited.
+        finish(sandboxed)
+        raise
+    finally:
+        for fd in kept.values():
+            os.close(fd)
     return sandboxed
 
 
@@ -493,6 +538,8 @@ def finish(sandboxed: Sandboxed) -> None:
     if sandboxed.process.poll() is None:
         sandboxed.kill()
         sandboxed.process.wait()
+    if sandboxed.cgroup is not None:
+        sandboxed.cgroup.remove()  # also whatever left the PID namespace's reach, if anything could
     if sandboxed.network is not None:
         sandboxed.network.close()
         sandboxed.network = None
@@ -533,6 +580,8 @@ class Result:
     killed: bool = False
     signal: int | None = None
     stopped_by: str | None = None
+    # The per-call limit (cgroups) the call ran into and was killed for: "processes", "memory", "cpu".
+    limit: str | None = None
 
 
 def run(
@@ -548,8 +597,11 @@ def run(
 ) -> Result:
     """Run `command` to its end, its timeout or a kill; stdout/stderr kept up to `output_cap` each.
 
-    `watchdog`, if given, is called about twice a second while the command runs; a string it
-    returns kills the sandbox and becomes `stopped_by` (the disk quota uses it).
+    With a cgroup, the call is killed as soon as it hits its process limit, its memory limit (an
+    OOM kill of any of its processes) or its CPU-time budget summed over its processes; `limit`
+    names which. `watchdog`, if given, is called while the command runs, as often as every
+    `POLL_SECONDS` but at most a tenth of the time (it may be slow); a string it returns kills the
+    sandbox and becomes `stopped_by` (the disk quota uses it).
     """
     started = time.monotonic()
     sandboxed = start(workspace, command, limits=limits, cwd=cwd, key=key, file_size_bytes=file_size_bytes)
@@ -557,8 +609,9 @@ def run(
     readers = [_CappedReader(process.stdout, output_cap), _CappedReader(process.stderr, output_cap)]
     for reader in readers:
         reader.start()
-    timed_out, stopped_by = False, None
+    timed_out, stopped_by, limit = False, None, None
     deadline = started + limits.wall_seconds
+    next_watch = started + POLL_SECONDS
     # A pidfd wakes the wait the moment bwrap exits; Popen.wait(timeout) polls with sleeps of up
     # to 50 ms, which was most of a short call's cost.
     pidfd = os.pidfd_open(process.pid)
@@ -566,15 +619,22 @@ def run(
     waiter.register(pidfd, select.POLLIN)
     try:
         while process.poll() is None:
-            if waiter.poll(min(500, max(int((deadline - time.monotonic()) * 1000), 1))):
+            if waiter.poll(min(int(POLL_SECONDS * 1000), max(int((deadline - time.monotonic()) * 1000), 1))):
                 continue
-            if time.monotonic() >= deadline:
-                timed_out = True
+            now = time.monotonic()
+            timed_out = now >= deadline
+            limit = None if timed_out else sandboxed.limit_hit(limits)
+            if not (timed_out or limit) and watchdog is not None and now >= next_watch:
+                stopped_by = watchdog()
+                next_watch = now + max(POLL_SECONDS, 10 * (time.monotonic() - now))
+            if timed_out or limit or stopped_by:
                 sandboxed.kill()
                 process.wait()
-            elif watchdog is not None and (stopped_by := watchdog()):
-                sandboxed.kill()
-                process.wait()
+        if not (timed_out or limit or stopped_by or sandboxed.killed):
+            # A limit can end the call on its own: an OOM kill of the program, a fork that failed.
+            # (A CPU total just past the budget at a natural end is not one: the call finished.)
+            limit = sandboxed.limit_hit(limits)
+            limit = None if limit == "cpu" else limit
     finally:
         os.close(pidfd)
         finish(sandboxed)
@@ -587,9 +647,10 @@ def run(
         stderr=readers[1],
         duration_ms=int((time.monotonic() - started) * 1000),
         timed_out=timed_out,
-        killed=sandboxed.killed and not timed_out and stopped_by is None,
+        killed=sandboxed.killed and not timed_out and stopped_by is None and limit is None,
         signal=_program_signal(exit_code),
         stopped_by=stopped_by,
+        limit=limit,
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from controlcenter.processes import ROOT
 from conversations.models import Conversation
-from toolcatalog import sandbox
+from toolcatalog import cgroups, quota, sandbox
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.workspace import workspace_root
 
@@ -162,7 +162,7 @@ def test_a_timeout_kills_the_whole_sandbox(box, tmp_path):
     started = time.monotonic()
     seen = _bash(box, "(setsid bash -c 'sleep 30; touch late.txt' &); sleep 30", timeout_seconds=1)
     assert time.monotonic() - started < 5
-    assert seen["timed_out"] is True and "every process it started" in seen["error"]
+    assert seen.get("timed_out") is True and "every process it started" in seen["error"], seen
     time.sleep(0.3)
     assert not (tmp_path / "late.txt").exists() and _alive("sleep 30; touch late") == ""
 
@@ -192,18 +192,20 @@ def test_the_sandbox_dies_with_its_worker(tmp_path):
     # A worker process is killed (SIGKILL, no cleanup) while its tool runs a detached process.
     script = textwrap.dedent(
         f"""
-        import django, os
+        import os
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
-        django.setup()
         from pathlib import Path
-        from toolcatalog import sandbox
+        from toolcatalog import sandbox  # settings only: no app registry needed
         sandbox.run(Path({str(tmp_path)!r}), ["bash", "-c", "(setsid sleep 4711 &); sleep 4712"],
                     limits=sandbox.Limits.from_settings(), output_cap=1000)
         """
     )
+    found = cgroups.layout()  # this process's, found while the worker lives
+    assert found is not None
     worker = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 30
-    while "4711" not in (_alive("sleep 4711") and "4711"):
+    # The sleep itself (the worker's own command line names it too).
+    while not _alive("^sleep 4711"):
         assert time.monotonic() < deadline and worker.poll() is None, "the sandbox never started"
         time.sleep(0.05)
     worker.send_signal(signal.SIGKILL)
@@ -212,14 +214,58 @@ def test_the_sandbox_dies_with_its_worker(tmp_path):
     while _alive("sleep 471[12]") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _alive("sleep 471[12]") == ""
+    # The dead worker's call cgroup is left behind; the next worker to start removes it.
+    left = [path for parent in found.parents() for path in parent.glob(f"{cgroups.PREFIX}{worker.pid}-*")]
+    assert left
+    cgroups.reset()
+    assert cgroups.layout() is not None and not any(path.exists() for path in left)
+
+
+@pytest.fixture
+def rlimits_only(settings):
+    """The fallback where no cgroup is writable: per-process rlimits."""
+    settings.CC_SANDBOX_CGROUP = "off"
+    cgroups.reset()
+    yield
+    cgroups.reset()
+
+
+@pytest.fixture
+def per_call() -> cgroups.Layout:
+    found = cgroups.layout()
+    assert found is not None, "these tests need a writable cgroup (v2, or v1 pids+memory+cpuacct+freezer)"
+    return found
+
+
+@pytest.fixture(params=["as found", "v1 only"])
+def per_call_each(request, monkeypatch):
+    """The layout this host gives, and v1 alone (v2 hidden): its CPU time is cpuacct's, its kill the freezer's."""
+    if request.param == "v1 only":
+        mounts = cgroups._mounts
+        monkeypatch.setattr(cgroups, "_mounts", lambda: [mount for mount in mounts() if mount[2] != "cgroup2"])
+    cgroups.reset()
+    found = cgroups.layout()
+    assert found is not None, "these tests need a writable cgroup (v2, or v1 pids+memory+cpuacct+freezer)"
+    assert request.param == "as found" or (found.v2 is None and {"cpuacct", "freezer"} <= set(found.v1))
+    yield found
+    cgroups.reset()
+
+
+def _leftover_cgroups(found: cgroups.Layout) -> list[str]:
+    mine = f"{cgroups.PREFIX}{os.getpid()}-"
+    return [child.name for parent in found.parents() for child in parent.iterdir() if child.name.startswith(mine)]
 
 
 @pytest.mark.req("SB-3")
-def test_cpu_memory_process_and_file_size_limits_end_with_a_clear_tool_error(box, settings):
+def test_without_a_cgroup_per_process_limits_end_with_a_clear_tool_error(box, settings, rlimits_only):
     settings.CC_SANDBOX_CPU_SECONDS = 1
     settings.CC_SANDBOX_MEMORY_MB = 128
     settings.CC_SANDBOX_PROCESSES = 32
     settings.CC_SANDBOX_FILE_SIZE_MB = 1
+    # RLIMIT_NPROC counts every process of the host uid: one of its own, not shared with other
+    # sandboxes on this machine (a root worker's; an unprivileged worker's own uid counts too).
+    settings.CC_SANDBOX_UID = 60000 + secrets.randbelow(5000)
+    assert cgroups.describe().startswith("per process, with rlimits")
     cpu = _bash(box, "while :; do :; done")
     assert cpu["ok"] is False and "CPU-time limit of 1 s" in cpu["error"], cpu
     memory = _bash(box, "python3 -c 'bytearray(512 * 1024 * 1024)'")
@@ -230,33 +276,120 @@ def test_cpu_memory_process_and_file_size_limits_end_with_a_clear_tool_error(box
     assert big["ok"] is False and "file-size limit" in big["error"], big
 
 
+@pytest.mark.req("SB-3")
+def test_the_process_limit_counts_the_calls_own_processes_and_nothing_else(box, settings, per_call):
+    settings.CC_SANDBOX_PROCESSES = 32
+    # 40 processes of the host uid the sandbox runs as: RLIMIT_NPROC would count them.
+    uid = sandbox.sandbox_uid()
+    prefix = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if uid is not None else []
+    host = [subprocess.Popen([*prefix, "sleep", "61.5"]) for _ in range(40)]
+    try:
+        fits = _bash(box, "for i in $(seq 20); do sleep 0.3 & done; wait; echo all-started")
+        assert fits["ok"] is True and fits["stdout"] == "all-started\n", fits
+        started = time.monotonic()
+        bomb = _bash(box, "for i in $(seq 200); do sleep 30 & done; wait", timeout_seconds=25)
+        assert bomb["ok"] is False and "process limit of 32" in bomb["error"] and "killed" in bomb["error"], bomb
+        assert time.monotonic() - started < 10  # stopped at the limit, not by the timeout
+        assert all(process.poll() is None for process in host)  # the host's own are untouched
+    finally:
+        for process in host:
+            process.kill()
+            process.wait()
+    assert _alive("sleep 30") == "" and _leftover_cgroups(per_call) == []
+
+
+@pytest.mark.req("SB-3")
+def test_the_memory_limit_is_over_all_of_a_calls_processes(box, settings, per_call):
+    settings.CC_SANDBOX_MEMORY_MB = 128
+    hold = "python3 -c 'import time; b = bytearray(45 << 20); time.sleep(1)'"
+    alone = _bash(box, hold)
+    assert alone["ok"] is True, alone
+    together = _bash(box, f"for i in 1 2 3 4; do {hold} & done; wait")
+    assert together["ok"] is False and "memory limit of 128 MB" in together["error"], together
+    assert "over all its processes" in together["error"]
+
+
+@pytest.mark.req("SB-3")
+def test_the_cpu_limit_is_summed_over_a_calls_processes(box, settings, per_call_each):
+    settings.CC_SANDBOX_CPU_SECONDS = 1
+    # Each burns 0.6 s of CPU: under the limit on its own, 1.8 s together.
+    burn = "python3 -c 'import time\nwhile time.process_time() < 0.6: pass'"
+    summed = _bash(box, f"for i in 1 2 3; do {burn} & done; wait; echo finished")
+    assert summed["ok"] is False and "CPU-time limit of 1 s" in summed["error"], summed
+    assert "summed over all its processes" in summed["error"] and "finished" not in summed["stdout"]
+
+
+@pytest.mark.req("SB-3")
+def test_a_call_killed_at_any_moment_leaves_no_process_and_no_cgroup(tmp_path, per_call_each):
+    # A kill can land while bwrap is still cloning; killing the call's cgroup takes that child too.
+    marker = f"{7000 + secrets.randbelow(100_000) / 1000:.3f}"
+    for delay in range(0, 60, 6):
+        running = sandbox.start(
+            tmp_path,
+            ["bash", "-c", f"(setsid sleep {marker} &); sleep {marker}"],
+            limits=sandbox.Limits.from_settings(wall_seconds=30),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        assert running.cgroup is not None and running.cgroup.directories[0].is_dir()
+        time.sleep(delay / 1000)
+        running.kill()
+        sandbox.finish(running)
+        assert not any(directory.exists() for directory in running.cgroup.directories)
+    assert _alive(f"sleep {marker}") == "" and _leftover_cgroups(per_call_each) == []
+
+
 @pytest.mark.django_db
 @pytest.mark.req("SB-3")
-def test_the_disk_quota_covers_all_of_a_users_workspaces_and_a_refused_write_leaves_nothing(
-    alice, bob, settings, tmp_path
-):
+def test_the_disk_quota_covers_all_of_a_users_workspaces_and_nothing_past_it_stays(alice, bob, settings, tmp_path):
     settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
     settings.CC_WORKSPACE_QUOTA_MB = 2
+    quota_bytes = 2 * 1024 * 1024
     first, second = (Conversation.objects.create(owner=alice, title=t) for t in ("one", "two"))
     bobs = Conversation.objects.create(owner=bob, title="bob's")
-    (workspace_root(first.pk) / "old.bin").write_bytes(b"x" * 1_200_000)
+    old = workspace_root(first.pk) / "old.bin"
+    old.write_bytes(b"x" * 1_200_000)
     (workspace_root(bobs.pk) / "bob.bin").write_bytes(b"x" * 1_800_000)  # bob's use is bob's
-    box = WorkspaceToolBox(workspace_root(second.pk), conversation_id=second.pk, approve=_approve_all)
+    root = workspace_root(second.pk)
+    box = WorkspaceToolBox(root, conversation_id=second.pk, approve=_approve_all)
+
+    def usage() -> int:
+        return quota.tree_bytes(workspace_root(first.pk)) + quota.tree_bytes(root)
 
     refused = box.execute("write_file", {"path": "new.txt", "content": "y" * 1_000_000})
     assert refused["ok"] is False and "2 MB quota" in refused["error"] and "nothing was written" in refused["error"]
-    assert not (workspace_root(second.pk) / "new.txt").exists()
+    assert not (root / "new.txt").exists()
     assert box.execute("write_file", {"path": "small.txt", "content": "y" * 100_000})["ok"] is True
 
+    # Many files, one after the other: stopped, and the newest undone until alice fits again, the
+    # one being written when it was stopped first; what stays is whole.
     filler = _bash(box, "for i in $(seq 1 20); do head -c 200K /dev/zero > fill-$i; done")
-    assert filler["ok"] is False and "quota" in filler["error"] and "CC_WORKSPACE_QUOTA_MB" in filler["error"], filler
-    after = box.execute("write_file", {"path": "more.txt", "content": "z" * 500_000})
+    assert filler["ok"] is False and "CC_WORKSPACE_QUOTA_MB" in filler["error"], filler
+    assert "was undone (removed fill-" in filler["error"] and filler["quota_undone"], filler
+    assert usage() <= quota_bytes
+    kept = sorted(int(path.name.split("-")[1]) for path in root.glob("fill-*"))
+    assert kept == list(range(1, len(kept) + 1)) and kept, kept
+    assert all((root / f"fill-{i}").stat().st_size == 200 * 1024 for i in kept)
+    # Writers in parallel: the same end state, within the quota.
+    parallel = _bash(box, "for i in $(seq 1 12); do head -c 300K /dev/zero > par-$i & done; wait")
+    assert parallel["ok"] is False and "was undone" in parallel["error"], parallel
+    assert usage() <= quota_bytes
+    # One file past what is left: the file-size limit stops it at the quota, and it is removed.
+    big = _bash(box, "head -c 5M /dev/zero > big.bin")
+    assert big["ok"] is False and "reached your disk quota" in big["error"] and "removed big.bin" in big["error"]
+    assert not (root / "big.bin").exists() and usage() <= quota_bytes
+    assert old.stat().st_size == 1_200_000 and (root / "small.txt").stat().st_size == 100_000
+
+    # Over the quota (alice's other workspace grew meanwhile) a command still runs, to delete
+    # files, but cannot grow one.
+    old.write_bytes(b"x" * 2_000_000)
+    after = box.execute("write_file", {"path": "more.txt", "content": "z" * 10_000})
     assert after["ok"] is False and "quota" in after["error"]
-    # Over the quota a command still runs, to delete files, but cannot grow one.
     grow = _bash(box, "echo more >> small.txt")
     assert grow["ok"] is False and "reached your disk quota" in grow["error"], grow
-    assert _bash(box, "rm fill-*")["ok"] is True
-    assert box.execute("write_file", {"path": "more.txt", "content": "z" * 100_000})["ok"] is True
+    assert (root / "small.txt").stat().st_size == 100_000
+    assert _bash(box, "rm -f fill-* par-* small.txt")["ok"] is True
+    assert box.execute("write_file", {"path": "more.txt", "content": "z" * 50_000})["ok"] is True
     # Bob is not affected by alice's use.
     bob_box = WorkspaceToolBox(workspace_root(bobs.pk), conversation_id=bobs.pk, approve=_approve_all)
     assert bob_box.execute("write_file", {"path": "b.txt", "content": "b" * 100_000})["ok"] is True

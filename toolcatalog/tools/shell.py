@@ -18,7 +18,14 @@ from toolcatalog import quota, sandbox
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 
 DEFAULT_TIMEOUT_SECONDS = 120
-# What a limit looks like from outside, and what to tell the model about it.
+# A per-call limit (the call's cgroup) the call was killed for, and what to tell the model about it.
+_LIMITS = {
+    "processes": "it hit the process limit of {processes} (CC_SANDBOX_PROCESSES), counted over all its processes "
+    "and threads",
+    "memory": "it hit the memory limit of {memory} MB (CC_SANDBOX_MEMORY_MB), counted over all its processes",
+    "cpu": "it used more than its CPU-time limit of {cpu} s (CC_SANDBOX_CPU_SECONDS), summed over all its processes",
+}
+# What a per-process limit (rlimit) looks like from outside, and what to tell the model about it.
 _SIGNALS = {
     signal.SIGXCPU: "it used more than its CPU-time limit of {cpu} s (CC_SANDBOX_CPU_SECONDS)",
     signal.SIGXFSZ: "it wrote a file past the file-size limit ({fsize} bytes)",
@@ -54,9 +61,11 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         )
     limits = sandbox.Limits.from_settings(wall_seconds=timeout)
     others = quota.others_bytes(context)
-    used_before = others + quota.tree_bytes(context.root)
+    before = quota.Before.take(context.root)
+    used_before = others + before.usage
     # Past the quota a command still runs (to delete files) but cannot grow any file.
     fsize = max(0, min(limits.file_size_mb * 1024 * 1024, quota.quota_bytes() - used_before))
+    quota_bound = fsize < limits.file_size_mb * 1024 * 1024
 
     def over_quota() -> str | None:
         used = others + quota.tree_bytes(context.root)
@@ -77,6 +86,12 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
     )
     if result.stopped_by is None and (late := over_quota()):
         result.stopped_by = late
+    undone: list[str] = []
+    if result.stopped_by is not None or (quota_bound and _cut_by_file_size(result)):
+        # Nothing of the call past the quota stays (docs/security.md, The disk quota).
+        excess = others + quota.tree_bytes(context.root) - max(quota.quota_bytes(), used_before)
+        # A file cut short at 0 bytes (no quota left) holds nothing to undo.
+        undone = quota.undo_growth(context.root, before, excess=excess, cut_at=fsize if quota_bound and fsize else None)
     observation: Observation = {
         "ok": result.exit_code == 0 and not result.timed_out and result.stopped_by is None,
         "exit_code": result.exit_code,
@@ -103,10 +118,34 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         observation["error"] = "The command was cancelled and killed, with every process it started."
     elif result.stopped_by is not None:
         observation["error"] = f"The command went past the disk quota: {result.stopped_by}."
+    elif result.limit is not None:
+        observation["ok"] = False
+        observation["error"] = (
+            f"The command was killed, with every process it started{_limit_hit(result, limits, fsize)}."
+        )
     elif result.exit_code != 0 or any(words in observation["stderr"] for words in _BASH_LIMIT_WORDS):
         observation["ok"] = False
         observation["error"] = f"The command exited with code {result.exit_code}{_limit_hit(result, limits, fsize)}."
+    if undone:
+        observation["ok"] = False
+        observation["quota_undone"] = undone
+        observation["error"] = (
+            observation.get("error", "The command reached your disk quota (CC_WORKSPACE_QUOTA_MB).")
+            + f" What it wrote past the quota was undone ({_listing(undone)}). "
+            + f"{quota.describe(others + quota.tree_bytes(context.root))}."
+        )
     return observation
+
+
+def _cut_by_file_size(result: sandbox.Result) -> bool:
+    """The program met the file-size limit: SIGXFSZ, or EFBIG where it ignores the signal (Python does)."""
+    stderr = result.stderr.text()
+    return result.signal == signal.SIGXFSZ or "File size limit exceeded" in stderr or "File too large" in stderr
+
+
+def _listing(undone: list[str]) -> str:
+    shown = "; ".join(undone[:10])
+    return shown if len(undone) <= 10 else f"{shown}; and {len(undone) - 10} more"
 
 
 def _limit_hit(result: sandbox.Result, limits: sandbox.Limits, fsize: int) -> str:
@@ -117,8 +156,10 @@ def _limit_hit(result: sandbox.Result, limits: sandbox.Limits, fsize: int) -> st
         "fsize": fsize,
         "tmp": limits.tmp_mb,
     }
+    if result.limit is not None:
+        return "; " + _LIMITS[result.limit].format(**values)
     quota_bound = fsize < limits.file_size_mb * 1024 * 1024
-    if result.signal == signal.SIGXFSZ and quota_bound:
+    if quota_bound and _cut_by_file_size(result):
         return "; it reached your disk quota (CC_WORKSPACE_QUOTA_MB) and could not grow a file; delete files"
     if result.signal in _SIGNALS:
         return "; " + _SIGNALS[signal.Signals(result.signal)].format(**values)
