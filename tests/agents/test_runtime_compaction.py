@@ -13,6 +13,7 @@ from agents.models import ModelRequest, Run, RunEvent
 from agents.turns import reactive_compaction_hook as _reactive_compaction
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create
+from engine.context.transcript import RequestCount
 from engine.emulator import Emulator
 from engine.loop import run_turn
 from engine.providers.inprocess import EmulatorProvider
@@ -120,7 +121,7 @@ def test_a_prompt_the_provider_refuses_as_too_long_is_compacted_once_and_sent_ag
         toolbox=_NoTools(),
         emit=lambda kind, payload: events.append((kind, payload)),
         on_prompt_too_long=_reactive_compaction(
-            run, lambda kind, payload: events.append((kind, payload)), overhead=lambda: 10
+            run, lambda kind, payload: events.append((kind, payload)), overhead=lambda: RequestCount(system=10)
         ),
     )
     assert outcome.stop_reason == "end_turn"
@@ -148,7 +149,7 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
             history=history,
             toolbox=_NoTools(),
             emit=lambda kind, payload: None,
-            on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: None, overhead=lambda: 0),
+            on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: None, overhead=RequestCount),
         )
     assert refused.value.tokens > 400 and refused.value.maximum == 400
     assert not Compaction.objects.filter(conversation=conversation).exists()
@@ -175,15 +176,18 @@ class _BigTools(_NoTools):
 
 @pytest.mark.req("CH-12")
 def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(alice, settings):
-    from engine.context.transcript import overhead_tokens, transcript_tokens
+    from engine.context.transcript import overhead_count, transcript_tokens
     from engine.providers.protocol import PromptTooLong
+    from engine.tokens import tool_prompt_tokens
 
     settings.CC_COMPACT_TAIL_TOKENS = 1_000
     conversation = _long_conversation(alice, turns=4, output_chars=12_000)
     _, run = message_send(conversation=conversation, text="Summarize the audit.")
     history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
     system, tools = [text_block("You audit repositories. " * 40)], _BigTools()
-    overhead = overhead_tokens(system, tools.schemas())
+    # The provider's tool-use system prompt is part of what the history must leave room for.
+    tool_prompt = tool_prompt_tokens("emulator", "claude-sonnet-4-5")
+    overhead = overhead_count(system, tools.schemas(), tool_prompt=tool_prompt).total
     # The history alone fits the provider's window with room to spare; with system and tools it does not.
     window = transcript_tokens(history) + overhead // 2
     assert transcript_tokens(history) < window * 0.9 < transcript_tokens(history) + overhead
@@ -195,7 +199,9 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
         toolbox=tools,
         emit=lambda kind, payload: None,
         on_prompt_too_long=_reactive_compaction(
-            run, lambda kind, payload: None, overhead=lambda: overhead_tokens(system, tools.schemas())
+            run,
+            lambda kind, payload: None,
+            overhead=lambda: overhead_count(system, tools.schemas(), tool_prompt=tool_prompt),
         ),
     )
     assert outcome.stop_reason == "end_turn"
