@@ -456,3 +456,63 @@ def test_bad_compaction_requests_are_refused_and_store_nothing(alice, alice_api,
     )
     assert list(Run.objects.values_list("pk", flat=True)) == [turn.pk]
     assert not Compaction.objects.exists() and not ModelRequest.objects.exists()
+
+
+class _BuildsAndAnswers:
+    """A model that runs a command with a long output, then answers about it in a paragraph."""
+
+    def __call__(self, payload: dict) -> list[dict]:
+        from agents.summary import SUMMARY_SYSTEM
+
+        if payload["system"] and payload["system"][0]["text"].startswith(SUMMARY_SYSTEM[:40]):
+            return [{"type": "text", "text": "Summary: the build ran at every step and every log line said ok."}]
+        last = payload["messages"][-1]["content"]
+        if isinstance(last, list) and any(block.get("type") == "tool_result" for block in last):
+            return [{"type": "text", "text": "The build printed its log; every line says ok. " * 10}]
+        return [{"type": "tool_use", "name": "bash", "input": {"command": "seq -f 'build log line %g: ok' 1 220"}}]
+
+
+@pytest.mark.req("CH-12")
+def test_the_calibrated_estimate_follows_the_provider_while_compaction_changes_what_the_request_holds(
+    alice, settings, tmp_path
+):
+    """Tool output fills the requests, then passes elide it, turn it into pages or a summary: the mix of
+    what a request holds changes from one request to the next, and the provider (the emulator) counts
+    tool output, prose, the tool-use system prompt and pages each its own way."""
+    from agents.turns import CALIBRATION_REQUESTS
+    from engine.context.calibration import calibration_from
+    from engine.emulator.server import EmulatorServer
+
+    model = "claude-sonnet-4-5"
+    _window(settings, 8_000)
+    settings.CC_MODELS = {**settings.CC_MODELS, model: "anthropic"}
+    settings.CC_WORKSPACE_ROOT = tmp_path
+    settings.CC_TOOL_AUTO_APPROVE = ["bash"]
+    settings.SCRATCHPAD_THRESHOLD_BYTES = 100_000  # outputs stay in the transcript
+    conversation = conversation_create(owner=alice, title="mixed")
+    conversation.model = model
+    conversation.save()
+    with EmulatorServer(Emulator(policy=_BuildsAndAnswers(), context_window=8_000)) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        for turn in range(10):
+            conversation.refresh_from_db()
+            _, run = message_send(conversation=conversation, text=f"Step {turn}: run the build, say what it printed.")
+            run_execute(run_id=run.pk, worker="test")
+            run.refresh_from_db()
+            assert run.status == Run.Status.SUCCEEDED, run.error
+
+    requests = list(ModelRequest.objects.filter(run__conversation=conversation, subagent="").order_by("id"))
+    measured = [(RequestCount.from_dict(r.estimated_parts), r.prompt_tokens) for r in requests]
+    assert len(measured) == 20
+    assert all(count.total == r.estimated_tokens for (count, _), r in zip(measured, requests, strict=True))
+    # The mix did change: requests mostly tool output, requests with almost none left, requests with pages.
+    shares = [count.tool_results / count.total for count, _ in measured]
+    assert max(shares) > 0.3 and min(shares[1:]) < 0.05, shares
+    assert Compaction.objects.filter(conversation=conversation).exists()
+    assert any(count.images for count, _ in measured)
+    assert all(count.tool_prompt == 346 for count, _ in measured)  # the API's, with tools (EM-2)
+    # Every request after the first, estimated with what the requests before it measured, is within 3 %.
+    for index in range(1, len(measured)):
+        count, tokens = measured[index]
+        calibrated = calibration_from(measured[max(0, index - CALIBRATION_REQUESTS) : index]).tokens(count)
+        assert abs(calibrated - tokens) / tokens <= 0.03, (index, calibrated, tokens, count)
