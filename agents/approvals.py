@@ -86,7 +86,8 @@ def model_request_rows(run: Run, steps: list[StepRecord], *, subagent: Subagent 
             cache_miss=step.cache_miss,
             stop_reason=step.stop_reason,
             duration_ms=step.duration_ms,
-            estimated_tokens=step.estimated_tokens,
+            estimated_tokens=step.estimate.total,
+            estimated_parts=step.estimate.as_dict(),
         )
         for step in steps
     ]

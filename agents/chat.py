@@ -192,7 +192,7 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
         return CommandResult(
             name,
             f"{view['calibrated_tokens']} of {view['window_tokens']} tokens used "
-            f"(estimated {view['used_tokens']}, x{view['calibration']} from the last measured request).",
+            f"(estimated {view['used_tokens']}, x{view['calibration']} as the provider measured the latest requests).",
             view,
         )
     if name == "tree":

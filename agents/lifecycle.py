@@ -47,10 +47,10 @@ from controlcenter.errors import ServiceUnavailable
 from conversations.models import Compaction, Conversation, Message
 from engine.actions import ActionLimits, ApprovalNeeded, tool_result, tool_uses_of
 from engine.catalog.toolbox import CatalogToolBox
-from engine.context.transcript import overhead_tokens
+from engine.context.transcript import RequestCount, overhead_count
 from engine.loop import CANCEL_POLL_SECONDS, TurnCancelled, TurnOutcome, polled_at_most_every, run_turn
 from engine.providers.protocol import PromptTooLong, ProviderError
-from engine.tokens import estimate_json_tokens
+from engine.tokens import estimate_json_tokens, tool_prompt_tokens
 from scratchpad import services as scratchpad_services
 from toolcatalog import sandbox
 from toolcatalog.services import activations_record
@@ -381,11 +381,11 @@ def run_execute(run_id: int, *, worker: str) -> None:
         )
         system = turns.turn_system(catalog)
 
-        def overhead() -> int:
+        def overhead() -> RequestCount:
             # Measured when the provider refuses: tools loaded during the turn count too.
-            return overhead_tokens(system, toolbox.schemas())
+            return overhead_count(system, toolbox.schemas(), tool_prompt=tool_prompt_tokens(run.provider, run.model))
 
-        history = turns.turn_history(run, overhead_tokens=overhead(), emit=emit)
+        history = turns.turn_history(run, overhead=overhead(), emit=emit)
         with _tools_killed_on_cancel(run.conversation_id, lambda: _run_cancelled(run.pk)):
             return run_turn(
                 provider=get_provider(run.provider),

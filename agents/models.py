@@ -112,6 +112,9 @@ class ModelRequest(models.Model):
     # The runtime's own count of the whole request (CH-12), set beside what the provider measured,
     # so the next estimate of the conversation can be calibrated and the error audited.
     estimated_tokens = models.PositiveIntegerField(default=0)
+    # The same count by part (`engine.context.transcript.RequestCount`): calibration scales the
+    # heuristic parts and leaves the tool-use system prompt and images, counted by formula, alone.
+    estimated_parts = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

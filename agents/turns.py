@@ -26,11 +26,13 @@ from conversations.window import window_budget
 from engine.catalog.pins import pinnable
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context import ladder, transcript
+from engine.context.calibration import Calibration, Measured, calibration_from
+from engine.context.transcript import RequestCount
 from engine.loop import MakeRoom, ReactiveCompaction, RequestSize, Room
 from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
-from engine.tokens import CHARS_PER_TOKEN, estimate_text_tokens
+from engine.tokens import CHARS_PER_TOKEN, estimate_text_tokens, tool_prompt_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
@@ -142,14 +144,14 @@ class TurnContext:
 def turn_context(
     *,
     trigger: Message,
-    overhead_tokens: int,
+    overhead: RequestCount,
     run: Run | None = None,
     summarize: Callable[[str], str] | None = None,
 ) -> TurnContext:
     """The history for a turn answering `trigger`: the latest compaction view on the path plus what came after.
 
     Compaction runs proactively (CH-2) when the whole request (history, system and tools:
-    `overhead_tokens`) passes CC_COMPACT_AT_PERCENT of the context window, down to
+    `overhead`) passes CC_COMPACT_AT_PERCENT of the context window, down to
     CC_COMPACT_TO_PERCENT, with the rungs that need no model call. The pass starts from the
     stored messages, not from the view it replaces (CH-11); its view is stored and reused by
     later turns, so a pass is one rewrite, not a different prefix at every turn. When those
@@ -159,11 +161,12 @@ def turn_context(
     history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     # Thresholds in the provider's units, brought to our estimate's by the last measured request (CH-12).
-    factor = calibration(conversation_id=trigger.conversation_id, model=run.model if run else "")
+    count = overhead + transcript.messages_count(history)
+    factor = calibration(conversation_id=trigger.conversation_id, model=run.model if run else "").factor(count)
     trigger_at = int(window * settings.CC_COMPACT_AT_PERCENT / 100 / factor)
-    if transcript.transcript_tokens(history) + overhead_tokens <= trigger_at:
+    if count.total <= trigger_at:
         return TurnContext(history, None)
-    target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead_tokens)
+    target = max(1, int(window * settings.CC_COMPACT_TO_PERCENT / 100 / factor) - overhead.total)
     free: dict[str, Any] = {
         "conversation_id": trigger.conversation_id,
         "tip_id": trigger.pk,
@@ -172,7 +175,7 @@ def turn_context(
     }
     # With a provider to call, a free pass that would leave the request past the trigger is not
     # kept: the summary rung is then the only one that can fit the window (CH-14).
-    fits = trigger_at - overhead_tokens if summarize is not None else None
+    fits = trigger_at - overhead.total if summarize is not None else None
     done = compaction_pass(rungs=NO_CALL_RUNGS, trigger="proactive", fit_tokens=fits, **free)
     if fits is not None and done.compaction is None and done.result.tokens_after > fits:
         try:
@@ -189,29 +192,34 @@ def turn_context(
     return TurnContext(done.view, done.compaction)
 
 
-# How far a measured request may move our estimate: tokenizers differ from four characters a token
-# by 10-20 %, and a provider that counts an image some other way must not make every turn compact.
-CALIBRATION_BOUNDS = (0.8, 1.25)
+# How many of a conversation's latest answered requests calibrate its next estimate.
+CALIBRATION_REQUESTS = 12
 
 
-def calibration(*, conversation_id: int, model: str) -> float:
-    """Measured over estimated tokens of the conversation's latest answered request to `model` (CH-12).
-
-    The next estimate of the same conversation and model is multiplied by it, so the trigger
-    and the Context view speak in the provider's units; 1.0 before any request was answered.
-    """
-    latest = (
+def measured_requests(*, conversation_id: int, model: str) -> list[Measured]:
+    """The conversation's latest answered requests to `model`, oldest first: our count of each beside
+    the prompt tokens the provider measured (CH-12). A subagent's requests are its own conversation's."""
+    rows = (
         ModelRequest.objects.filter(
             run__conversation_id=conversation_id, model=model, subagent="", estimated_tokens__gt=0
         )
         .order_by("-id")
-        .values_list("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "estimated_tokens")
-        .first()
-    )
-    if latest is None or not sum(latest[:3]):
-        return 1.0
-    low, high = CALIBRATION_BOUNDS
-    return min(high, max(low, sum(latest[:3]) / latest[3]))
+        .values_list(
+            "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "estimated_tokens",
+            "estimated_parts",
+        )[:CALIBRATION_REQUESTS]
+    )  # fmt: skip
+    return [
+        # Recorded before the parts were: all of it taken as the heuristic's.
+        (RequestCount.from_dict(parts) if parts else RequestCount(messages=estimated), uncached + written + read)
+        for uncached, written, read, estimated, parts in reversed(rows)
+    ]
+
+
+def calibration(*, conversation_id: int, model: str) -> Calibration:
+    """What brings the next estimate of the conversation and `model` to the provider's units (CH-12):
+    none before any request was answered."""
+    return calibration_from(measured_requests(conversation_id=conversation_id, model=model))
 
 
 # Overflow recovery never depends on a model call (CH-2): snapshots are always available.
@@ -277,10 +285,10 @@ def reactive_compaction(
     return done.view, done.compaction
 
 
-def turn_history(run: Run, *, overhead_tokens: int, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
+def turn_history(run: Run, *, overhead: RequestCount, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
     """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
     summarize = run_summarizer(run, get_provider(run.provider))
-    context = turn_context(trigger=run.trigger, overhead_tokens=overhead_tokens, run=run, summarize=summarize)
+    context = turn_context(trigger=run.trigger, overhead=overhead, run=run, summarize=summarize)
     if context.compaction is not None:
         emit("compaction", compaction_event(context.compaction))
     pruning = turn_pruned(context.messages)
@@ -299,7 +307,7 @@ def compaction_event(compaction: Any) -> dict[str, Any]:
 
 
 def reactive_compaction_hook(
-    run: Run, emit: Callable[[str, dict[str, Any]], None], *, overhead: Callable[[], int]
+    run: Run, emit: Callable[[str, dict[str, Any]], None], *, overhead: Callable[[], RequestCount]
 ) -> ReactiveCompaction:
     """The loop's prompt-too-long hook: one ladder pass without a model call, recorded like any other (CH-2).
 
@@ -309,7 +317,7 @@ def reactive_compaction_hook(
 
     def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
         maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
-        fixed = overhead() + transcript.transcript_tokens(turn)
+        fixed = overhead().total + transcript.transcript_tokens(turn)
         history_tokens = transcript.transcript_tokens(history)
         estimated = fixed + history_tokens
         refused = error.tokens or estimated
@@ -341,18 +349,14 @@ def room_making_hook(run: Run, emit: Callable[[str, dict[str, Any]], None], *, m
     ladder pass without a model call shrinks the history; if the pass cannot free enough (the
     turn's own messages and the tool block are not the ladder's to shrink), the reply is asked
     for in the room that is left, never less than `min_output` tokens. Our estimate is brought
-    to the provider's units by the turn's previous request when there is one, else by the
-    conversation's last measured request (CH-12).
+    to the provider's units by the conversation's measured requests and the turn's own (CH-12).
     """
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     min_output = min(max_tokens, max(64, window // 32))
-    factor = calibration(conversation_id=run.conversation_id, model=run.model)
+    measured = measured_requests(conversation_id=run.conversation_id, model=run.model)
 
     def make_room(history: list[dict[str, Any]], turn: list[dict[str, Any]], size: RequestSize) -> Room | None:
-        nonlocal factor
-        if size.previous_measured and size.previous_estimated:
-            low, high = CALIBRATION_BOUNDS
-            factor = min(high, max(low, size.previous_measured / size.previous_estimated))
+        factor = calibration_from([*measured, *size.measured]).factor(size.count)
         if size.estimated * factor + max_tokens <= window * FIT_SHARE:
             return None
         fixed = size.estimated - size.history
@@ -402,10 +406,16 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
         tools=toolbox.schemas(),
         messages=pruning.messages,
     )
+    # The tool-use system prompt of the provider the next run would use (run_start reads CC_MODELS too).
+    tool_prompt = tool_prompt_tokens(settings.CC_MODELS.get(request.model, ""), request.model)
     view = export.context_breakdown(
-        request, window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS, tool_index_text=catalog.surface.index_text
+        request,
+        window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS,
+        tool_index_text=catalog.surface.index_text,
+        tool_prompt_tokens=tool_prompt,
     )
-    factor = calibration(conversation_id=conversation.pk, model=request.model)
+    count = transcript.request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+    calibrated = calibration(conversation_id=conversation.pk, model=request.model)
     entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
     resident_names = {tool.name for tool in catalog.surface.resident}
     tools = surface_context(catalog.surface)
@@ -414,8 +424,8 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
         "model": request.model,
         **view,
         # The same count calibrated by the conversation's last measured request: what the trigger uses (CH-12).
-        "calibration": round(factor, 4),
-        "calibrated_tokens": round(view["used_tokens"] * factor),
+        "calibration": round(calibrated.factor(count), 4),
+        "calibrated_tokens": calibrated.tokens(count),
         "tools": tools,
         "budget": window_budget(resident_tokens=tools["resident_tokens"]),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).

@@ -7,10 +7,12 @@ paragraph. The emulator's window is the session's, so a request past it is refus
 real provider would. Per window it reports the peak window use by the runtime's own count
 (the images by the documented formula) and by the emulator's recorded usage, the error of
 the calibrated estimate against the recorded usage after the first request (mean and max,
-requests with snapshot pages included: the emulator counts them by the same formula), the
-compactions by rung with the tokens they freed, failed runs, and the cost against the same
-session with compaction off (the off session runs in an unbounded window: it could not run
-in the real one).
+requests with snapshot pages included: the emulator counts them by the same formula; the
+calibration is the runtime's own, `agents.turns.calibration`, over what was recorded before
+each request), our count against the emulator's by part over the session (`by_part`: where
+an error comes from), the compactions by rung with the tokens they freed, failed runs, and
+the cost against the same session with compaction off (the off session runs in an unbounded
+window: it could not run in the real one).
 
 Cost units weigh tokens like Anthropic's prices: uncached input 1, cache writes 1.25,
 cache reads 0.1, output 5.
@@ -33,9 +35,12 @@ from django.test.utils import override_settings
 from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
 from agents.summary import SUMMARY_SYSTEM
+from agents.turns import CALIBRATION_REQUESTS
 from conversations.models import Compaction, Conversation, Message
-from engine.context.transcript import request_tokens
+from engine.context.calibration import calibration_from
+from engine.context.transcript import COUNTED_PARTS, FORMULA_PARTS, RequestCount
 from engine.emulator import Emulator
+from engine.emulator.cache import analyse
 from engine.emulator.server import EmulatorServer
 
 MODEL = "claude-sonnet-4-5"
@@ -75,6 +80,22 @@ def _is_summary(payload: dict[str, Any]) -> bool:
     return text.startswith(SUMMARY_SYSTEM[:40])
 
 
+def _provider_parts(payload: dict[str, Any]) -> dict[str, int]:
+    """The emulator's count of a request by the parts of our `RequestCount`."""
+    prompt = analyse(payload)
+    forced = (payload.get("tool_choice") or {}).get("type") in ("any", "tool")
+    parts = dict.fromkeys((*COUNTED_PARTS, *FORMULA_PARTS), 0)
+    kinds = {"tool": "tools", "system": "system", "image": "images", "tool_result": "tool_results"}
+    for block in prompt.blocks:
+        # Pages sit in user messages; an image inside a tool result is counted with the result here.
+        parts[kinds.get(block.kind, "messages")] += block.tokens
+    if payload.get("tools"):
+        # The API adds its tool-use system prompt to the first tool block (EM-2).
+        parts["tool_prompt"] = prompt.info["tool_prompt"][1 if forced else 0]
+        parts["tools"] -= parts["tool_prompt"]
+    return parts
+
+
 def _cost(requests: list[ModelRequest]) -> float:
     return sum(
         r.input_tokens + 1.25 * r.cache_creation_input_tokens + 0.1 * r.cache_read_input_tokens + 5 * r.output_tokens
@@ -110,14 +131,25 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
     payloads = [p for p in script.payloads[first_payload:] if not _is_summary(p)]
     summaries = ModelRequest.objects.filter(run__in=runs, subagent="summary").count()
     requests = list(ModelRequest.objects.filter(run__in=runs, subagent="").order_by("id"))
-    estimates = [request_tokens(p["system"], p.get("tools", []), p["messages"]) for p in payloads]
+    # The runtime's own count of each request, as it recorded it (the tool-use prompt included).
+    estimates = [r.estimated_tokens for r in requests]
+    measured = [(RequestCount.from_dict(r.estimated_parts), r.prompt_tokens) for r in requests]
     errors = []
-    for index in range(1, min(len(requests), len(payloads))):
-        previous, request = requests[index - 1], requests[index]
-        if not request.prompt_tokens:
+    for index in range(1, len(measured)):
+        count, prompt_tokens = measured[index]
+        if not prompt_tokens:
             continue
-        factor = min(1.25, max(0.8, previous.prompt_tokens / max(1, previous.estimated_tokens)))
-        errors.append(abs(request.estimated_tokens * factor - request.prompt_tokens) / request.prompt_tokens)
+        # What the runtime's calibration made of the requests recorded before this one.
+        calibrated = calibration_from(measured[max(0, index - CALIBRATION_REQUESTS) : index]).tokens(count)
+        errors.append(abs(calibrated - prompt_tokens) / prompt_tokens)
+    by_part: dict[str, dict[str, Any]] = {}
+    for (count, _), payload in zip(measured, payloads, strict=False):
+        for part, tokens in _provider_parts(payload).items():
+            entry = by_part.setdefault(part, {"estimated": 0, "measured": 0})
+            entry["estimated"] += getattr(count, part)
+            entry["measured"] += tokens
+    for entry in by_part.values():
+        entry["ratio"] = round(entry["measured"] / entry["estimated"], 4) if entry["estimated"] else None
     by_rung: dict[str, dict[str, int]] = {}
     for compaction in Compaction.objects.filter(conversation=conversation):
         entry = by_rung.setdefault(compaction.rung, {"passes": 0, "tokens_freed": 0})
@@ -133,6 +165,7 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
         "estimate_error_mean": round(statistics.mean(errors), 4) if errors else None,
         "estimate_error_max": round(max(errors), 4) if errors else None,
         "estimate_error_samples": len(errors),
+        "by_part": by_part,
         "compactions": by_rung,
         "summary_calls": summaries,
         "cost_units": round(_cost(list(ModelRequest.objects.filter(run__in=runs)))),

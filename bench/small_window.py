@@ -30,7 +30,7 @@ from bench.session import emulated_session
 from engine.actions import result_text
 from engine.context.transcript import request_tokens, transcript_tokens
 from engine.emulator import Emulator, TestClock
-from engine.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.tokens import estimate_json_tokens, estimate_text_tokens, tool_prompt_tokens
 
 LOG_TURN = 5
 SEARCHES = {3: "show the commit history of the repository", 13: "run a SQL query", 23: "assign a ticket"}
@@ -179,7 +179,12 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _estimate(payload: dict[str, Any]) -> int:
-    return request_tokens(payload.get("system", []), payload.get("tools", []), payload["messages"])
+    """Our count of the request, the tool-use system prompt the API adds included (CH-12)."""
+    forced = (payload.get("tool_choice") or {}).get("type") in ("any", "tool")
+    tool_prompt = tool_prompt_tokens("anthropic", payload["model"], forced=forced)
+    return request_tokens(
+        payload.get("system", []), payload.get("tools", []), payload["messages"], tool_prompt=tool_prompt
+    )
 
 
 def _detail(payload: dict[str, Any], counted: int, window: int) -> dict[str, Any]:

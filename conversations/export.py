@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.actions import result_as_text, result_text
-from engine.context.transcript import Msg, block_tokens, text_of, tool_result_ids
+from engine.context.transcript import Msg, block_tokens, overhead_count, text_of, tool_result_ids
 from engine.request import ModelRequestSpec
-from engine.tokens import estimate_json_tokens, estimate_text_tokens
+from engine.tokens import estimate_text_tokens
 
 PREVIEW_CHARS = 200
 
@@ -117,6 +117,7 @@ def rewind_note(label: str, digest: dict[str, Any]) -> str:
 CATEGORIES = (
     "system",
     "resident_tools",
+    "tool_prompt",
     "tool_index",
     "messages",
     "tool_results",
@@ -127,6 +128,7 @@ CATEGORIES = (
 CATEGORY_LABELS = {
     "system": "System prompt",
     "resident_tools": "Resident tool schemas",
+    "tool_prompt": "Tool-use system prompt",
     "tool_index": "Deferred name index",
     "messages": "Messages",
     "tool_results": "Tool results",
@@ -151,17 +153,22 @@ def is_scratchpad_stub(block: dict[str, Any]) -> bool:
     return isinstance(observation, dict) and isinstance(observation.get("scratchpad_id"), str)
 
 
-def context_breakdown(request: ModelRequestSpec, *, window_tokens: int, tool_index_text: str = "") -> dict[str, Any]:
+def context_breakdown(
+    request: ModelRequestSpec, *, window_tokens: int, tool_index_text: str = "", tool_prompt_tokens: int = 0
+) -> dict[str, Any]:
     """What fills the window, by category, for a request built the way a run builds it (CH-10 /context).
 
     The deferred-name index travels as a system block (TD-2); the block whose text is
-    `tool_index_text` is counted as the index, not as the system prompt.
+    `tool_index_text` is counted as the index, not as the system prompt. `tool_prompt_tokens` is
+    the system prompt the provider adds when the request has tools (`engine.tokens.tool_prompt_tokens`).
+    The total is `engine.context.transcript.request_tokens` of the same request (CH-12).
     """
     counts = dict.fromkeys(CATEGORIES, 0)
     for block in request.system:
         text = block.get("text", "")
         counts["tool_index" if tool_index_text and text == tool_index_text else "system"] += estimate_text_tokens(text)
-    counts["resident_tools"] = sum(estimate_json_tokens(tool) for tool in request.tools)
+    overhead = overhead_count([], request.tools, tool_prompt=tool_prompt_tokens)
+    counts["resident_tools"], counts["tool_prompt"] = overhead.tools, overhead.tool_prompt
     for message in request.messages:
         counts["messages"] += 4
         in_snapshot = any(

@@ -14,9 +14,11 @@ from typing import Any
 
 from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of, turn_observations
 from engine.breakpoints import place_breakpoints
-from engine.context.transcript import overhead_tokens, request_tokens, transcript_tokens
+from engine.context.calibration import Measured
+from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
 from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
+from engine.tokens import tool_prompt_tokens
 from engine.toolbox import ToolBox
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -77,8 +79,9 @@ class StepRecord:
     # Why the provider could not read the previous prefix, when the runtime knows: "tool_activation"
     # when it loaded tools on a provider without deferred loading (their schemas changed the prefix).
     cache_miss: str = ""
-    # The runtime's estimate of the whole request (system, tools, messages, images; CH-12).
-    estimated_tokens: int = 0
+    # The runtime's count of the whole request by part (system, tools, the provider's tool prompt,
+    # messages, tool results, images; CH-12), beside what the provider measured in `usage`.
+    estimate: RequestCount = RequestCount()
 
 
 @dataclass(frozen=True)
@@ -99,14 +102,18 @@ ReactiveCompaction = Callable[[list[dict[str, Any]], list[dict[str, Any]], Promp
 class RequestSize:
     """What the loop knows about the size of the request it is about to send (LM-2)."""
 
-    # Our estimate of the whole request: system, every tool sent, the history and this turn so far.
-    estimated: int
+    # Our count of the whole request: system, every tool sent (and the provider's tool prompt), the
+    # history and this turn so far.
+    count: RequestCount
     # The history's share of it: the only part a compaction pass can shrink.
     history: int
-    # The previous request of this turn, as measured by the provider and as we estimated it
-    # (0 before the first): the most recent calibration there is.
-    previous_measured: int = 0
-    previous_estimated: int = 0
+    # This turn's earlier requests, our count beside the provider's measure, oldest first (none before
+    # the first): the most recent calibration there is.
+    measured: tuple[Measured, ...] = ()
+
+    @property
+    def estimated(self) -> int:
+        return self.count.total
 
 
 @dataclass(frozen=True)
@@ -195,14 +202,18 @@ def run_turn(
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
-            room = _room_made(make_room, system, history, outcome, toolbox) if make_room is not None else None
+            choice = tool_choice if step == first_step else None
+            tool_prompt = tool_prompt_tokens(provider.name, model, forced=_forced(choice))
+            room = (
+                _room_made(make_room, system, history, outcome, toolbox, tool_prompt) if make_room is not None else None
+            )
             if room is not None and room.history is not None:
                 # A new history is a new prefix: the previous turn's end is no longer a breakpoint worth keeping.
                 history, previous_end = [_as_blocks(message) for message in room.history], None
             asked = room.max_tokens if room is not None and room.max_tokens else max_tokens
             request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
                                                   previous_end, is_cancelled, on_prompt_too_long, max_tokens=asked,
-                                                  tool_choice=tool_choice if step == first_step else None)  # fmt: skip
+                                                  tool_choice=choice)  # fmt: skip
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
             newly = _newly_loaded(request, loaded)
@@ -211,7 +222,8 @@ def run_turn(
             outcome.steps.append(
                 StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id,
                            tools_loaded=newly, cache_miss=miss,
-                           estimated_tokens=request_tokens(request.system, request.tools, request.messages))
+                           estimate=request_count(request.system, request.tools, request.messages,
+                                                  tool_prompt=tool_prompt))
             )  # fmt: skip
             if miss:
                 # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
@@ -276,18 +288,22 @@ def _room_made(
     history: list[dict[str, Any]],
     outcome: TurnOutcome,
     toolbox: ToolBox,
+    tool_prompt: int,
 ) -> Room | None:
     """Ask `make_room` about the request the loop is about to send, with its estimated size."""
-    history_tokens = transcript_tokens(history)
-    estimated = overhead_tokens(system, toolbox.schemas()) + history_tokens + transcript_tokens(outcome.messages)
-    last = outcome.steps[-1] if outcome.steps else None
+    history_count = messages_count(history)
+    count = overhead_count(system, toolbox.schemas(), tool_prompt=tool_prompt) + history_count
     size = RequestSize(
-        estimated=estimated,
-        history=history_tokens,
-        previous_measured=last.usage.prompt_tokens if last else 0,
-        previous_estimated=last.estimated_tokens if last else 0,
+        count=count + messages_count(outcome.messages),
+        history=history_count.total,
+        measured=tuple((step.estimate, step.usage.prompt_tokens) for step in outcome.steps),
     )
     return make_room(history, outcome.messages, size)
+
+
+def _forced(tool_choice: dict[str, Any] | None) -> bool:
+    """A tool_choice that makes the model call a tool: the provider's tool prompt differs then."""
+    return (tool_choice or {}).get("type") in ("any", "tool")
 
 
 def _request(

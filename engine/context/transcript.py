@@ -61,18 +61,34 @@ def image_size(block: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def block_tokens(block: dict[str, Any], *, image_rule: str = "area") -> int:
+    return sum(block_parts(block, image_rule=image_rule).values())
+
+
+def block_parts(block: dict[str, Any], *, image_rule: str = "area") -> dict[str, int]:
+    """A content block's tokens by the part of a `RequestCount` they belong to."""
     kind = block.get("type")
     if kind == "text":
-        return estimate_text_tokens(block.get("text", ""))
+        return {"messages": estimate_text_tokens(block.get("text", ""))}
     if kind == "image":
         size = image_size(block)
-        return image_tokens(*size, rule=image_rule) if size else UNKNOWN_IMAGE_TOKENS
+        return {"images": image_tokens(*size, rule=image_rule) if size else UNKNOWN_IMAGE_TOKENS}
     if kind == "tool_result":
         content = block.get("content")
         if isinstance(content, list):
-            return 8 + sum(block_tokens(inner, image_rule=image_rule) for inner in content)
-        return 8 + estimate_text_tokens(content if isinstance(content, str) else json.dumps(content))
-    return estimate_json_tokens(block)
+            parts = {"tool_results": 8}
+            for inner in content:
+                for part, tokens in block_parts(inner, image_rule=image_rule).items():
+                    # Text inside a result is the tool's output, whatever block it comes in.
+                    part = "images" if part == "images" else "tool_results"
+                    parts[part] = parts.get(part, 0) + tokens
+            return parts
+        return {"tool_results": 8 + estimate_text_tokens(content if isinstance(content, str) else json.dumps(content))}
+    # A cache marker is not billed: the API reads it and drops it.
+    return {"messages": estimate_json_tokens(_unmarked(block))}
+
+
+def _unmarked(value: dict[str, Any]) -> dict[str, Any]:
+    return {key: item for key, item in value.items() if key != "cache_control"}
 
 
 def message_tokens(message: Msg, *, image_rule: str = "area") -> int:
@@ -178,11 +194,96 @@ def api_messages(messages: Sequence[Msg]) -> list[Msg]:
     return [{"role": message["role"], "content": message["content"]} for message in messages]
 
 
-def overhead_tokens(system: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> int:
-    """What a request carries besides its messages: the system blocks' text and every tool schema sent."""
-    return sum(estimate_text_tokens(block.get("text", "")) for block in system) + sum(
-        estimate_json_tokens(tool) for tool in tools
+# Parts of a request counted with our characters-a-token heuristic: a calibration scales them to the
+# provider's tokenizer. The other parts are counted by the provider's documented rule and never scaled.
+COUNTED_PARTS = ("system", "tools", "messages", "tool_results")
+FORMULA_PARTS = ("tool_prompt", "images")
+
+
+@dataclass(frozen=True)
+class RequestCount:
+    """Our count of one request by part (CH-12).
+
+    `tool_prompt` is the system prompt the provider adds when tools are present (a documented
+    size per model) and `images` are counted by the documented size formula: neither is text our
+    heuristic could mis-count, so calibration leaves them as they are (`formula`). The rest
+    (`counted`) is four characters a token, which a provider's tokenizer sees differently.
+    """
+
+    system: int = 0
+    tools: int = 0
+    tool_prompt: int = 0
+    messages: int = 0
+    tool_results: int = 0
+    images: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.counted + self.formula
+
+    @property
+    def formula(self) -> int:
+        return self.tool_prompt + self.images
+
+    @property
+    def counted(self) -> int:
+        return self.system + self.tools + self.messages + self.tool_results
+
+    def __add__(self, other: RequestCount) -> RequestCount:
+        return RequestCount(
+            **{part: getattr(self, part) + getattr(other, part) for part in (*COUNTED_PARTS, *FORMULA_PARTS)}
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {part: getattr(self, part) for part in (*COUNTED_PARTS, *FORMULA_PARTS)}
+
+    @classmethod
+    def from_dict(cls, parts: dict[str, Any]) -> RequestCount:
+        return cls(**{part: int(parts.get(part, 0)) for part in (*COUNTED_PARTS, *FORMULA_PARTS)})
+
+
+def messages_count(messages: Sequence[Msg], *, image_rule: str = "area") -> RequestCount:
+    """The messages' share of a request by part; its total is `transcript_tokens(messages)`."""
+    parts = dict.fromkeys(("messages", "tool_results", "images"), 0)
+    for message in messages:
+        parts["messages"] += 4
+        for block in message.get("content") or []:
+            for part, tokens in block_parts(block, image_rule=image_rule).items():
+                parts[part] += tokens
+    return RequestCount(**parts)
+
+
+def overhead_count(
+    system: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *, tool_prompt: int = 0
+) -> RequestCount:
+    """What a request carries besides its messages: the system blocks' text, every tool schema sent and,
+    when there are tools, the tool-use system prompt the provider adds (`tool_prompt`, its documented size)."""
+    return RequestCount(
+        system=sum(estimate_text_tokens(block.get("text", "")) for block in system),
+        tools=sum(estimate_json_tokens(_unmarked(tool)) for tool in tools),
+        tool_prompt=tool_prompt if tools else 0,
     )
+
+
+def overhead_tokens(system: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *, tool_prompt: int = 0) -> int:
+    return overhead_count(system, tools, tool_prompt=tool_prompt).total
+
+
+def request_count(
+    system: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]],
+    messages: Sequence[Msg],
+    *,
+    tool_prompt: int = 0,
+    image_rule: str = "area",
+) -> RequestCount:
+    """The one estimate of a whole request (CH-12): system, tools and the provider's tool-use prompt,
+    messages, images by the documented rule.
+
+    The trigger, the Context view, reactive recovery and the recorded estimate all use it,
+    so they can never disagree about whether a request fits.
+    """
+    return overhead_count(system, tools, tool_prompt=tool_prompt) + messages_count(messages, image_rule=image_rule)
 
 
 def request_tokens(
@@ -190,11 +291,7 @@ def request_tokens(
     tools: Sequence[dict[str, Any]],
     messages: Sequence[Msg],
     *,
+    tool_prompt: int = 0,
     image_rule: str = "area",
 ) -> int:
-    """The one estimate of a whole request (CH-12): system, tools, messages, images by the documented rule.
-
-    The trigger, the Context view, reactive recovery and the recorded estimate all use it,
-    so they can never disagree about whether a request fits.
-    """
-    return overhead_tokens(system, tools) + transcript_tokens(messages, image_rule=image_rule)
+    return request_count(system, tools, messages, tool_prompt=tool_prompt, image_rule=image_rule).total

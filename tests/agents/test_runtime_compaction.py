@@ -13,6 +13,7 @@ from agents.models import ModelRequest, Run, RunEvent
 from agents.turns import reactive_compaction_hook as _reactive_compaction
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import conversation_create
+from engine.context.transcript import RequestCount
 from engine.emulator import Emulator
 from engine.loop import run_turn
 from engine.providers.inprocess import EmulatorProvider
@@ -120,7 +121,7 @@ def test_a_prompt_the_provider_refuses_as_too_long_is_compacted_once_and_sent_ag
         toolbox=_NoTools(),
         emit=lambda kind, payload: events.append((kind, payload)),
         on_prompt_too_long=_reactive_compaction(
-            run, lambda kind, payload: events.append((kind, payload)), overhead=lambda: 10
+            run, lambda kind, payload: events.append((kind, payload)), overhead=lambda: RequestCount(system=10)
         ),
     )
     assert outcome.stop_reason == "end_turn"
@@ -148,7 +149,7 @@ def test_when_one_pass_cannot_fit_the_run_fails_with_the_measured_size(alice, se
             history=history,
             toolbox=_NoTools(),
             emit=lambda kind, payload: None,
-            on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: None, overhead=lambda: 0),
+            on_prompt_too_long=_reactive_compaction(run, lambda kind, payload: None, overhead=RequestCount),
         )
     assert refused.value.tokens > 400 and refused.value.maximum == 400
     assert not Compaction.objects.filter(conversation=conversation).exists()
@@ -175,15 +176,18 @@ class _BigTools(_NoTools):
 
 @pytest.mark.req("CH-12")
 def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(alice, settings):
-    from engine.context.transcript import overhead_tokens, transcript_tokens
+    from engine.context.transcript import overhead_count, transcript_tokens
     from engine.providers.protocol import PromptTooLong
+    from engine.tokens import tool_prompt_tokens
 
     settings.CC_COMPACT_TAIL_TOKENS = 1_000
     conversation = _long_conversation(alice, turns=4, output_chars=12_000)
     _, run = message_send(conversation=conversation, text="Summarize the audit.")
     history = [{"role": m.role, "content": m.content} for m in Message.objects.filter(conversation=conversation)]
     system, tools = [text_block("You audit repositories. " * 40)], _BigTools()
-    overhead = overhead_tokens(system, tools.schemas())
+    # The provider's tool-use system prompt is part of what the history must leave room for.
+    tool_prompt = tool_prompt_tokens("emulator", "claude-sonnet-4-5")
+    overhead = overhead_count(system, tools.schemas(), tool_prompt=tool_prompt).total
     # The history alone fits the provider's window with room to spare; with system and tools it does not.
     window = transcript_tokens(history) + overhead // 2
     assert transcript_tokens(history) < window * 0.9 < transcript_tokens(history) + overhead
@@ -195,7 +199,9 @@ def test_recovery_counts_system_and_tools_when_they_push_a_fitting_history_over(
         toolbox=tools,
         emit=lambda kind, payload: None,
         on_prompt_too_long=_reactive_compaction(
-            run, lambda kind, payload: None, overhead=lambda: overhead_tokens(system, tools.schemas())
+            run,
+            lambda kind, payload: None,
+            overhead=lambda: overhead_count(system, tools.schemas(), tool_prompt=tool_prompt),
         ),
     )
     assert outcome.stop_reason == "end_turn"
@@ -450,3 +456,63 @@ def test_bad_compaction_requests_are_refused_and_store_nothing(alice, alice_api,
     )
     assert list(Run.objects.values_list("pk", flat=True)) == [turn.pk]
     assert not Compaction.objects.exists() and not ModelRequest.objects.exists()
+
+
+class _BuildsAndAnswers:
+    """A model that runs a command with a long output, then answers about it in a paragraph."""
+
+    def __call__(self, payload: dict) -> list[dict]:
+        from agents.summary import SUMMARY_SYSTEM
+
+        if payload["system"] and payload["system"][0]["text"].startswith(SUMMARY_SYSTEM[:40]):
+            return [{"type": "text", "text": "Summary: the build ran at every step and every log line said ok."}]
+        last = payload["messages"][-1]["content"]
+        if isinstance(last, list) and any(block.get("type") == "tool_result" for block in last):
+            return [{"type": "text", "text": "The build printed its log; every line says ok. " * 10}]
+        return [{"type": "tool_use", "name": "bash", "input": {"command": "seq -f 'build log line %g: ok' 1 220"}}]
+
+
+@pytest.mark.req("CH-12")
+def test_the_calibrated_estimate_follows_the_provider_while_compaction_changes_what_the_request_holds(
+    alice, settings, tmp_path
+):
+    """Tool output fills the requests, then passes elide it, turn it into pages or a summary: the mix of
+    what a request holds changes from one request to the next, and the provider (the emulator) counts
+    tool output, prose, the tool-use system prompt and pages each its own way."""
+    from agents.turns import CALIBRATION_REQUESTS
+    from engine.context.calibration import calibration_from
+    from engine.emulator.server import EmulatorServer
+
+    model = "claude-sonnet-4-5"
+    _window(settings, 8_000)
+    settings.CC_MODELS = {**settings.CC_MODELS, model: "anthropic"}
+    settings.CC_WORKSPACE_ROOT = tmp_path
+    settings.CC_TOOL_AUTO_APPROVE = ["bash"]
+    settings.SCRATCHPAD_THRESHOLD_BYTES = 100_000  # outputs stay in the transcript
+    conversation = conversation_create(owner=alice, title="mixed")
+    conversation.model = model
+    conversation.save()
+    with EmulatorServer(Emulator(policy=_BuildsAndAnswers(), context_window=8_000)) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        for turn in range(10):
+            conversation.refresh_from_db()
+            _, run = message_send(conversation=conversation, text=f"Step {turn}: run the build, say what it printed.")
+            run_execute(run_id=run.pk, worker="test")
+            run.refresh_from_db()
+            assert run.status == Run.Status.SUCCEEDED, run.error
+
+    requests = list(ModelRequest.objects.filter(run__conversation=conversation, subagent="").order_by("id"))
+    measured = [(RequestCount.from_dict(r.estimated_parts), r.prompt_tokens) for r in requests]
+    assert len(measured) == 20
+    assert all(count.total == r.estimated_tokens for (count, _), r in zip(measured, requests, strict=True))
+    # The mix did change: requests mostly tool output, requests with almost none left, requests with pages.
+    shares = [count.tool_results / count.total for count, _ in measured]
+    assert max(shares) > 0.3 and min(shares[1:]) < 0.05, shares
+    assert Compaction.objects.filter(conversation=conversation).exists()
+    assert any(count.images for count, _ in measured)
+    assert all(count.tool_prompt == 346 for count, _ in measured)  # the API's, with tools (EM-2)
+    # Every request after the first, estimated with what the requests before it measured, is within 3 %.
+    for index in range(1, len(measured)):
+        count, tokens = measured[index]
+        calibrated = calibration_from(measured[max(0, index - CALIBRATION_REQUESTS) : index]).tokens(count)
+        assert abs(calibrated - tokens) / tokens <= 0.03, (index, calibrated, tokens, count)

@@ -22,15 +22,18 @@ import pytest
 from django.db import connection
 
 from agents.models import ModelRequest, Run
+from agents.turns import CALIBRATION_REQUESTS
 from controlcenter.processes import WorkerProcess, services_env
 from conversations import selectors
 from conversations.compaction import tail_budget
 from conversations.models import Compaction, Conversation
 from engine.context import ladder
+from engine.context.calibration import calibration_from
 from engine.context.snapshots import page_for_window
-from engine.context.transcript import api_messages, request_tokens
+from engine.context.transcript import RequestCount, api_messages, request_tokens
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
+from engine.tokens import tool_prompt_tokens
 from engine.window import budget_for_window
 
 MODEL = "claude-sonnet-4-5"
@@ -38,6 +41,8 @@ WINDOW = 20_000
 TURNS = 40
 # A model's answers are prose the free rungs cannot shorten: only pages (or a summary) can.
 NOTES = "What I checked, step by step, and what I would look at next before changing the build. " * 12
+# The system prompt the API adds to a request with tools (EM-2): part of every request's count.
+TOOL_PROMPT = tool_prompt_tokens("anthropic", MODEL)
 STUBS = ("[elided", "[snapshot", "[image dropped")
 
 
@@ -141,21 +146,22 @@ def test_a_long_session_keeps_compacting_from_the_stored_messages(worker, model_
     payloads = script.payloads[first_payload:]
     assert len(payloads) == 2 * TURNS
     for index, payload in enumerate(payloads):
-        estimate = request_tokens(payload["system"], payload["tools"], payload["messages"])
+        estimate = request_tokens(payload["system"], payload["tools"], payload["messages"], tool_prompt=TOOL_PROMPT)
         assert estimate <= WINDOW, (index, estimate)
         question = f"Step {index // 2}: run the build"
         assert any(question in text for message in payload["messages"] for text in _texts(message)), index
 
     # The runtime records its own count of every request beside the provider's, and calibrated by
-    # the request before it, it lands within 3 % (CH-12), pages included.
+    # the requests before it, it lands within 3 % (CH-12), pages included.
     requests = list(ModelRequest.objects.filter(run__in=runs).order_by("id"))
     assert len(requests) == len(payloads) and all(r.estimated_tokens > 0 for r in requests)
     assert all(r.prompt_tokens <= WINDOW for r in requests)
+    measured = [(RequestCount.from_dict(r.estimated_parts), r.prompt_tokens) for r in requests]
     errors = []
-    for index in range(1, len(requests)):
-        previous, request = requests[index - 1], requests[index]
-        factor = min(1.25, max(0.8, previous.prompt_tokens / previous.estimated_tokens))
-        errors.append(abs(request.estimated_tokens * factor - request.prompt_tokens) / request.prompt_tokens)
+    for index in range(1, len(measured)):
+        count, prompt_tokens = measured[index]
+        calibrated = calibration_from(measured[max(0, index - CALIBRATION_REQUESTS) : index]).tokens(count)
+        errors.append(abs(calibrated - prompt_tokens) / prompt_tokens)
     assert len(errors) == len(requests) - 1 and max(errors) <= 0.03, sorted(errors)[-5:]
 
     # The runtime passed the threshold several times; each pass was worth recording (CH-11).

@@ -13,6 +13,7 @@ from agents.turns import turn_history as _turn_history
 from controlcenter.errors import DomainError
 from conversations import selectors, services
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
+from engine.context.transcript import RequestCount
 from tests.support.factories import CheckpointFactory
 from tests.support.history import add_turn
 
@@ -128,7 +129,7 @@ def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests
 
     _, run = chat.message_send(conversation=explored, text="Try an adapter instead.")
     # The history the run sends, built by the runtime's own turn-building code.
-    sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
+    sent = _turn_history(run, overhead=RequestCount(), emit=lambda kind, payload: None)
     assert sent[: len(at_checkpoint)] == at_checkpoint  # nothing before the checkpoint was rewritten
     assert len(sent) == len(at_checkpoint) + 1
     note, prompt = sent[-1]["content"]
@@ -143,7 +144,7 @@ def test_the_next_turn_sends_the_rewind_digest_after_the_checkpoint_and_requests
     assert run.status == Run.Status.SUCCEEDED, run.error
     explored.refresh_from_db()
     _, second = chat.message_send(conversation=explored, text="Go on.")
-    later = _turn_history(second, overhead_tokens=0, emit=lambda kind, payload: None)
+    later = _turn_history(second, overhead=RequestCount(), emit=lambda kind, payload: None)
     assert later[: len(sent)] == sent and len(later) == len(sent) + 2
 
     # /context and the export show the note where the model reads it; the stored prompt is unchanged.
@@ -169,6 +170,6 @@ def test_a_compaction_at_the_checkpoint_keeps_the_rewind_note_of_the_prompt_afte
     services.conversation_rewind(conversation=explored, label="cp")
     chat.command_run(conversation=explored, text="/shake")  # a compaction view whose tip is the checkpoint
     _, run = chat.message_send(conversation=explored, text="Do the safe thing.")
-    sent = _turn_history(run, overhead_tokens=0, emit=lambda kind, payload: None)
+    sent = _turn_history(run, overhead=RequestCount(), emit=lambda kind, payload: None)
     note, prompt = sent[-1]["content"]
     assert prompt["text"] == "Do the safe thing." and '"Try the risky idea."' in note["text"]

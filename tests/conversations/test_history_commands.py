@@ -9,6 +9,7 @@ from agents.models import Run
 from controlcenter.errors import DomainError
 from conversations import commands, selectors
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from engine.tokens import tool_prompt_tokens
 from tests.support.factories import ModelRequestFactory, RunFactory
 from tests.support.history import add_turn
 
@@ -120,8 +121,8 @@ def test_every_command_dispatches_to_its_service(explored, settings):
     context = send("/context")
     names = [c["name"] for c in context.data["categories"]]
     assert names == [
-        "system", "resident_tools", "tool_index", "messages", "tool_results", "scratchpad", "images", "snapshots",
-        "free",
+        "system", "resident_tools", "tool_prompt", "tool_index", "messages", "tool_results", "scratchpad",
+        "images", "snapshots", "free",
     ]  # fmt: skip
     by_name = {c["name"]: c["tokens"] for c in context.data["categories"]}
     assert by_name["system"] > 0 and by_name["resident_tools"] > 0
@@ -167,12 +168,19 @@ def test_export_a_path_as_json_and_markdown(explored):
 def test_context_is_calibrated_by_the_last_measured_request(explored, alice, client):
     plain = chat.message_send(conversation=explored, text="/context").command.data
     assert plain["calibration"] == 1.0 and plain["calibrated_tokens"] == plain["used_tokens"]
+    by_name = {c["name"]: c["tokens"] for c in plain["categories"]}
+    assert by_name["tool_prompt"] == tool_prompt_tokens("offline", plain["model"]) > 0
     run = RunFactory(conversation=explored, trigger=explored.tip, model=plain["model"])
-    # The provider counted 10 % more than the runtime estimated for the last request.
-    ModelRequestFactory(run=run, input_tokens=1_100, estimated_tokens=1_000)
+    # The provider counted 10 % more text than the runtime estimated for the last request; its
+    # tool-use system prompt (counted by its documented size) was as estimated.
+    ModelRequestFactory(
+        run=run, input_tokens=1_090, estimated_tokens=1_000, estimated_parts={"messages": 900, "tool_prompt": 100}
+    )
     view = chat.message_send(conversation=explored, text="/context").command
-    assert view.data["calibration"] == 1.1
-    assert view.data["calibrated_tokens"] == round(view.data["used_tokens"] * 1.1)
+    # Only the heuristic parts are scaled: the tool prompt and images are the provider's own figures.
+    formula = by_name["tool_prompt"] + by_name["images"] + by_name["snapshots"]
+    assert view.data["calibrated_tokens"] == formula + round((view.data["used_tokens"] - formula) * 1.1)
+    assert view.data["calibration"] == round(view.data["calibrated_tokens"] / view.data["used_tokens"], 4) > 1.05
     assert f"{view.data['calibrated_tokens']} of" in view.detail
     client.force_login(alice)
     page = client.get(f"/conversations/{explored.pk}/context/").content.decode()

@@ -116,8 +116,8 @@ def test_composed_context_counts_every_category_from_the_run_code_path(alice, br
     view = turns.context_view(conversation=branched)
     by_name = {c["name"]: c["tokens"] for c in view["categories"]}
     assert list(by_name) == [
-        "system", "resident_tools", "tool_index", "messages", "tool_results", "scratchpad", "images", "snapshots",
-        "free",
+        "system", "resident_tools", "tool_prompt", "tool_index", "messages", "tool_results", "scratchpad",
+        "images", "snapshots", "free",
     ]  # fmt: skip
     surface, _ = run_surface()
     tools = surface_context(surface)

@@ -14,6 +14,7 @@ from engine.loop import PausedTurn, RequestSize, Room, TurnCancelled, run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block
+from engine.tokens import tool_prompt_tokens
 from toolcatalog.builtins import WorkspaceToolBox
 
 MODEL = "claude-sonnet-4-5"
@@ -239,9 +240,15 @@ def test_the_loop_asks_before_every_request_and_sends_what_the_hook_makes_room_w
     outcome, _ = turn(model, box, make_room=make_room, max_tokens=1000)
     assert len(seen) == 2 and seen[1].estimated > seen[0].estimated
     assert seen[1].history == seen[0].history  # the growth is this turn's, not the history's
-    # The second size carries the first request's measured and estimated tokens: the latest calibration.
-    assert seen[0].previous_measured == 0 and seen[1].previous_measured == outcome.steps[0].usage.prompt_tokens
-    assert seen[1].previous_estimated == outcome.steps[0].estimated_tokens > 0
+    # The second size carries the first request's measured tokens and our count of it: the latest calibration.
+    assert seen[0].measured == () and seen[1].measured == (
+        (outcome.steps[0].estimate, outcome.steps[0].usage.prompt_tokens),
+    )
+    assert outcome.steps[0].estimate.total > 0
+    # The provider adds its tool-use system prompt to a request with tools; the count has it, uncalibrated.
+    assert (
+        seen[0].count.tool_prompt == outcome.steps[0].estimate.tool_prompt == tool_prompt_tokens("emulator", MODEL) > 0
+    )
     first, second = model.requests
     assert first.max_tokens == 1000 and second.max_tokens == 300
     assert second.messages[0]["content"] == [text_block("go, compacted")]
