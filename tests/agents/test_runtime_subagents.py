@@ -114,7 +114,10 @@ def fanout(settings, tmp_path):
         settings.CC_RUN_QUEUE = f"runtime-test-{uuid.uuid4().hex[:8]}"
         settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
         settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
-        settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS = 10
+        # Siblings wait for the first child's first streamed event (the cache write) at most this
+        # long. Under CI's load the first child has taken over the default 10 s to start, and
+        # siblings that go first write the prefix themselves (the sharing test then fails).
+        settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS = 30
         settings.CC_TOOL_AUTO_APPROVE = []
         if settings.CC_MODE != "services":
             return None
@@ -125,6 +128,7 @@ def fanout(settings, tmp_path):
             CC_WORKSPACE_ROOT=str(settings.CC_WORKSPACE_ROOT),
             CC_RUN_QUEUE=settings.CC_RUN_QUEUE,
             CC_TOOL_AUTO_APPROVE="",
+            CC_SUBAGENT_RELEASE_WAIT_SECONDS=str(settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS),
         )
         worker = WorkerProcess(
             env, f"children-{uuid.uuid4().hex[:6]}@%h", tmp_path / "children.log",
