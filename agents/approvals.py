@@ -153,7 +153,10 @@ def approval_record(*, approval_id: int, user: User, decision: str) -> tuple[App
     if approval is None:
         raise NotFound(f"Approval {approval_id} does not exist.")
     # The run row is the lock: two decisions on one run serialize, so exactly one re-queues it.
-    run = Run.objects.select_for_update().get(pk=approval.run_id)
+    # NO KEY UPDATE: rows that only reference the run (a child's events, stored meanwhile) must not
+    # wait for it. Django's foreign keys are checked at commit with FOR KEY SHARE; under FOR UPDATE
+    # a child's event insert, numbered like the decision's own event, deadlocked with the decision.
+    run = Run.objects.select_for_update(no_key=True).get(pk=approval.run_id)
     approval = Approval.objects.select_for_update().get(pk=approval.pk)
     if approval.status != Approval.Status.PENDING:
         raise Conflict(f"Approval {approval.pk} was already decided ({approval.status}).")

@@ -260,7 +260,7 @@ def run_cancel_now(run: Run) -> bool:
     cancelled result (OP-3): the model sees on the next turn what it asked for and that it did not run."""
     with transaction.atomic():
         locked = (
-            Run.objects.select_for_update()
+            Run.objects.select_for_update(no_key=True)
             .filter(pk=run.pk, status__in=[Run.Status.QUEUED, Run.Status.WAITING])
             .select_related("trigger")
             .first()
@@ -361,7 +361,13 @@ def run_execute(run_id: int, *, worker: str) -> None:
 
     started = {"provider": run.provider, "model": run.model, "mode": run.mode.name if run.mode else None}
     retry_of = _retry_of(run)
-    emit("run_started", {**started, "worker": worker, **({"retry_of": retry_of} if retry_of else {})})
+    try:
+        emit("run_started", {**started, "worker": worker, **({"retry_of": retry_of} if retry_of else {})})
+    except Exception as exc:
+        # Claimed but not started: ended here, or it would stay "running" under a live worker.
+        logger.exception("run %s could not start", run.pk)
+        run_finish(run, Run.Status.FAILED, f"internal error while starting the run: {type(exc).__name__}: {exc}")
+        return
     if run.compact_rungs is not None:
         _compaction_execute(run, emit, publisher)
         return
@@ -479,7 +485,9 @@ def _persist_turn(
     run: Run, outcome: TurnOutcome, toolbox: CatalogToolBox | None, *, status: str = Run.Status.SUCCEEDED
 ) -> Message | None:
     # Only a run that is still running may store its turn, decided under the row lock.
-    if not list(Run.objects.select_for_update().filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")):
+    if not list(
+        Run.objects.select_for_update(no_key=True).filter(pk=run.pk, status=Run.Status.RUNNING).values_list("pk")
+    ):
         return None
     parent = _append_turn(run, outcome.messages)
     ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
@@ -578,7 +586,6 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
 
     with subagents.db_turn():
         publisher = RunEventPublisher(parent)
-    subagents.subagent_status_event(publisher, child, Run.Status.RUNNING)
 
     def emit(kind: str, payload: dict[str, Any]) -> None:
         if kind in ("text_delta", "tool_call", "usage"):
@@ -588,6 +595,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
             subagents.subagent_event(publisher, child, f"subagent_{kind}", payload)
 
     def turn() -> TurnOutcome:
+        # Inside the turn: a claimed child whose first write fails ends failed, instead of staying
+        # "running" (its worker alive, so no reaper) until its parent gives up on it.
+        subagents.subagent_status_event(publisher, child, Run.Status.RUNNING)
         profile = subagents.subagent_profiles().get(child.profile)
         if profile is None:
             raise ValueError(f"profile {child.profile!r} is no longer configured")
