@@ -355,6 +355,11 @@ class ToolIndex:
             term: (np.asarray(docs, dtype=np.int64), np.asarray(values)) for term, (docs, values) in by_term.items()
         }
 
+    def scores(self, query: str) -> np.ndarray:
+        """The BM25F score of every tool for `query`, in `tools` order (zero where no term matches)."""
+        weighted = query_terms(query)
+        return self._score(weighted) if self.tools and weighted else np.zeros(len(self.tools))
+
     def _score(self, weighted_terms: dict[str, float]) -> np.ndarray:
         scores = np.zeros(len(self.tools))
         for term, weight in weighted_terms.items():
