@@ -167,6 +167,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "part": "tune",
         "ranker": options["ranker"],
         "k": k,
+        "n_queries": {name: len(qs) for name, _, qs in sets},
         "settings": [
             {"setting": setting, **{name: round(statistics.fmean(found[i][name]), 4) for name, _, _ in sets}}
             for i, setting in enumerate(combinations)
