@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
-INDEX_HEADER = "Deferred tools: call one by name directly, or use search_tools to find one by what it does."
+INDEX_HEADER = "Deferred tools (call one by name, or find one with search_tools):"
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,13 @@ def build_surface(
 
 
 def name_index(deferred: Iterable[ToolRecord]) -> str:
-    """Deferred names grouped under their headings (TD-2): a few hundred tokens for a whole catalog."""
+    """Deferred names grouped under their headings (TD-2): a few hundred tokens for a whole catalog.
+
+    Names are separated by single spaces (a snake_case name has none of its own): a comma
+    each was a fifth of a token per name on every request. Every name stays whole, as the
+    model must call it; folding shared prefixes (`git_{blame,branch}`) would save more, but
+    a name the model has to rebuild is one it can get wrong.
+    """
     groups: dict[tuple[int, str], list[str]] = {}
     for tool in deferred:
         groups.setdefault((tool.group_order, tool.group), []).append(tool.name)
@@ -124,5 +130,5 @@ def name_index(deferred: Iterable[ToolRecord]) -> str:
         return ""
     lines = [INDEX_HEADER]
     for (_, heading), names in sorted(groups.items()):
-        lines.append(f"{heading}: {', '.join(sorted(names))}")
+        lines.append(f"{heading}: {' '.join(sorted(names))}")
     return "\n".join(lines)

@@ -12,6 +12,8 @@ import pytest
 from bench.search import HERE as SEARCH_DATA
 from bench.search import PlainBM25, evaluate, load_queries, load_tools, split_part
 from bench.search import run as bench_run
+from bench.search_tune import run as tune_run
+from engine.catalog import ranking
 from engine.catalog.ranking import ToolIndex, index_for, no_match_message, words
 from engine.catalog.surface import ToolRecord
 from tests.support.catalog import reference_records
@@ -167,3 +169,37 @@ def test_the_bench_labels_a_tune_part_as_tuned_on(tmp_path):
     )
     tuned = bench_run({**base, "part": "tune"})["sets"]["tool-queries-dev"]
     assert tuned["label"] == "tool-queries-dev (tuned on)"
+
+
+@pytest.mark.req("TS-1")
+def test_the_tuning_bench_sees_only_tune_queries_and_restores_the_settings(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "toolcatalog.json").write_text(
+        (TESTS / "data" / "toolcatalog.json").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    # Two tune queries (ids of the frozen tune part) and the whole test part.
+    tune = [
+        '{"id": "dev-001", "query": "show me config/settings.py from line 200", "gold": ["read_file"]}',
+        '{"id": "dev-006", "query": "assign a ticket to someone", "gold": ["assign_ticket"]}',
+    ]
+    test = (SETS / "tool-queries-dev-test.jsonl").read_text(encoding="utf-8").splitlines()
+    (data / "tool-queries-dev.jsonl").write_text("\n".join(tune + test) + "\n", encoding="utf-8")
+    k1, weights = ranking.K1, dict(ranking.FIELD_WEIGHTS)
+    figures = tune_run(
+        {
+            "data": str(data),
+            "set": ["tool-queries-dev"],
+            "grid": '{"ranking.K1": [0.5, 3.0], "ranking.FIELD_WEIGHTS.name": [0.0]}',
+            "ranker": "bm25",
+            "folds": 2,
+            "k": 5,
+        }
+    )
+    assert figures["part"] == "tune" and figures["n_queries"] == {"tool-queries-dev": 2}
+    assert [row["setting"] for row in figures["settings"]] == [
+        {"ranking.K1": 0.5, "ranking.FIELD_WEIGHTS.name": 0.0},
+        {"ranking.K1": 3.0, "ranking.FIELD_WEIGHTS.name": 0.0},
+    ]
+    assert len(figures["cross_validation"]["picked"]) == 2
+    assert k1 == ranking.K1 and weights == ranking.FIELD_WEIGHTS
