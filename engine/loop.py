@@ -111,10 +111,13 @@ class RequestSize:
 
 @dataclass(frozen=True)
 class Room:
-    """What the request is sent with instead: a shorter history, a smaller `max_tokens`, or both."""
+    """What the request is sent with instead: a shorter history, a smaller `max_tokens`, shortened results, or more."""
 
     history: list[dict[str, Any]] | None = None
     max_tokens: int | None = None
+    # Tool results of this turn sent as stubs from now on (tool_use_id -> the tool_result sent instead),
+    # for a context that is only its turn (a subagent's: `engine.room`). The turn's record keeps them whole.
+    results: dict[str, Any] | None = None
 
 
 # (history, this turn's messages so far, the request's size) -> what to send instead, or None to send it as is.
@@ -184,6 +187,8 @@ def run_turn(
         if resume is not None:
             resume = replace(resume, messages=without_tool_references(resume.messages, unoffered))
     loaded = set(referenced) - unoffered
+    # Results of this turn sent shortened (Room.results); `outcome.messages` keeps them whole.
+    shortened: dict[str, Any] = {}
     try:
         if resume is not None:
             outcome.messages = list(resume.messages)
@@ -195,13 +200,20 @@ def run_turn(
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
-            room = _room_made(make_room, system, history, outcome, toolbox) if make_room is not None else None
+            room = (
+                _room_made(make_room, system, history, _sent(outcome.messages, shortened), outcome.steps, toolbox)
+                if make_room is not None
+                else None
+            )
             if room is not None and room.history is not None:
                 # A new history is a new prefix: the previous turn's end is no longer a breakpoint worth keeping.
                 history, previous_end = [_as_blocks(message) for message in room.history], None
+            if room is not None and room.results:
+                shortened.update(room.results)
             asked = room.max_tokens if room is not None and room.max_tokens else max_tokens
-            request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
-                                                  previous_end, is_cancelled, on_prompt_too_long, max_tokens=asked,
+            request, done, duration_ms = _request(provider, model, system, history, _sent(outcome.messages, shortened),
+                                                  toolbox, emit, step, previous_end, is_cancelled, on_prompt_too_long,
+                                                  max_tokens=asked,
                                                   tool_choice=tool_choice if step == first_step else None)  # fmt: skip
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
@@ -274,20 +286,38 @@ def _room_made(
     make_room: MakeRoom,
     system: list[dict[str, Any]],
     history: list[dict[str, Any]],
-    outcome: TurnOutcome,
+    turn: list[dict[str, Any]],
+    steps: list[StepRecord],
     toolbox: ToolBox,
 ) -> Room | None:
-    """Ask `make_room` about the request the loop is about to send, with its estimated size."""
+    """Ask `make_room` about the request the loop is about to send (`turn` as sent), with its estimated size."""
     history_tokens = transcript_tokens(history)
-    estimated = overhead_tokens(system, toolbox.schemas()) + history_tokens + transcript_tokens(outcome.messages)
-    last = outcome.steps[-1] if outcome.steps else None
+    estimated = overhead_tokens(system, toolbox.schemas()) + history_tokens + transcript_tokens(turn)
+    last = steps[-1] if steps else None
     size = RequestSize(
         estimated=estimated,
         history=history_tokens,
         previous_measured=last.usage.prompt_tokens if last else 0,
         previous_estimated=last.estimated_tokens if last else 0,
     )
-    return make_room(history, outcome.messages, size)
+    return make_room(history, turn, size)
+
+
+def _sent(turn: list[dict[str, Any]], shortened: dict[str, Any]) -> list[dict[str, Any]]:
+    """The turn's messages as the request sends them: each result named in `shortened` as its stub."""
+    if not shortened:
+        return turn
+
+    def stubbed(block: dict[str, Any]) -> bool:
+        return block.get("type") == "tool_result" and block.get("tool_use_id") in shortened
+
+    sent = []
+    for message in turn:
+        content = message.get("content")
+        if isinstance(content, list) and any(stubbed(block) for block in content):
+            message = {**message, "content": [shortened[b["tool_use_id"]] if stubbed(b) else b for b in content]}
+        sent.append(message)
+    return sent
 
 
 def _request(
@@ -295,7 +325,7 @@ def _request(
     model: str,
     system: list[dict[str, Any]],
     history: list[dict[str, Any]],
-    outcome: TurnOutcome,
+    turn: list[dict[str, Any]],
     toolbox: ToolBox,
     emit: Emit,
     step: int,
@@ -312,7 +342,7 @@ def _request(
             model=model,
             system=system,
             tools=_deferred_last(toolbox.schemas()),
-            messages=[*history, *outcome.messages],
+            messages=[*history, *turn],
             max_tokens=max_tokens,
             tool_choice=tool_choice,
         )
@@ -330,7 +360,7 @@ def _request(
                 if is_cancelled():
                     raise TurnCancelled()
         except PromptTooLong as exc:
-            replacement = compact(history, outcome.messages, exc) if attempt == 1 else None
+            replacement = compact(history, turn, exc) if attempt == 1 else None
             if replacement is None:
                 raise
             history = [_as_blocks(message) for message in replacement]
