@@ -457,7 +457,7 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
         "calibration": round(factor, 4),
         "calibrated_tokens": round(view["used_tokens"] * factor),
         "tools": tools,
-        "budget": window_budget(resident_tokens=tools["resident_tokens"]),
+        "budget": window_budget(resident_tokens=tools["resident_tokens"], loaded_budget_tokens=catalog.loaded_budget),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).
         "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
         "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},

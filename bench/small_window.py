@@ -13,7 +13,8 @@ the history outgrows the window and is compacted.
 Figures: the peak window use of any request (prompt plus the reply it asked room for,
 over the window: must stay at or under 1.0), prompt-too-long errors (must be 0: a
 reactive compaction counts as one), compactions by rung, and the tool block's share
-of the window (resident schemas plus loaded ones, and the name index).
+of the window (resident schemas plus the deferred ones a `tool_reference` loaded, and the
+name index; loaded tools count against the same 25 %, the least recently used unloaded).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench.session import emulated_session
 from engine.actions import result_text
 from engine.context.transcript import request_tokens, transcript_tokens
 from engine.emulator import Emulator, TestClock
+from engine.request import referenced_tools
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 LOG_TURN = 5
@@ -146,6 +148,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
         compactions = list(Compaction.objects.filter(conversation=bench.conversation).values_list("trigger", "rung"))
         reactive = RunEvent.objects.filter(run_id__in=runs, type="compaction", payload__trigger="reactive").count()
+        unloads = list(
+            RunEvent.objects.filter(run_id__in=runs, type="tools_unloaded").values_list("payload", flat=True)
+        )
         offloaded = list(Entry.objects.filter(conversation=bench.conversation).values_list("size_bytes", flat=True))
     requests = policy.recorded
     counted = [emulator.prompt_tokens(p) for p in requests]
@@ -171,6 +176,8 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "counted_over_estimated_max": round(max(under), 3) if under else None,
         "largest_offloaded_bytes": max(offloaded, default=0),
         "deferred_tools_loaded": sorted({name for row in rows for name in row.tools_loaded}),
+        # Loaded tools a load unloaded to keep the tool share (LM-2).
+        "tools_unloaded": sorted({name for payload in unloads for name in payload.get("tools", [])}),
         "seconds": round(time.monotonic() - started, 1),
     }
     if options["detail"]:
@@ -199,10 +206,10 @@ def _detail(payload: dict[str, Any], counted: int, window: int) -> dict[str, Any
 
 
 def _tool_tokens(payload: dict[str, Any]) -> int:
-    """The schemas the model sees: resident ones and the deferred ones a reference loaded."""
-    text = json.dumps(payload["messages"])
+    """The schemas the model sees: resident ones and the deferred ones a `tool_reference` loaded."""
+    loaded = set(referenced_tools(payload["messages"]))
     return estimate_json_tokens(
-        [_bare(t) for t in payload.get("tools", []) if not t.get("defer_loading") or f'"{t["name"]}"' in text]
+        [_bare(t) for t in payload.get("tools", []) if not t.get("defer_loading") or t["name"] in loaded]
     )
 
 

@@ -16,7 +16,7 @@ from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor,
 from engine.breakpoints import place_breakpoints
 from engine.context.transcript import overhead_tokens, request_tokens, transcript_tokens
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
-from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
+from engine.request import ModelRequestSpec, referenced_tools, text_block, tools_by_recency, without_tool_references
 from engine.toolbox import ToolBox
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -174,15 +174,19 @@ def run_turn(
     previous_end = len(history) - 2 if len(history) >= 2 else None
     executor = StepExecutor(toolbox, emit, limits=limits, max_parallel=max_parallel_tools, decisions=decisions)
     first_step = 1
-    referenced = referenced_tools([*history, *(resume.messages if resume is not None else [])])
+    so_far = [*history, *(resume.messages if resume is not None else [])]
+    referenced = referenced_tools(so_far)
     if referenced:
-        toolbox.restore_loaded(referenced)  # in the order they were loaded, so the tools array reads as it did
+        # In the order they were loaded, so the tools array reads as it did; by recency within a budget (LM-2).
+        toolbox.restore_loaded(referenced, tools_by_recency(so_far))
     offered = {schema["name"] for schema in toolbox.schemas()} if referenced else set()
     unoffered = {name for name in referenced if name not in offered}
     if unoffered:
-        # The conversation's mode (or the catalog) changed since these tools were loaded: a
-        # reference to a tool the request does not carry is refused by the provider. The tool
-        # block changed too, so dropping the references costs no cache hit that was still there.
+        # The conversation's mode (or the catalog) changed since these tools were loaded, or the
+        # window's tool budget unloaded them (LM-2): a reference to a tool the request does not
+        # carry is refused by the provider. The history is rewritten from the first reference taken
+        # out (a mode change rewrote the tool block anyway). Silent: an unload was announced when a
+        # load made it, and the stored history keeps its references, so every later turn repeats it.
         history = without_tool_references(history, unoffered)
         if resume is not None:
             resume = replace(resume, messages=without_tool_references(resume.messages, unoffered))
@@ -200,6 +204,19 @@ def run_turn(
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
+            # Only tool calls unload (a fresh turn's first request follows the check above).
+            ran = step > first_step or resume is not None
+            unloaded = _unloaded(toolbox, [*history, *outcome.messages]) if ran else set()
+            if unloaded:
+                # A load during the turn unloaded older tools to keep the tool budget (LM-2): their
+                # references go, from the history as sent and from this turn's record alike.
+                loaded.difference_update(unloaded)
+                if unloaded & set(referenced_tools(history)):
+                    history, previous_end = without_tool_references(history, unloaded), None
+                outcome.messages[:] = without_tool_references(outcome.messages, unloaded)
+                stubs = without_tool_references([{"role": "user", "content": list(shortened.values())}], unloaded)
+                shortened = dict(zip(shortened, stubs[0]["content"], strict=True))
+                emit("tools_unloaded", {"step": step, "tools": sorted(unloaded)})
             room = (
                 _room_made(make_room, system, history, _sent(outcome.messages, shortened), outcome.steps, toolbox)
                 if make_room is not None
@@ -301,6 +318,15 @@ def _room_made(
         previous_estimated=last.estimated_tokens if last else 0,
     )
     return make_room(history, turn, size)
+
+
+def _unloaded(toolbox: ToolBox, messages: list[dict[str, Any]]) -> set[str]:
+    """The tools `messages` load (`tool_reference`) that the toolbox no longer offers."""
+    referenced = referenced_tools(messages)
+    if not referenced:
+        return set()
+    offered = {schema["name"] for schema in toolbox.schemas()}
+    return {name for name in referenced if name not in offered}
 
 
 def _sent(turn: list[dict[str, Any]], shortened: dict[str, Any]) -> list[dict[str, Any]]:

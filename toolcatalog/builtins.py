@@ -61,7 +61,7 @@ class WorkspaceToolBox:
     def resident_count(self) -> int | None:
         return None  # nothing is deferred: every schema belongs to the cached block
 
-    def restore_loaded(self, names: list[str]) -> None:
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None) -> None:
         """Nothing is deferred here, so nothing needs loading again."""
 
     def restore_observations(self, observations: dict[int, Observation]) -> None:

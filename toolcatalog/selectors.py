@@ -85,19 +85,29 @@ def run_surface(
 def fit_surface_to_window(
     catalog: CatalogToolBox, offered: list[dict[str, Any]], *, uses: Mapping[str, int] | None = None
 ) -> None:
-    """LM-2: the tools every request carries keep to CC_TOOL_WINDOW_PERCENT of the window.
+    """LM-2: the tools every request carries, the ones it loads included, keep to CC_TOOL_WINDOW_PERCENT
+    of the window.
 
     `offered` is what the whole toolbox stack offers: the runtime's own tools (spawn_agents,
     scratchpad_read, which is reserved for even before it is offered, so the surface stays the
-    same all turn) come out of the same budget. The least used catalog tools are deferred
-    (`uses`: call counts; default the latest ones, `tool_use_counts`).
+    same all turn) come out of the same budget. So do the deferred tools a run loads: the
+    resident block and the name index keep to the budget less a reserve for them (a quarter, at
+    least the largest schema, so any one tool can be loaded), the least used catalog tools deferred
+    (`uses`: call counts; default the latest ones, `tool_use_counts`). What the block leaves is the
+    catalog's `loaded_budget`: a load past it unloads the least recently used loaded tools.
     """
     budget = settings.CC_CONTEXT_WINDOW_TOKENS * settings.CC_TOOL_WINDOW_PERCENT // 100
     surface = catalog.surface
     runtime = {s["name"]: s for s in [*offered, READ_TOOL_SCHEMA] if s["name"] not in surface.admitted}
     budget -= estimate_json_tokens(list(runtime.values())) if runtime else 0
-    if surface.deferral and tool_block_tokens(surface.resident, surface.deferred) > budget:
-        catalog.surface = fit_to_window(surface, budget_tokens=budget, uses=tool_use_counts() if uses is None else uses)
+    if not surface.deferral:
+        return  # nothing is deferred, so nothing is loaded
+    largest = max((estimate_json_tokens(tool.definition()) for tool in surface.admitted.values()), default=0)
+    resident_budget = budget - max(budget // 4, largest)
+    if tool_block_tokens(surface.resident, surface.deferred) > resident_budget:
+        uses = tool_use_counts() if uses is None else uses
+        catalog.surface = fit_to_window(surface, budget_tokens=resident_budget, uses=uses)
+    catalog.loaded_budget = max(0, budget - tool_block_tokens(catalog.surface.resident, catalog.surface.deferred))
 
 
 def tool_use_counts(recent_calls: int = 2000, *, before_event: int | None = None) -> dict[str, int]:
