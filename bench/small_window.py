@@ -19,6 +19,7 @@ name index; loaded tools count against the same 25 %, the least recently used un
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -159,6 +160,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     # How far our estimate (what compaction decides with) is below the server's count.
     under = [tokens / max(1, _estimate(p)) for tokens, p in zip(counted, requests, strict=True)]
     too_long = reactive + sum("too long" in f["error"] for f in failed)
+    sent = sum(row.prompt_tokens for row in rows)
     figures = {
         "window_tokens": window,
         "turns": options["turns"],
@@ -176,8 +178,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "counted_over_estimated_max": round(max(under), 3) if under else None,
         "largest_offloaded_bytes": max(offloaded, default=0),
         "deferred_tools_loaded": sorted({name for row in rows for name in row.tools_loaded}),
-        # Loaded tools a load unloaded to keep the tool share (LM-2).
+        # Loaded tools a load unloaded to keep the tool share (LM-2), and how often that happened.
         "tools_unloaded": sorted({name for payload in unloads for name in payload.get("tools", [])}),
+        "unload_events": len(unloads),
+        # What the prompt cache read back, of every prompt token sent: the price of rewrites (unloads, compactions).
+        "cache_read_ratio": round(sum(r.cache_read_input_tokens for r in rows) / max(1, sent), 3),
+        # Requests whose resident block differs from the previous request's (use counts refit it at a turn's start).
+        "resident_set_changes": sum(1 for a, b in itertools.pairwise(requests) if _resident(a) != _resident(b)),
         "seconds": round(time.monotonic() - started, 1),
     }
     if options["detail"]:
@@ -211,6 +218,10 @@ def _tool_tokens(payload: dict[str, Any]) -> int:
     return estimate_json_tokens(
         [_bare(t) for t in payload.get("tools", []) if not t.get("defer_loading") or t["name"] in loaded]
     )
+
+
+def _resident(payload: dict[str, Any]) -> list[str]:
+    return [t["name"] for t in payload.get("tools", []) if not t.get("defer_loading")]
 
 
 def _bare(tool: dict[str, Any]) -> dict[str, Any]:

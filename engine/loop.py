@@ -16,7 +16,14 @@ from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor,
 from engine.breakpoints import place_breakpoints
 from engine.context.transcript import overhead_tokens, request_tokens, transcript_tokens
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
-from engine.request import ModelRequestSpec, referenced_tools, text_block, tools_by_recency, without_tool_references
+from engine.request import (
+    ModelRequestSpec,
+    called_tools,
+    referenced_tools,
+    text_block,
+    tools_by_recency,
+    without_tool_references,
+)
 from engine.toolbox import ToolBox
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -178,7 +185,7 @@ def run_turn(
     referenced = referenced_tools(so_far)
     if referenced:
         # In the order they were loaded, so the tools array reads as it did; by recency within a budget (LM-2).
-        toolbox.restore_loaded(referenced, tools_by_recency(so_far))
+        toolbox.restore_loaded(referenced, tools_by_recency(so_far), called=called_tools(so_far))
     offered = {schema["name"] for schema in toolbox.schemas()} if referenced else set()
     unoffered = {name for name in referenced if name not in offered}
     if unoffered:

@@ -152,6 +152,16 @@ def referenced_tools(messages: list[dict[str, Any]]) -> list[str]:
     return names
 
 
+def called_tools(messages: list[dict[str, Any]]) -> set[str]:
+    """The names `messages` call (`tool_use` blocks)."""
+    return {
+        block.get("name", "")
+        for message in messages
+        for block in (message["content"] if isinstance(message.get("content"), list) else [])
+        if block.get("type") == "tool_use"
+    }
+
+
 def tools_by_recency(messages: list[dict[str, Any]]) -> list[str]:
     """Every tool `messages` called (`tool_use`) or loaded (`tool_reference`), the least recently used first."""
     order: list[str] = []

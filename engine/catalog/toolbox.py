@@ -6,16 +6,17 @@ what it activated so the service can record it at the turn boundary (TD-15).
 
 Loaded tools count against the window's tool budget (LM-2): with `loaded_budget` set
 (the tokens the resident block and the name index leave of it), loading a tool past it
-first unloads the least recently used loaded ones (called or loaded longest ago) back to
-the name index; a search loads its matches best first while they fit and names the rest.
-The loop takes an unloaded tool's `tool_reference` blocks out of what it sends.
+first unloads loaded ones back to the name index: those never called (a search loaded
+them) before those called, each the least recently used (called or loaded longest ago)
+first. A search loads its matches best first while they fit and names the rest. The loop
+takes an unloaded tool's `tool_reference` blocks out of what it sends.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,8 +83,10 @@ class CatalogToolBox:
         self.activations: list[Activation] = []
         self.misses: list[str] = []
         self.calls: Counter[str] = Counter()
-        # When each loaded tool was last called or loaded (a counter): what unloads first.
+        # When each loaded tool was last called or loaded (a counter), and which were ever called: a tool
+        # only loaded (by a search, say) unloads before any tool that was called, each the least recent first.
         self._used: dict[str, int] = {}
+        self._called: set[str] = set()
         self._clock = 0
         # Tools unloaded to make room, in order (LM-2).
         self.unloaded: list[str] = []
@@ -97,16 +100,17 @@ class CatalogToolBox:
         activated = [{**self.surface.admitted[name].definition(), "defer_loading": True} for name in self.activated]
         return [*self.surface.resident_schemas(), *activated]
 
-    def restore_loaded(self, names: list[str], recency: list[str] | None = None) -> None:
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called: Collection[str] = ()) -> None:
         """Offer again the deferred tools earlier turns loaded (their references are in the history).
 
-        Within `loaded_budget`, the most recently used first (`recency`: least recent first)
-        until one does not fit: the rule that unloads mid-turn, so a turn starts with what the
-        previous one ended with. Offered in `names`' order (the order they were loaded).
+        Within `loaded_budget`, the last to unload first (the ones `called`, then by `recency`:
+        least recent first) until one does not fit: the rule that unloads mid-turn, so a turn
+        starts with what the previous one ended with. Offered in `names`' order (as loaded).
         """
         candidates = [name for name in names if name in self.surface.deferred_names and name not in self.activated]
-        order = [name for name in (recency or []) if name in candidates]
-        order = [name for name in candidates if name not in order] + order
+        self._called.update(name for name in called if name in candidates)
+        position = {name: index for index, name in enumerate(recency or [])}
+        order = sorted(candidates, key=lambda name: (name in self._called, position.get(name, -1)))
         kept: set[str] = set()
         if self.loaded_budget is None:
             kept = set(candidates)
@@ -145,8 +149,6 @@ class CatalogToolBox:
     def _activate(self, name: str, trigger: str, query: str = "", keep: Container[str] = ()) -> bool:
         """Load `name`, unloading the least recently used loaded tools (never those in `keep`) to make room."""
         if name not in self.surface.deferred_names or name in self.activated:
-            if name in self.activated:
-                self._touch(name)
             return False
         if not self._make_room(self._schema_tokens(name), keep):
             return False
@@ -162,10 +164,13 @@ class CatalogToolBox:
         if self.loaded_tokens(kept) + tokens > self.loaded_budget:
             return False  # it could not fit even alone beside what must stay: unload nothing for it
         while self.loaded_tokens() + tokens > self.loaded_budget:
-            victim = min((n for n in self.activated if n not in keep), key=lambda n: self._used.get(n, 0))
+            victim = min((n for n in self.activated if n not in keep), key=self._unload_order)
             self.activated.remove(victim)
             self.unloaded.append(victim)
         return True
+
+    def _unload_order(self, name: str) -> tuple[bool, int]:
+        return name in self._called, self._used.get(name, 0)
 
     def _touch(self, name: str) -> None:
         self._clock += 1
@@ -194,6 +199,10 @@ class CatalogToolBox:
             }
         # TD-5: a deferred name called directly is loaded here, in the same step; its result loads the schema.
         observation = self._run(tool, name, arguments)
+        # A call is a use (the history's tool_use block says the same to a later turn's restore).
+        self._called.add(name)
+        if name in self.activated:
+            self._touch(name)
         if observation.pop(UNAVAILABLE, False):
             return observation
         if self._activate(name, "direct", keep={name}):

@@ -189,7 +189,7 @@ class CancellingBox:
     def resident_count(self) -> int | None:
         return None
 
-    def restore_loaded(self, names: list[str], recency: list[str] | None = None) -> None:
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called=()) -> None:
         pass
 
 

@@ -287,7 +287,7 @@ def test_loaded_tools_count_against_the_budget_and_the_least_recently_used_is_un
 
 
 @pytest.mark.req("LM-2")
-def test_a_search_loads_its_best_matches_that_fit_and_names_the_rest(tmp_path):
+def test_a_search_loads_its_best_matches_that_fit_and_names_the_rest_and_called_tools_unload_last(tmp_path):
     records = _records()
     toolbox = _toolbox(tmp_path, records)
     ranked = [m["name"] for m in toolbox.execute("search_tools", {"query": "assign a ticket to someone"})["matches"]]
@@ -300,7 +300,11 @@ def test_a_search_loads_its_best_matches_that_fit_and_names_the_rest(tmp_path):
     result = tight.execute("search_tools", {"query": "assign a ticket to someone"})
     assert result["loaded"] == [first, second] and result["not_loaded"] == deferred[2:]
     assert "call one by name to load it" in result["message"]
-    # Loading the third by name unloads the least recently used: the second (the first was used since).
-    tight.execute("describe_tool", {"names": [first]})
-    tight.execute("describe_tool", {"names": [third]})
-    assert tight.activated == [first, third] and tight.unloaded == [second]
+    # A tool only loaded unloads before one that was called, even when the called one was used longer ago.
+    later = _toolbox(tmp_path, records)
+    later.loaded_budget = tight.loaded_budget
+    later.execute("describe_tool", {"names": [first]})
+    later.execute(first, {})  # a call, even one refused for its arguments, is a use
+    later.execute("describe_tool", {"names": [second]})  # loaded after that call, never called
+    later.execute("describe_tool", {"names": [third]})
+    assert later.activated == [first, third] and later.unloaded == [second]
