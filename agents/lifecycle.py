@@ -590,8 +590,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     def emit(kind: str, payload: dict[str, Any]) -> None:
         if kind in ("text_delta", "tool_call", "usage"):
             open_gate()
-        # Its calls show in the parent's card (UX-4); its text is its answer, shown when it ends.
-        if kind in ("tool_call", "tool_result"):
+        # Its calls show in the parent's card (UX-4), its text is its answer, shown when it ends;
+        # its compactions (LM-2) are in the parent's log.
+        if kind in ("tool_call", "tool_result", "compaction"):
             subagents.subagent_event(publisher, child, f"subagent_{kind}", payload)
 
     def turn() -> TurnOutcome:
@@ -602,7 +603,11 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         if profile is None:
             raise ValueError(f"profile {child.profile!r} is no longer configured")
         catalog, toolbox = turns.subagent_toolboxes(
-            conversation_id=parent.conversation_id, owner_id=parent.conversation.owner_id, mode=parent.mode
+            conversation_id=parent.conversation_id,
+            owner_id=parent.conversation.owner_id,
+            mode=parent.mode,
+            parent_run_id=parent.pk,
+            turn_id=f"subagent-{child.pk}",
         )
         with _tools_killed_on_cancel(parent.conversation_id, lambda: _subagent_cancelled(child.pk)):
             return run_turn(
@@ -618,6 +623,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
                 max_parallel_tools=settings.CC_MAX_PARALLEL_TOOLS,
                 resume=resume,
                 decisions=approvals.decisions_for(parent, subagent=child),
+                # Scaled to the window as the parent's (LM-2); max_tokens is no part of any cached prefix.
+                max_tokens=settings.CC_MAX_OUTPUT_TOKENS,
+                make_room=turns.subagent_room_hook(parent, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
             )
 
     def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:

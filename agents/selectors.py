@@ -92,6 +92,10 @@ def _event_summary(event_type: str, payload: dict[str, Any]) -> str:
     if event_type == "cache_miss":
         tools = ", ".join(payload.get("tools") or [])
         return f"step {payload.get('step')}: {payload.get('cause')} on {payload.get('provider')}: loading {tools}"
+    if event_type == "tools_unloaded":
+        return (
+            f"step {payload.get('step')}: unloaded {', '.join(payload.get('tools') or [])} (the window's tool budget)"
+        )
     if event_type == "model_stopped":
         return f"step {payload.get('step')}: {payload.get('stop_reason')}: {payload.get('detail', '')}"
     if event_type == "approval_requested":

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from agents import approvals
-from agents.models import ConversationToolPins, ModelRequest, Run
+from agents.models import ConversationToolPins, ModelRequest, Run, RunEvent
 from agents.providers import get_provider
 from agents.subagents import SPAWN_AGENTS, SpawningToolBox
 from agents.summary import run_summarizer
@@ -32,11 +32,12 @@ from engine.loop import MakeRoom, ReactiveCompaction, RequestSize, Room
 from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
 from engine.request import ModelRequestSpec, text_block
+from engine.room import turn_room
 from engine.tokens import CHARS_PER_TOKEN, estimate_text_tokens, tool_prompt_tokens
 from scratchpad.selectors import entries_visible_to_turn
 from scratchpad.store import turn_toolbox
 from toolcatalog.models import Mode
-from toolcatalog.selectors import catalog_records, fit_surface_to_window, surface_context
+from toolcatalog.selectors import catalog_records, fit_surface_to_window, surface_context, tool_use_counts
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -99,11 +100,17 @@ def turn_toolboxes(
 
 
 def subagent_toolboxes(
-    *, conversation_id: int, owner_id: int | None, mode: Mode | None
+    *, conversation_id: int, owner_id: int | None, mode: Mode | None, parent_run_id: int, turn_id: str
 ) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
-    """A child's catalog toolbox and the approval gate over it: the parent run's surface (its mode,
+    """A child's catalog toolbox and the stack over it: the parent run's surface (its mode,
     resident set and deferred index; TD-8), without `spawn_agents`, whatever the child's task or
-    profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4)."""
+    profile, so siblings send the same tools (TD-14) and the catalog's approval flags hold (RN-4).
+
+    The scratchpad is in front, as in a run (SP-1): a large output is kept under the child's own
+    `turn_id`, so it offers `scratchpad_read` only once it has an entry. A small window trims the
+    resident set as the parent's (LM-2), by the tool calls counted when the parent run started:
+    one count for every sibling, so their tools stay byte-identical whatever runs meanwhile.
+    """
     catalog = run_toolbox(
         workspace=workspace_root(conversation_id),
         conversation_id=conversation_id,
@@ -113,7 +120,13 @@ def subagent_toolboxes(
         approve=lambda tool, arguments: None,
         pins=conversation_tool_pins(conversation_id),
     )
-    return catalog, approvals.GatedToolBox(catalog)
+    scratchpad = turn_toolbox(inner=catalog, run_id=parent_run_id, conversation_id=conversation_id, turn_id=turn_id)
+    stack = approvals.GatedToolBox(scratchpad)
+    started = (
+        RunEvent.objects.filter(run_id=parent_run_id, type="run_started").order_by("-seq").values_list("pk", flat=True)
+    ).first()
+    fit_surface_to_window(catalog, stack.schemas(), uses=tool_use_counts(before_event=started))
+    return catalog, stack
 
 
 def conversation_tool_pins(conversation_id: int, *, take: bool = True) -> dict[str, Any] | None:
@@ -376,6 +389,30 @@ def room_making_hook(run: Run, emit: Callable[[str, dict[str, Any]], None], *, m
     return make_room
 
 
+def subagent_room_hook(parent: Run, emit: Callable[[str, dict[str, Any]], None], *, max_tokens: int) -> MakeRoom:
+    """A subagent's check before every request (LM-2): the parent's rule (`room_making_hook`) on a
+    context that is only the child's task and turn, which has no stored path to compact: past the
+    window its older tool results are sent as stubs, then the reply gets the room that is left
+    (`engine.room.turn_room`). Calibrated as the parent's: by the conversation's measured requests
+    and the child's own earlier ones (CH-12).
+    """
+    window = settings.CC_CONTEXT_WINDOW_TOKENS
+    min_output = min(max_tokens, max(64, window // 32))
+    measured = measured_requests(conversation_id=parent.conversation_id, model=parent.model)
+
+    def make_room(history: list[dict[str, Any]], turn: list[dict[str, Any]], size: RequestSize) -> Room | None:
+        factor = calibration_from([*measured, *size.measured]).factor(size.count)
+        room = turn_room(turn, size, window=window, max_tokens=max_tokens, factor=factor, fit_share=FIT_SHARE,
+                         target_share=settings.CC_COMPACT_TO_PERCENT / 100, min_output=min_output)  # fmt: skip
+        if room is not None and room.results:
+            asked = room.max_tokens or max_tokens
+            event = {"trigger": "proactive", "rung": "elide", "results": len(room.results), "max_tokens": asked}
+            emit("compaction", {**event, "tokens_before": size.estimated})
+        return room
+
+    return make_room
+
+
 def context_view(*, conversation: Conversation) -> dict[str, Any]:
     """The Context view (TD-15, CH-10 /context): what the next request of this conversation holds.
 
@@ -427,7 +464,7 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
         "calibration": round(calibrated.factor(count), 4),
         "calibrated_tokens": calibrated.tokens(count),
         "tools": tools,
-        "budget": window_budget(resident_tokens=tools["resident_tokens"]),
+        "budget": window_budget(resident_tokens=tools["resident_tokens"], loaded_budget_tokens=catalog.loaded_budget),
         # Offered beyond the resident set in this request (scratchpad_read while entries are live).
         "extra_tools": [schema["name"] for schema in request.tools if schema["name"] not in resident_names],
         "pruned": {"results": pruning.results_pruned, "tokens_freed": pruning.tokens_freed},

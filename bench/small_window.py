@@ -13,11 +13,13 @@ the history outgrows the window and is compacted.
 Figures: the peak window use of any request (prompt plus the reply it asked room for,
 over the window: must stay at or under 1.0), prompt-too-long errors (must be 0: a
 reactive compaction counts as one), compactions by rung, and the tool block's share
-of the window (resident schemas plus loaded ones, and the name index).
+of the window (resident schemas plus the deferred ones a `tool_reference` loaded, and the
+name index; loaded tools count against the same 25 %, the least recently used unloaded).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -30,6 +32,7 @@ from bench.session import emulated_session
 from engine.actions import result_text
 from engine.context.transcript import request_tokens, transcript_tokens
 from engine.emulator import Emulator, TestClock
+from engine.request import referenced_tools
 from engine.tokens import estimate_json_tokens, estimate_text_tokens, tool_prompt_tokens
 
 LOG_TURN = 5
@@ -146,6 +149,9 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         rows = list(ModelRequest.objects.filter(run_id__in=runs).order_by("run_id", "step", "id"))
         compactions = list(Compaction.objects.filter(conversation=bench.conversation).values_list("trigger", "rung"))
         reactive = RunEvent.objects.filter(run_id__in=runs, type="compaction", payload__trigger="reactive").count()
+        unloads = list(
+            RunEvent.objects.filter(run_id__in=runs, type="tools_unloaded").values_list("payload", flat=True)
+        )
         offloaded = list(Entry.objects.filter(conversation=bench.conversation).values_list("size_bytes", flat=True))
     requests = policy.recorded
     counted = [emulator.prompt_tokens(p) for p in requests]
@@ -154,6 +160,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     # How far our estimate (what compaction decides with) is below the server's count.
     under = [tokens / max(1, _estimate(p)) for tokens, p in zip(counted, requests, strict=True)]
     too_long = reactive + sum("too long" in f["error"] for f in failed)
+    sent = sum(row.prompt_tokens for row in rows)
     figures = {
         "window_tokens": window,
         "turns": options["turns"],
@@ -171,6 +178,13 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "counted_over_estimated_max": round(max(under), 3) if under else None,
         "largest_offloaded_bytes": max(offloaded, default=0),
         "deferred_tools_loaded": sorted({name for row in rows for name in row.tools_loaded}),
+        # Loaded tools a load unloaded to keep the tool share (LM-2), and how often that happened.
+        "tools_unloaded": sorted({name for payload in unloads for name in payload.get("tools", [])}),
+        "unload_events": len(unloads),
+        # What the prompt cache read back, of every prompt token sent: the price of rewrites (unloads, compactions).
+        "cache_read_ratio": round(sum(r.cache_read_input_tokens for r in rows) / max(1, sent), 3),
+        # Requests whose resident block differs from the previous request's (use counts refit it at a turn's start).
+        "resident_set_changes": sum(1 for a, b in itertools.pairwise(requests) if _resident(a) != _resident(b)),
         "seconds": round(time.monotonic() - started, 1),
     }
     if options["detail"]:
@@ -204,11 +218,15 @@ def _detail(payload: dict[str, Any], counted: int, window: int) -> dict[str, Any
 
 
 def _tool_tokens(payload: dict[str, Any]) -> int:
-    """The schemas the model sees: resident ones and the deferred ones a reference loaded."""
-    text = json.dumps(payload["messages"])
+    """The schemas the model sees: resident ones and the deferred ones a `tool_reference` loaded."""
+    loaded = set(referenced_tools(payload["messages"]))
     return estimate_json_tokens(
-        [_bare(t) for t in payload.get("tools", []) if not t.get("defer_loading") or f'"{t["name"]}"' in text]
+        [_bare(t) for t in payload.get("tools", []) if not t.get("defer_loading") or t["name"] in loaded]
     )
+
+
+def _resident(payload: dict[str, Any]) -> list[str]:
+    return [t["name"] for t in payload.get("tools", []) if not t.get("defer_loading")]
 
 
 def _bare(tool: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,9 @@ from typing import Any
 from django.conf import settings
 
 
-def window_budget(*, resident_tokens: int) -> dict[str, Any]:
-    """Every figure that scales with CC_CONTEXT_WINDOW_TOKENS, and the tool block against its share."""
+def window_budget(*, resident_tokens: int, loaded_budget_tokens: int | None = None) -> dict[str, Any]:
+    """Every figure that scales with CC_CONTEXT_WINDOW_TOKENS, and the tool block against its share
+    (`loaded_budget_tokens`: what of that share the tools a run loads may take, None without deferral)."""
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     tool_budget = window * settings.CC_TOOL_WINDOW_PERCENT // 100
     return {
@@ -16,6 +17,7 @@ def window_budget(*, resident_tokens: int) -> dict[str, Any]:
         "tool_budget_tokens": tool_budget,
         "tool_percent": round(100 * resident_tokens / window, 1),
         "tool_percent_limit": settings.CC_TOOL_WINDOW_PERCENT,
+        "loaded_budget_tokens": loaded_budget_tokens,
         "compact_at_tokens": window * settings.CC_COMPACT_AT_PERCENT // 100,
         "compact_tail_tokens": settings.CC_COMPACT_TAIL_TOKENS,
         "prune_min_tokens": settings.CC_PRUNE_MIN_TOKENS,

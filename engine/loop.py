@@ -17,7 +17,14 @@ from engine.breakpoints import place_breakpoints
 from engine.context.calibration import Measured
 from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
 from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
-from engine.request import ModelRequestSpec, referenced_tools, text_block, without_tool_references
+from engine.request import (
+    ModelRequestSpec,
+    called_tools,
+    referenced_tools,
+    text_block,
+    tools_by_recency,
+    without_tool_references,
+)
 from engine.tokens import tool_prompt_tokens
 from engine.toolbox import ToolBox
 
@@ -118,10 +125,13 @@ class RequestSize:
 
 @dataclass(frozen=True)
 class Room:
-    """What the request is sent with instead: a shorter history, a smaller `max_tokens`, or both."""
+    """What the request is sent with instead: a shorter history, a smaller `max_tokens`, shortened results, or more."""
 
     history: list[dict[str, Any]] | None = None
     max_tokens: int | None = None
+    # Tool results of this turn sent as stubs from now on (tool_use_id -> the tool_result sent instead),
+    # for a context that is only its turn (a subagent's: `engine.room`). The turn's record keeps them whole.
+    results: dict[str, Any] | None = None
 
 
 # (history, this turn's messages so far, the request's size) -> what to send instead, or None to send it as is.
@@ -178,19 +188,25 @@ def run_turn(
     previous_end = len(history) - 2 if len(history) >= 2 else None
     executor = StepExecutor(toolbox, emit, limits=limits, max_parallel=max_parallel_tools, decisions=decisions)
     first_step = 1
-    referenced = referenced_tools([*history, *(resume.messages if resume is not None else [])])
+    so_far = [*history, *(resume.messages if resume is not None else [])]
+    referenced = referenced_tools(so_far)
     if referenced:
-        toolbox.restore_loaded(referenced)  # in the order they were loaded, so the tools array reads as it did
+        # In the order they were loaded, so the tools array reads as it did; by recency within a budget (LM-2).
+        toolbox.restore_loaded(referenced, tools_by_recency(so_far), called=called_tools(so_far))
     offered = {schema["name"] for schema in toolbox.schemas()} if referenced else set()
     unoffered = {name for name in referenced if name not in offered}
     if unoffered:
-        # The conversation's mode (or the catalog) changed since these tools were loaded: a
-        # reference to a tool the request does not carry is refused by the provider. The tool
-        # block changed too, so dropping the references costs no cache hit that was still there.
+        # The conversation's mode (or the catalog) changed since these tools were loaded, or the
+        # window's tool budget unloaded them (LM-2): a reference to a tool the request does not
+        # carry is refused by the provider. The history is rewritten from the first reference taken
+        # out (a mode change rewrote the tool block anyway). Silent: an unload was announced when a
+        # load made it, and the stored history keeps its references, so every later turn repeats it.
         history = without_tool_references(history, unoffered)
         if resume is not None:
             resume = replace(resume, messages=without_tool_references(resume.messages, unoffered))
     loaded = set(referenced) - unoffered
+    # Results of this turn sent shortened (Room.results); `outcome.messages` keeps them whole.
+    shortened: dict[str, Any] = {}
     try:
         if resume is not None:
             outcome.messages = list(resume.messages)
@@ -204,15 +220,34 @@ def run_turn(
                 raise TurnCancelled()
             choice = tool_choice if step == first_step else None
             tool_prompt = tool_prompt_tokens(provider.name, model, forced=_forced(choice))
+            # Only tool calls unload (a fresh turn's first request follows the check above).
+            ran = step > first_step or resume is not None
+            unloaded = _unloaded(toolbox, [*history, *outcome.messages]) if ran else set()
+            if unloaded:
+                # A load during the turn unloaded older tools to keep the tool budget (LM-2): their
+                # references go, from the history as sent and from this turn's record alike.
+                loaded.difference_update(unloaded)
+                if unloaded & set(referenced_tools(history)):
+                    history, previous_end = without_tool_references(history, unloaded), None
+                outcome.messages[:] = without_tool_references(outcome.messages, unloaded)
+                stubs = without_tool_references([{"role": "user", "content": list(shortened.values())}], unloaded)
+                shortened = dict(zip(shortened, stubs[0]["content"], strict=True))
+                emit("tools_unloaded", {"step": step, "tools": sorted(unloaded)})
+            sent = _sent(outcome.messages, shortened)
             room = (
-                _room_made(make_room, system, history, outcome, toolbox, tool_prompt) if make_room is not None else None
+                _room_made(make_room, system, history, sent, outcome.steps, toolbox, tool_prompt)
+                if make_room is not None
+                else None
             )
             if room is not None and room.history is not None:
                 # A new history is a new prefix: the previous turn's end is no longer a breakpoint worth keeping.
                 history, previous_end = [_as_blocks(message) for message in room.history], None
+            if room is not None and room.results:
+                shortened.update(room.results)
             asked = room.max_tokens if room is not None and room.max_tokens else max_tokens
-            request, done, duration_ms = _request(provider, model, system, history, outcome, toolbox, emit, step,
-                                                  previous_end, is_cancelled, on_prompt_too_long, max_tokens=asked,
+            request, done, duration_ms = _request(provider, model, system, history, _sent(outcome.messages, shortened),
+                                                  toolbox, emit, step, previous_end, is_cancelled, on_prompt_too_long,
+                                                  max_tokens=asked,
                                                   tool_choice=choice)  # fmt: skip
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
@@ -286,19 +321,46 @@ def _room_made(
     make_room: MakeRoom,
     system: list[dict[str, Any]],
     history: list[dict[str, Any]],
-    outcome: TurnOutcome,
+    turn: list[dict[str, Any]],
+    steps: list[StepRecord],
     toolbox: ToolBox,
     tool_prompt: int,
 ) -> Room | None:
-    """Ask `make_room` about the request the loop is about to send, with its estimated size."""
+    """Ask `make_room` about the request the loop is about to send (`turn` as sent), with its estimated size."""
     history_count = messages_count(history)
     count = overhead_count(system, toolbox.schemas(), tool_prompt=tool_prompt) + history_count
     size = RequestSize(
-        count=count + messages_count(outcome.messages),
+        count=count + messages_count(turn),
         history=history_count.total,
-        measured=tuple((step.estimate, step.usage.prompt_tokens) for step in outcome.steps),
+        measured=tuple((step.estimate, step.usage.prompt_tokens) for step in steps),
     )
-    return make_room(history, outcome.messages, size)
+    return make_room(history, turn, size)
+
+
+def _unloaded(toolbox: ToolBox, messages: list[dict[str, Any]]) -> set[str]:
+    """The tools `messages` load (`tool_reference`) that the toolbox no longer offers."""
+    referenced = referenced_tools(messages)
+    if not referenced:
+        return set()
+    offered = {schema["name"] for schema in toolbox.schemas()}
+    return {name for name in referenced if name not in offered}
+
+
+def _sent(turn: list[dict[str, Any]], shortened: dict[str, Any]) -> list[dict[str, Any]]:
+    """The turn's messages as the request sends them: each result named in `shortened` as its stub."""
+    if not shortened:
+        return turn
+
+    def stubbed(block: dict[str, Any]) -> bool:
+        return block.get("type") == "tool_result" and block.get("tool_use_id") in shortened
+
+    sent = []
+    for message in turn:
+        content = message.get("content")
+        if isinstance(content, list) and any(stubbed(block) for block in content):
+            message = {**message, "content": [shortened[b["tool_use_id"]] if stubbed(b) else b for b in content]}
+        sent.append(message)
+    return sent
 
 
 def _forced(tool_choice: dict[str, Any] | None) -> bool:
@@ -311,7 +373,7 @@ def _request(
     model: str,
     system: list[dict[str, Any]],
     history: list[dict[str, Any]],
-    outcome: TurnOutcome,
+    turn: list[dict[str, Any]],
     toolbox: ToolBox,
     emit: Emit,
     step: int,
@@ -328,7 +390,7 @@ def _request(
             model=model,
             system=system,
             tools=_deferred_last(toolbox.schemas()),
-            messages=[*history, *outcome.messages],
+            messages=[*history, *turn],
             max_tokens=max_tokens,
             tool_choice=tool_choice,
         )
@@ -346,7 +408,7 @@ def _request(
                 if is_cancelled():
                     raise TurnCancelled()
         except PromptTooLong as exc:
-            replacement = compact(history, outcome.messages, exc) if attempt == 1 else None
+            replacement = compact(history, turn, exc) if attempt == 1 else None
             if replacement is None:
                 raise
             history = [_as_blocks(message) for message in replacement]

@@ -150,3 +150,29 @@ def referenced_tools(messages: list[dict[str, Any]]) -> list[str]:
                 if item.get("type") == "tool_reference" and item.get("tool_name") not in names:
                     names.append(item["tool_name"])
     return names
+
+
+def called_tools(messages: list[dict[str, Any]]) -> set[str]:
+    """The names `messages` call (`tool_use` blocks)."""
+    return {
+        block.get("name", "")
+        for message in messages
+        for block in (message["content"] if isinstance(message.get("content"), list) else [])
+        if block.get("type") == "tool_use"
+    }
+
+
+def tools_by_recency(messages: list[dict[str, Any]]) -> list[str]:
+    """Every tool `messages` called (`tool_use`) or loaded (`tool_reference`), the least recently used first."""
+    order: list[str] = []
+    for message in messages:
+        for block in message["content"] if isinstance(message.get("content"), list) else []:
+            used = [block.get("name", "")] if block.get("type") == "tool_use" else []
+            for item in block.get("content") if isinstance(block.get("content"), list) else []:
+                if isinstance(item, dict) and item.get("type") == "tool_reference":
+                    used.append(item.get("tool_name", ""))
+            for name in used:
+                if name in order:
+                    order.remove(name)
+                order.append(name)
+    return order

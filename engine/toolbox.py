@@ -9,7 +9,7 @@ loop may call is declared here and nothing passes through unseen.
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Collection, Container
 from typing import Any, Protocol
 
 Observation = dict[str, Any]
@@ -37,8 +37,11 @@ class ToolBox(Protocol):
         None when the last schema not marked `defer_loading` closes it."""
         ...
 
-    def restore_loaded(self, names: list[str]) -> None:
-        """Offer again the deferred tools that `tool_reference` blocks in the history loaded (TD-11)."""
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called: Collection[str] = ()) -> None:
+        """Offer again the deferred tools that `tool_reference` blocks in the history loaded (TD-11);
+        `recency` orders the tools the history used, least recently first, and `called` names the
+        ones it called, for a budget of loaded tools (LM-2). A tool not offered again has its
+        references taken out by the loop."""
         ...
 
     def restore_observations(self, observations: dict[int, Observation]) -> None:
@@ -78,8 +81,8 @@ class ToolBoxLayer:
     def resident_count(self) -> int | None:
         return self.inner.resident_count()
 
-    def restore_loaded(self, names: list[str]) -> None:
-        self.inner.restore_loaded(names)
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called: Collection[str] = ()) -> None:
+        self.inner.restore_loaded(names, recency, called)
 
     def restore_observations(self, observations: dict[int, Observation]) -> None:
         self.inner.restore_observations(observations)

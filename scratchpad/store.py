@@ -71,8 +71,17 @@ class DjangoObservationStore:
 
 
 def turn_toolbox(
-    *, inner: ToolBox, run_id: int, conversation_id: int, clock: Callable[[], datetime] = timezone.now
+    *,
+    inner: ToolBox,
+    run_id: int,
+    conversation_id: int,
+    turn_id: str | None = None,
+    clock: Callable[[], datetime] = timezone.now,
 ) -> ScratchpadToolBox:
-    """The tools of one run, with the scratchpad in front of them (SP-1, SP-7, SP-9)."""
-    store = DjangoObservationStore(turn_id=str(run_id), run_id=run_id, conversation_id=conversation_id, clock=clock)
+    """The tools of one run, with the scratchpad in front of them (SP-1, SP-7, SP-9).
+
+    `turn_id` scopes the entries (default: the run); a subagent has its own under its parent run.
+    """
+    turn = str(run_id) if turn_id is None else turn_id
+    store = DjangoObservationStore(turn_id=turn, run_id=run_id, conversation_id=conversation_id, clock=clock)
     return ScratchpadToolBox(inner, store, threshold=store.threshold)

@@ -7,7 +7,7 @@ keeps the names the rest of the code imports: `BUILTINS`, `BuiltinTool`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ class WorkspaceToolBox:
     def resident_count(self) -> int | None:
         return None  # nothing is deferred: every schema belongs to the cached block
 
-    def restore_loaded(self, names: list[str]) -> None:
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called: Collection[str] = ()) -> None:
         """Nothing is deferred here, so nothing needs loading again."""
 
     def restore_observations(self, observations: dict[int, Observation]) -> None:

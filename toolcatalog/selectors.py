@@ -82,26 +82,40 @@ def run_surface(
     return build_surface(records, mode_spec(mode), deferral=deferral, unindexed=unindexed), records
 
 
-def fit_surface_to_window(catalog: CatalogToolBox, offered: list[dict[str, Any]]) -> None:
-    """LM-2: the tools every request carries keep to CC_TOOL_WINDOW_PERCENT of the window.
+def fit_surface_to_window(
+    catalog: CatalogToolBox, offered: list[dict[str, Any]], *, uses: Mapping[str, int] | None = None
+) -> None:
+    """LM-2: the tools every request carries, the ones it loads included, keep to CC_TOOL_WINDOW_PERCENT
+    of the window.
 
     `offered` is what the whole toolbox stack offers: the runtime's own tools (spawn_agents,
     scratchpad_read, which is reserved for even before it is offered, so the surface stays the
-    same all turn) come out of the same budget. The least used catalog tools are deferred.
+    same all turn) come out of the same budget. So do the deferred tools a run loads: the
+    resident block and the name index keep to the budget less a reserve for them (a quarter, at
+    least the largest schema, so any one tool can be loaded), the least used catalog tools deferred
+    (`uses`: call counts; default the latest ones, `tool_use_counts`). What the block leaves is the
+    catalog's `loaded_budget`: a load past it unloads the least recently used loaded tools.
     """
     budget = settings.CC_CONTEXT_WINDOW_TOKENS * settings.CC_TOOL_WINDOW_PERCENT // 100
     surface = catalog.surface
     runtime = {s["name"]: s for s in [*offered, READ_TOOL_SCHEMA] if s["name"] not in surface.admitted}
     budget -= estimate_json_tokens(list(runtime.values())) if runtime else 0
-    if surface.deferral and tool_block_tokens(surface.resident, surface.deferred) > budget:
-        catalog.surface = fit_to_window(surface, budget_tokens=budget, uses=tool_use_counts())
+    if not surface.deferral:
+        return  # nothing is deferred, so nothing is loaded
+    largest = max((estimate_json_tokens(tool.definition()) for tool in surface.admitted.values()), default=0)
+    resident_budget = budget - max(budget // 4, largest)
+    if tool_block_tokens(surface.resident, surface.deferred) > resident_budget:
+        uses = tool_use_counts() if uses is None else uses
+        catalog.surface = fit_to_window(surface, budget_tokens=resident_budget, uses=uses)
+    catalog.loaded_budget = max(0, budget - tool_block_tokens(catalog.surface.resident, catalog.surface.deferred))
 
 
-def tool_use_counts(recent_calls: int = 2000) -> dict[str, int]:
+def tool_use_counts(recent_calls: int = 2000, *, before_event: int | None = None) -> dict[str, int]:
     """How often each tool was called in the most recent tool calls: what a small window keeps resident.
 
     One query over the latest `recent_calls` events of that type, newest first along the primary
     key, so its cost does not grow with the event log (it runs once per turn in a small window).
+    `before_event`: only events before that one (counts as they were then, whatever ran since).
     """
     # Looked up by name: the catalog does not depend on the runs app, it only reads what runs called.
     from django.apps import apps
@@ -109,9 +123,12 @@ def tool_use_counts(recent_calls: int = 2000) -> dict[str, int]:
     if not apps.is_installed("agents"):
         return {}
     RunEvent = apps.get_model("agents", "RunEvent")  # noqa: N806 - a model class
-    latest = RunEvent.objects.filter(type="tool_call").order_by("-pk").values("pk")[:recent_calls]
-    calls = RunEvent.objects.filter(pk__in=latest).values("payload__name").annotate(n=Count("pk"))
-    return {row["payload__name"]: row["n"] for row in calls}
+    calls = RunEvent.objects.filter(type="tool_call")
+    if before_event is not None:
+        calls = calls.filter(pk__lt=before_event)
+    latest = calls.order_by("-pk").values("pk")[:recent_calls]
+    counted = RunEvent.objects.filter(pk__in=latest).values("payload__name").annotate(n=Count("pk"))
+    return {row["payload__name"]: row["n"] for row in counted}
 
 
 def surface_context(surface: Surface) -> dict[str, Any]:

@@ -3,13 +3,20 @@
 Pure Python: it is handed the run's surface, a way to get the search index, the
 function that runs a tool's implementation and the approval gate; it remembers
 what it activated so the service can record it at the turn boundary (TD-15).
+
+Loaded tools count against the window's tool budget (LM-2): with `loaded_budget` set
+(the tokens the resident block and the name index leave of it), loading a tool past it
+first unloads loaded ones back to the name index: those never called (a search loaded
+them) before those called, each the least recently used (called or loaded longest ago)
+first. A search loads its matches best first while they fit and names the rest. The loop
+takes an unloaded tool's `tool_reference` blocks out of what it sends.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections import Counter
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +24,7 @@ from engine.actions import LOADS_TOOLS
 from engine.catalog.ranking import ToolIndex, no_match_message
 from engine.catalog.schemas import arguments_problem
 from engine.catalog.surface import Surface, ToolRecord
+from engine.tokens import estimate_json_tokens
 from engine.toolbox import needs_approval
 
 Observation = dict[str, Any]
@@ -61,8 +69,11 @@ class CatalogToolBox:
         approve: ApprovalGate = approval_pending,
         limiter: CallLimiter | None = None,
         auto_approved: Container[str] = (),
+        loaded_budget: int | None = None,
     ) -> None:
         self.surface = surface
+        # Tokens the loaded (activated deferred) schemas may take together; None: no limit.
+        self.loaded_budget = loaded_budget
         self._index = index
         self._executor = executor
         self._approve = approve
@@ -72,6 +83,13 @@ class CatalogToolBox:
         self.activations: list[Activation] = []
         self.misses: list[str] = []
         self.calls: Counter[str] = Counter()
+        # When each loaded tool was last called or loaded (a counter), and which were ever called: a tool
+        # only loaded (by a search, say) unloads before any tool that was called, each the least recent first.
+        self._used: dict[str, int] = {}
+        self._called: set[str] = set()
+        self._clock = 0
+        # Tools unloaded to make room, in order (LM-2).
+        self.unloaded: list[str] = []
 
     # -- what the model is offered ---------------------------------------------------------
 
@@ -82,11 +100,35 @@ class CatalogToolBox:
         activated = [{**self.surface.admitted[name].definition(), "defer_loading": True} for name in self.activated]
         return [*self.surface.resident_schemas(), *activated]
 
-    def restore_loaded(self, names: list[str]) -> None:
-        """Offer again the deferred tools earlier turns loaded (their references are in the history)."""
-        for name in names:
-            if name in self.surface.deferred_names and name not in self.activated:
-                self.activated.append(name)
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called: Collection[str] = ()) -> None:
+        """Offer again the deferred tools earlier turns loaded (their references are in the history).
+
+        Within `loaded_budget`, the last to unload first (the ones `called`, then by `recency`:
+        least recent first) until one does not fit: the rule that unloads mid-turn, so a turn
+        starts with what the previous one ended with. Offered in `names`' order (as loaded).
+        """
+        candidates = [name for name in names if name in self.surface.deferred_names and name not in self.activated]
+        self._called.update(name for name in called if name in candidates)
+        position = {name: index for index, name in enumerate(recency or [])}
+        order = sorted(candidates, key=lambda name: (name in self._called, position.get(name, -1)))
+        kept: set[str] = set()
+        if self.loaded_budget is None:
+            kept = set(candidates)
+        else:
+            room = self.loaded_budget - self.loaded_tokens()
+            for name in reversed(order):
+                room -= self._schema_tokens(name)
+                if room < 0:
+                    break
+                kept.add(name)
+        for name in order:
+            if name in kept:
+                self._touch(name)
+        self.activated.extend(name for name in candidates if name in kept)
+
+    def loaded_tokens(self, names: Iterable[str] | None = None) -> int:
+        """What the loaded schemas (or `names`) cost, each estimated as the request sends it."""
+        return sum(self._schema_tokens(name) for name in (self.activated if names is None else names))
 
     def restore_observations(self, observations: dict[int, Observation]) -> None:
         """Observations are the scratchpad layer's business; the catalog keeps none."""
@@ -104,12 +146,39 @@ class CatalogToolBox:
         tool = self.surface.get(name)
         return tool is not None and needs_approval(tool.requires_approval, name, self._auto_approved)
 
-    def _activate(self, name: str, trigger: str, query: str = "") -> bool:
+    def _activate(self, name: str, trigger: str, query: str = "", keep: Container[str] = ()) -> bool:
+        """Load `name`, unloading the least recently used loaded tools (never those in `keep`) to make room."""
         if name not in self.surface.deferred_names or name in self.activated:
+            return False
+        if not self._make_room(self._schema_tokens(name), keep):
             return False
         self.activated.append(name)
         self.activations.append(Activation(name, trigger, query))
+        self._touch(name)
         return True
+
+    def _make_room(self, tokens: int, keep: Container[str]) -> bool:
+        if self.loaded_budget is None:
+            return True
+        kept = [name for name in self.activated if name in keep]
+        if self.loaded_tokens(kept) + tokens > self.loaded_budget:
+            return False  # it could not fit even alone beside what must stay: unload nothing for it
+        while self.loaded_tokens() + tokens > self.loaded_budget:
+            victim = min((n for n in self.activated if n not in keep), key=self._unload_order)
+            self.activated.remove(victim)
+            self.unloaded.append(victim)
+        return True
+
+    def _unload_order(self, name: str) -> tuple[bool, int]:
+        return name in self._called, self._used.get(name, 0)
+
+    def _touch(self, name: str) -> None:
+        self._clock += 1
+        self._used[name] = self._clock
+
+    def _schema_tokens(self, name: str) -> int:
+        tool = self.surface.admitted.get(name)
+        return estimate_json_tokens(tool.definition()) if tool is not None else 0
 
     # -- running a call ------------------------------------------------------------------
 
@@ -130,9 +199,13 @@ class CatalogToolBox:
             }
         # TD-5: a deferred name called directly is loaded here, in the same step; its result loads the schema.
         observation = self._run(tool, name, arguments)
+        # A call is a use (the history's tool_use block says the same to a later turn's restore).
+        self._called.add(name)
+        if name in self.activated:
+            self._touch(name)
         if observation.pop(UNAVAILABLE, False):
             return observation
-        if self._activate(name, "direct"):
+        if self._activate(name, "direct", keep={name}):
             return {**observation, LOADS_TOOLS: [name]}
         return observation
 
@@ -172,9 +245,9 @@ class CatalogToolBox:
         if not matches:
             self.misses.append(query)
             return {"ok": True, "query": query, "matches": [], "message": no_match_message(query)}
-        loaded = []
+        loaded: list[str] = []
         for match in matches:
-            if self._activate(match.tool.name, "search", query):
+            if self._activate(match.tool.name, "search", query, keep=loaded):
                 loaded.append(match.tool.name)
         # The schemas travel as tool_reference blocks (loaded where this result stands) or are
         # already in the request (resident, or loaded earlier): the text only names the matches,
@@ -186,16 +259,30 @@ class CatalogToolBox:
             "loaded": loaded,
             "message": "These tools are loaded; call them directly.",
         }
+        left = [
+            m.tool.name
+            for m in matches
+            if m.tool.name in self.surface.deferred_names and m.tool.name not in self.activated
+        ]
+        if left:
+            # LM-2: the window's tool budget is full; a call by name still works and loads it in place of an older one.
+            observation["not_loaded"] = left
+            observation["message"] = (
+                "The loaded tools are ready to call. The window has no room for the schemas of "
+                f"{', '.join(left)}: call one by name to load it in place of the least recently used tool."
+            )
         return {**observation, LOADS_TOOLS: loaded} if loaded else observation
 
     def _describe_tool(self, arguments: dict[str, Any]) -> Observation:
-        found, unknown, loaded = [], [], []
+        found: list[dict[str, Any]] = []
+        unknown: list[str] = []
+        loaded: list[str] = []
         for name in arguments.get("names", []):
             tool = self.surface.get(name)
             if tool is None:
                 unknown.append(name)
                 continue
-            if self._activate(name, "direct"):
+            if self._activate(name, "direct", keep=loaded):
                 loaded.append(name)
             found.append(tool.definition())
         observation: Observation = {"ok": not unknown or bool(found), "tools": found}

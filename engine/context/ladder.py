@@ -195,7 +195,7 @@ def _ids(messages: Sequence[Msg]) -> list[Any]:
     return [message.get("id") for message in messages]
 
 
-def _tool_names(messages: Sequence[Msg]) -> dict[str, str]:
+def tool_names(messages: Sequence[Msg]) -> dict[str, str]:
     return {
         block["id"]: block.get("name", "?")
         for message in messages
@@ -219,7 +219,7 @@ def _references(block: dict[str, Any]) -> list[dict[str, Any]]:
     return [item for item in content if item.get("type") == "tool_reference"] if isinstance(content, list) else []
 
 
-def _is_uneventful(block: dict[str, Any]) -> bool:
+def is_uneventful(block: dict[str, Any]) -> bool:
     if block.get("is_error"):
         return False
     text = _result_text(block)
@@ -227,28 +227,49 @@ def _is_uneventful(block: dict[str, Any]) -> bool:
     return '"ok": false' not in text and '"ok":false' not in text
 
 
+def elided_result(block: dict[str, Any], tool_name: str, *, where: str | None) -> dict[str, Any] | None:
+    """`block` (a tool_result) with its output replaced by a one-line stub; None when the stub is not shorter.
+
+    The tool_use_id stays, so the call keeps its result, and so do its tool_reference blocks:
+    a tool the result loaded stays loaded (TD-11). `where` names the stored message that keeps
+    the output; None when nothing stored does (a subagent's turn): then only a scratchpad
+    entry can, or the model calls the tool again.
+    """
+    text = _result_text(block)
+    found = _SCRATCHPAD_ID.search(text)
+    if where is not None:
+        keeper = f"{where}{f', scratchpad entry {found.group(1)}' if found else ''} keeps it in full"
+    else:
+        keeper = f"scratchpad entry {found.group(1)} keeps it in full" if found else "call the tool again to see it"
+    kind = "uneventful " if is_uneventful(block) else ""
+    stub = f"[elided: {len(text)} chars of {kind}{tool_name} output; {keeper}]"
+    if len(stub) >= len(text):
+        return None
+    references = _references(block)
+    content: str | list[dict[str, Any]] = [{"type": "text", "text": stub}, *references] if references else stub
+    return {
+        "type": "tool_result",
+        "tool_use_id": block["tool_use_id"],
+        "content": content,
+        **({"is_error": True} if block.get("is_error") else {}),
+    }
+
+
 def _elide(middle: list[Msg], replaced: list[dict[str, Any]]) -> int:
-    names = _tool_names(middle)
+    names = tool_names(middle)
     count = 0
     for message in middle:
         for index, block in enumerate(message.get("content") or []):
-            if block.get("type") != "tool_result" or not _is_uneventful(block) or block.get("elided"):
+            if block.get("type") != "tool_result" or not is_uneventful(block) or block.get("elided"):
                 continue
-            text = _result_text(block)
             where = f"message #{message.get('id')}" if message.get("id") is not None else "the transcript"
-            found = _SCRATCHPAD_ID.search(text)
-            scratchpad = f", scratchpad entry {found.group(1)}" if found else ""
-            stub = (
-                f"[elided: {len(text)} chars of uneventful {names.get(block.get('tool_use_id'), 'tool')} output; "
-                f"{where}{scratchpad} keeps it in full]"
-            )
-            if len(stub) >= len(text):
+            stub = elided_result(block, names.get(block.get("tool_use_id"), "tool"), where=where)
+            if stub is None:
                 continue
-            # The tool_use_id stays, so the call keeps its result and the pairing holds.
-            references = _references(block)
-            content: str | list[dict[str, Any]] = [{"type": "text", "text": stub}, *references] if references else stub
-            message["content"][index] = {"type": "tool_result", "tool_use_id": block["tool_use_id"], "content": content}
-            replaced.append({"kind": "elided", "message": message.get("id"), "block": index, "chars": len(text)})
+            message["content"][index] = stub
+            replaced.append(
+                {"kind": "elided", "message": message.get("id"), "block": index, "chars": len(_result_text(block))}
+            )
             count += 1
     return count
 

@@ -42,7 +42,7 @@ class RecordingBox:
     def resident_count(self) -> int | None:
         return None
 
-    def restore_loaded(self, names: list[str]) -> None:
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called=()) -> None:
         pass
 
     def restore_observations(self, observations) -> None:

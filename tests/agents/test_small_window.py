@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -17,7 +18,8 @@ from engine.catalog.surface import ModeSpec, build_surface
 from engine.context.snapshots import page_for_window
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
-from engine.tokens import estimate_json_tokens
+from engine.request import referenced_tools
+from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from engine.window import budget_for_window
 from tests.support.catalog import CATALOG_PATH, reference_records
 from toolcatalog.selectors import run_surface
@@ -102,27 +104,34 @@ def _opening(messages: list[dict]) -> int:
 
 
 class Reader:
-    """Every turn reads two stretches of the notes, searches the catalog (which loads tools mid-turn), answers."""
+    """Every turn reads two stretches of the notes, searches the catalog (which loads tools mid-turn), answers.
 
-    def __init__(self) -> None:
+    Turn N (its prompt ends "step N.") searches `queries[N % len(queries)]`."""
+
+    def __init__(self, queries: tuple[str, ...] = ("show the commit history",)) -> None:
         self.payloads: list[dict] = []
+        self.queries = queries
 
     def __call__(self, payload: dict) -> list[dict]:
         self.payloads.append(copy.deepcopy(payload))
-        step = len(payload["messages"]) - 1 - _opening(payload["messages"])
+        opening = _opening(payload["messages"])
+        step = len(payload["messages"]) - 1 - opening
         if step == 0:
             reads = [{"path": "notes.txt", "offset": offset, "limit": 28} for offset in (0, 60)]
             return [{"type": "tool_use", "name": "read_file", "input": arguments} for arguments in reads]
         if step == 2:
-            return [{"type": "tool_use", "name": "search_tools", "input": {"query": "show the commit history"}}]
-        return [{"type": "text", "text": "The notes say the queue is healthy; the history tools are loaded."}]
+            turn = int(payload["messages"][opening]["content"][0]["text"].rsplit("step ", 1)[1].rstrip("."))
+            query = self.queries[turn % len(self.queries)]
+            return [{"type": "tool_use", "name": "search_tools", "input": {"query": query}}]
+        return [{"type": "text", "text": "The notes say the queue is healthy; the tools I searched for are loaded."}]
 
 
 @pytest.fixture
-def window_8k(settings, tmp_path):
+def window_8k(settings, tmp_path, request):
     """A worker's settings at an 8K window (every threshold scaled as settings.py scales it), the
-    Anthropic adapter pointed at an emulator that refuses what does not fit the same window."""
-    reader = Reader()
+    Anthropic adapter pointed at an emulator that refuses what does not fit the same window.
+    Indirect parameter: the Reader's search queries."""
+    reader = Reader(*([request.param] if hasattr(request, "param") else []))
     budget = budget_for_window(WINDOW)
     settings.CC_CONTEXT_WINDOW_TOKENS = WINDOW
     settings.CC_MAX_OUTPUT_TOKENS = budget.max_output_tokens
@@ -163,3 +172,52 @@ def test_every_request_of_a_growing_session_fits_an_8k_window_with_room_for_the_
     compactions = Compaction.objects.filter(conversation=conversation)
     assert compactions.exists() and not compactions.filter(trigger="reactive").exists()
     assert not RunEvent.objects.filter(run__conversation=conversation, type="compaction", payload__trigger="reactive")
+
+
+SEARCHES = ("show the commit history", "run a SQL query", "assign a ticket", "schedule a calendar event")
+
+
+@pytest.mark.django_db
+@pytest.mark.req("LM-2")
+@pytest.mark.parametrize("window_8k", [SEARCHES], indirect=True)
+def test_tools_loaded_turn_after_turn_keep_the_tool_block_within_a_quarter_of_the_window(alice, window_8k):
+    # Every turn searches for other tools: loaded ones count against the same 25 % as the resident
+    # block, so the least recently used go back to the name index (before, the share reached 0.38).
+    emulator, reader = window_8k
+    catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
+    conversation = conversation_create(owner=alice, title="small window, many tools")
+    notes = workspace_root(conversation.pk) / "notes.txt"
+    notes.parent.mkdir(parents=True, exist_ok=True)
+    notes.write_text("".join(f"note {n}: the service handled its queue in {n % 17} ms, healthy\n" for n in range(99)))
+    runs = []
+    for turn in range(len(SEARCHES) * 2):
+        conversation.refresh_from_db()
+        _, run = message_send(conversation=conversation, text=f"Check the notes, step {turn}.")
+        run_execute(run_id=run.pk, worker="test")
+        run.refresh_from_db()
+        assert run.status == Run.Status.SUCCEEDED, (turn, run.error)
+        runs.append(run)
+
+    def tool_share(payload: dict) -> float:
+        loaded = set(referenced_tools(payload["messages"]))
+        schemas = [{k: v for k, v in t.items() if k not in ("cache_control", "defer_loading")}
+                   for t in payload["tools"] if not t.get("defer_loading") or t["name"] in loaded]  # fmt: skip
+        index = sum(estimate_text_tokens(b["text"]) for b in payload["system"] if b["text"].startswith("Deferred"))
+        return (estimate_json_tokens(schemas) + index) / WINDOW
+
+    shares = [tool_share(payload) for payload in reader.payloads]
+    assert max(shares) <= 0.25, shares
+    results = [
+        json.loads(block["content"][0]["text"])
+        for payload in reader.payloads
+        for block in payload["messages"][-1]["content"]
+        if block.get("type") == "tool_result" and isinstance(block["content"], list)
+    ]
+    searches = [result for result in results if "query" in result]
+    assert searches and all(result.get("loaded") for result in searches), [
+        (r["query"], r.get("loaded"), r.get("not_loaded"), [m["name"] for m in r["matches"]]) for r in searches
+    ]
+    unloaded = RunEvent.objects.filter(run__in=runs, type="tools_unloaded")
+    assert unloaded.exists()
+    uses = [(emulator.prompt_tokens(p) + p["max_tokens"]) / WINDOW for p in reader.payloads]
+    assert max(uses) <= 1.0, uses

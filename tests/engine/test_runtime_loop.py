@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from engine.actions import ActionLimits, ApprovalNeeded
+from engine.context.transcript import request_tokens
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import PausedTurn, RequestSize, Room, TurnCancelled, run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block
+from engine.room import elide_turn_results, turn_room
 from engine.tokens import tool_prompt_tokens
 from toolcatalog.builtins import WorkspaceToolBox
 
@@ -188,7 +190,7 @@ class CancellingBox:
     def resident_count(self) -> int | None:
         return None
 
-    def restore_loaded(self, names: list[str]) -> None:
+    def restore_loaded(self, names: list[str], recency: list[str] | None = None, called=()) -> None:
         pass
 
 
@@ -253,3 +255,63 @@ def test_the_loop_asks_before_every_request_and_sends_what_the_hook_makes_room_w
     assert first.max_tokens == 1000 and second.max_tokens == 300
     assert second.messages[0]["content"] == [text_block("go, compacted")]
     assert second.messages[1:] == outcome.messages[:2]  # this turn's call and result follow the new history
+
+
+@pytest.mark.req("LM-2")
+def test_a_one_turn_context_past_the_window_sends_its_oldest_results_as_stubs_and_keeps_them_whole(tmp_path):
+    # A subagent's context is its task and its turn: no stored path to compact (engine.room).
+    (tmp_path / "notes.txt").write_text("".join(f"note {n}: the queue drained in {n % 17} ms\n" for n in range(200)))
+    reads = [[call("read_file", path="notes.txt", offset=1 + 40 * n, limit=40)] for n in range(4)]
+    fails = [call("read_file", path="missing.txt")]
+    window, max_tokens = 4000, 1000
+
+    def make_room(history, turn_so_far, size):
+        return turn_room(turn_so_far, size, window=window, max_tokens=max_tokens, factor=1.0, fit_share=0.95,
+                         target_share=0.45, min_output=125)  # fmt: skip
+
+    box = WorkspaceToolBox(tmp_path, approve=lambda name, arguments: True)
+    model = Recording(fails, *reads, "done")
+    outcome, _ = turn(model, box, make_room=make_room, max_tokens=max_tokens)
+
+    sizes = [request_tokens(r.system, r.tools, r.messages) + r.max_tokens for r in model.requests]
+    assert max(sizes) <= window * 0.95, sizes
+    last = model.requests[-1]
+    unstubbed = request_tokens(last.system, last.tools, [*last.messages[:1], *outcome.messages[:-1]])
+    assert unstubbed + max_tokens > window  # without the stubs the last request would not have fit
+
+    def results(request):
+        return [b for m in request.messages for b in m["content"] if b.get("type") == "tool_result"]
+
+    def stubbed(request):
+        return [b["tool_use_id"] for b in results(request) if "[elided: " in json.dumps(b["content"])]
+
+    assert stubbed(last) and "call the tool again" in json.dumps(results(last))
+    # The results the model has not seen yet are never stubbed.
+    assert all(results(r)[-1]["tool_use_id"] not in stubbed(r) for r in model.requests[1:])
+    # The turn's record keeps every result whole.
+    assert "[elided: " not in json.dumps(outcome.messages)
+
+
+@pytest.mark.req("LM-2")
+def test_stubs_take_the_oldest_uneventful_results_first_and_never_the_unseen_ones():
+    def step(n: int, output: str, *, error: bool = False) -> list[dict[str, Any]]:
+        result = {
+            "type": "tool_result",
+            "tool_use_id": f"t{n}",
+            "content": output,
+            **({"is_error": True} if error else {}),
+        }
+        return [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{n}", "name": "read_file", "input": {}}]},
+            {"role": "user", "content": [result]},
+        ]
+
+    big = "x" * 4000
+    turn = [*step(1, big, error=True), *step(2, big), *step(3, big), *step(4, big)]
+    stubs, freed = elide_turn_results(turn, need_tokens=1)
+    assert list(stubs) == ["t2"] and freed > 900  # the oldest uneventful output, and no more than needed
+    stubs, _ = elide_turn_results(turn, need_tokens=2500)
+    assert list(stubs) == ["t2", "t3", "t1"]  # a failure only once the uneventful ones are not enough
+    assert stubs["t1"]["is_error"] is True
+    stubs, _ = elide_turn_results(turn, need_tokens=100_000)
+    assert "t4" not in stubs  # the last results are what the model is about to read

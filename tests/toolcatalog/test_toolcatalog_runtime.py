@@ -14,6 +14,7 @@ from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.request import referenced_tools, text_block
+from engine.tokens import estimate_json_tokens
 from tests.support.catalog import ScriptedModel, final, reference_records, tool_call
 from toolcatalog.toolbox import builtin_executor
 
@@ -36,6 +37,18 @@ def _toolbox(tmp_path, records, mode=None, approve=None) -> CatalogToolBox:
     index = ToolIndex(records)
     kwargs = {"approve": approve} if approve else {}
     return CatalogToolBox(surface=surface, index=lambda: index, executor=builtin_executor(tmp_path), **kwargs)
+
+
+class Recording(EmulatorProvider):
+    """The in-process emulator (it refuses a reference to a tool the request lacks), keeping every request."""
+
+    def __init__(self, *replies) -> None:
+        super().__init__(Emulator(clock=TestClock(), policy=ScriptedPolicy(list(replies))))
+        self.requests: list = []
+
+    def stream(self, request):
+        self.requests.append(request)
+        return super().stream(request)
 
 
 def _run(model, toolbox):
@@ -228,3 +241,70 @@ def test_a_mode_change_after_an_activation_drops_the_references_to_the_tools_it_
     refused = [payload["output"] for kind, payload in events if kind == "tool_result"]
     assert refused and refused[0]["ok"] is False and "assign_ticket" in refused[0]["error"]
     assert "assign_ticket" not in [tool["name"] for tool in denying.schemas()]
+
+
+@pytest.mark.req("LM-2")
+@pytest.mark.req("TD-11")
+def test_loaded_tools_count_against_the_budget_and_the_least_recently_used_is_unloaded_once(tmp_path):
+    # Three turns load list_dir and git_status, call list_dir, then load list_tables into a budget
+    # that holds two of them: git_status (loaded, never called) goes back to the name index; the
+    # next turn starts with what that turn ended with, so the unload rewrites the prefix once.
+    records = _records()
+    sizes = {record.name: estimate_json_tokens(record.definition()) for record in records}
+    budget = sizes["list_dir"] + sizes["list_tables"]
+    assert sizes["list_dir"] + sizes["git_status"] <= budget
+    assert budget < sizes["list_dir"] + sizes["git_status"] + sizes["list_tables"]
+    model = Recording(
+        tool_call("t1", "describe_tool", {"names": ["list_dir", "git_status"]}), "described",
+        tool_call("t2", "list_dir", {"path": "."}), "listed",
+        tool_call("t3", "describe_tool", {"names": ["list_tables"]}), "described too",
+        "nothing new",
+    )  # fmt: skip
+    history: list[dict] = []
+    toolboxes, events = [], []
+    for prompt in ("load them", "list the workspace", "load the table tool", "thanks"):
+        toolbox = _toolbox(tmp_path, records)
+        toolbox.loaded_budget = budget
+        toolboxes.append(toolbox)
+        history.append({"role": "user", "content": [text_block(prompt)]})
+        outcome = run_turn(provider=model, model="claude-sonnet-4-5", system=[text_block("sys")], history=history,
+                           toolbox=toolbox, emit=lambda kind, payload: events.append((kind, payload)))  # fmt: skip
+        history += outcome.messages
+    for request in model.requests:
+        loaded = [tool["name"] for tool in request.tools if tool.get("defer_loading")]
+        # The emulator refuses a reference to a tool the request does not carry; and the loaded fit the budget.
+        assert set(referenced_tools(request.messages)) <= {tool["name"] for tool in request.tools}
+        assert sum(sizes[name] for name in loaded) <= budget, loaded
+    assert toolboxes[2].unloaded == ["git_status"] and toolboxes[2].activated == ["list_dir", "list_tables"]
+    assert [payload["tools"] for kind, payload in events if kind == "tools_unloaded"] == [["git_status"]]
+    # The fourth turn restores list_dir and list_tables (by recency within the budget), not git_status,
+    # and sends the same tools and, up to the third turn's end, the same messages: no second rewrite.
+    assert toolboxes[3].activated == ["list_dir", "list_tables"]
+    third_last, fourth_first = model.requests[5], model.requests[6]
+    assert fourth_first.tools == third_last.tools
+    assert fourth_first.messages[: len(third_last.messages)] == third_last.messages
+    assert "git_status" not in referenced_tools(fourth_first.messages)
+
+
+@pytest.mark.req("LM-2")
+def test_a_search_loads_its_best_matches_that_fit_and_names_the_rest_and_called_tools_unload_last(tmp_path):
+    records = _records()
+    toolbox = _toolbox(tmp_path, records)
+    ranked = [m["name"] for m in toolbox.execute("search_tools", {"query": "assign a ticket to someone"})["matches"]]
+    deferred = [name for name in ranked if name in toolbox.surface.deferred_names]
+    assert len(deferred) >= 3
+    tight = _toolbox(tmp_path, records)
+    first, second, third = deferred[:3]
+    # Room for the best two together, and for the best with the third, never for all three.
+    tight.loaded_budget = max(tight.loaded_tokens([first, second]), tight.loaded_tokens([first, third]))
+    result = tight.execute("search_tools", {"query": "assign a ticket to someone"})
+    assert result["loaded"] == [first, second] and result["not_loaded"] == deferred[2:]
+    assert "call one by name to load it" in result["message"]
+    # A tool only loaded unloads before one that was called, even when the called one was used longer ago.
+    later = _toolbox(tmp_path, records)
+    later.loaded_budget = tight.loaded_budget
+    later.execute("describe_tool", {"names": [first]})
+    later.execute(first, {})  # a call, even one refused for its arguments, is a use
+    later.execute("describe_tool", {"names": [second]})  # loaded after that call, never called
+    later.execute("describe_tool", {"names": [third]})
+    assert later.activated == [first, third] and later.unloaded == [second]
