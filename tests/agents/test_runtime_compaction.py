@@ -507,7 +507,7 @@ def test_the_calibrated_estimate_follows_the_provider_while_compaction_changes_w
     assert all(count.total == r.estimated_tokens for (count, _), r in zip(measured, requests, strict=True))
     # The mix did change: requests mostly tool output, requests with almost none left, requests with pages.
     shares = [count.tool_results / count.total for count, _ in measured]
-    assert max(shares) > 0.3 and min(shares[1:]) < 0.05, shares
+    assert max(shares) > 0.3 and min(shares[1:]) < 0.1, shares
     assert Compaction.objects.filter(conversation=conversation).exists()
     assert any(count.images for count, _ in measured)
     assert all(count.tool_prompt == 346 for count, _ in measured)  # the API's, with tools (EM-2)
