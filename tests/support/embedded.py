@@ -42,12 +42,18 @@ def start_embedded_server(folder: Path) -> tuple[subprocess.Popen, str, Path]:
         )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120  # a cap, not a wait: a loaded CI host can take a minute to import and bind
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return server, base, log_path
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    return server, base, log_path
+            except httpx.HTTPError:
+                time.sleep(0.1)
+    except BaseException:
+        # pytest-timeout interrupting the wait: the server must not outlive the test (three were found
+        # still serving an hour after a loaded run).
+        server.kill()
+        raise
     server.kill()
     pytest.fail(log_path.read_text())
 
