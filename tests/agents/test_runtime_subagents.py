@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -69,34 +68,6 @@ def observation_of(run: Run, position: int = 2) -> dict[str, Any]:
 def wait_until(predicate, timeout: float = 120, what: str = "the condition"):
     # Generous: two CPUs are shared with other test sessions, and a load of 13 has been seen.
     return shared_wait_until(predicate, timeout, what, interval=0.1)
-
-
-@pytest.fixture
-def parent_worker(settings):
-    """A worker name for parent runs executed in this process, kept alive in the heartbeat registry.
-
-    A parent waits for its children; a real worker's reaper would otherwise take a run of
-    an unknown worker for dead once it has run longer than the heartbeat TTL (15 s).
-    """
-    import redis
-
-    from agents import heartbeat
-
-    name = f"test-parent-{uuid.uuid4().hex[:6]}@host"
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.is_set():
-            heartbeat.beat(client, name)
-            stop.wait(heartbeat.interval_seconds())
-
-    thread = threading.Thread(target=beat, daemon=True)
-    thread.start()
-    yield name
-    stop.set()
-    thread.join()
-    client.delete(heartbeat.KEY_PREFIX + name)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from engine.emulator.server import EmulatorServer
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from engine.window import budget_for_window
 from scratchpad.models import Entry
-from tests.agents.test_runtime_subagents import parent_worker  # noqa: F401 - a fixture
 from tests.support.catalog import CATALOG_PATH
 from toolcatalog.services import catalog_import
 from toolcatalog.workspace import workspace_root
@@ -143,7 +142,7 @@ def _stubbed(block: dict[str, Any]) -> bool:
 def test_a_fan_out_in_an_8k_window_keeps_every_child_request_inside_it_and_siblings_share_one_prefix(
     small_fanout,
     alice,
-    parent_worker,  # noqa: F811 - the imported fixture
+    parent_worker,
 ):
     emulator, policy, worker = small_fanout
     catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
