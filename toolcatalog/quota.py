@@ -31,12 +31,14 @@ def quota_bytes() -> int:
     return settings.CC_WORKSPACE_QUOTA_MB * 1024 * 1024
 
 
-def tree_bytes(root: Path) -> int:
-    """Disk bytes under `root`, symlinks not followed; a file vanishing mid-walk counts as nothing."""
-    total, stack = 0, [str(root)]
+def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every entry under `root` with its path relative to it, symlinks not followed; a file
+    vanishing mid-walk is skipped."""
+    stack = [("", str(root))]
     while stack:
+        relative, directory = stack.pop()
         try:
-            entries = os.scandir(stack.pop())
+            entries = os.scandir(directory)
         except (FileNotFoundError, NotADirectoryError, PermissionError):
             continue
         with entries:
@@ -45,10 +47,15 @@ def tree_bytes(root: Path) -> int:
                     info = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                total += info.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-    return total
+                name = f"{relative}/{entry.name}" if relative else entry.name
+                yield name, info
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append((name, entry.path))
+
+
+def tree_bytes(root: Path) -> int:
+    """Disk bytes under `root`, symlinks not followed; a file vanishing mid-walk counts as nothing."""
+    return sum(info.st_blocks * 512 for _name, info in walk(root))
 
 
 def owner_id(context: ToolContext) -> int | None:
@@ -116,24 +123,9 @@ class Before:
         # File times come from a coarse clock that can lag this one by a tick: a margin, so a file
         # the call writes at once is not taken for an old one.
         before = cls(0, {}, time.time_ns() - 1_000_000_000)
-        stack = [("", str(root))]
-        while stack:
-            relative, directory = stack.pop()
-            try:
-                entries = os.scandir(directory)
-            except (FileNotFoundError, NotADirectoryError, PermissionError):
-                continue
-            with entries:
-                for entry in entries:
-                    try:
-                        info = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    before.usage += info.st_blocks * 512
-                    name = f"{relative}/{entry.name}" if relative else entry.name
-                    before.entries[name] = (info.st_ino, info.st_size)
-                    if stat.S_ISDIR(info.st_mode):
-                        stack.append((name, entry.path))
+        for name, info in walk(root):
+            before.usage += info.st_blocks * 512
+            before.entries[name] = (info.st_ino, info.st_size)
         return before
 
 
