@@ -76,6 +76,25 @@ def _fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["tests.support.hashers.OneIterationPBKDF2PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _no_receive_left_on_a_closed_loop():
+    """A test's websocket consumers run on that test's own event loop (async_to_sync).
+
+    channels_redis keeps one cleanup lock per process-wide channel. A receive cancelled while it
+    waits for that lock (the test's loop closing under it) never gives its place back, so the lock
+    outlives the loop, bound to it, and the next test's consumer fails on it ("is bound to a
+    different event loop"). A server has one loop for its life, so this is a test-only hazard:
+    a layer left in that state is dropped, and the next test gets a fresh one.
+    """
+    yield
+    from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
+
+    layer = channel_layers.backends.get(DEFAULT_CHANNEL_LAYER)
+    locks = getattr(layer, "receive_clean_locks", None)
+    if getattr(layer, "receive_count", 0) or getattr(layer, "receive_cleaners", None) or (locks and locks.wait_counts):
+        del channel_layers.backends[DEFAULT_CHANNEL_LAYER]
+
+
 @pytest.fixture
 def alice(db):
     return UserFactory(username="alice", password="alice-password-1")
