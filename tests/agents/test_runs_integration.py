@@ -26,7 +26,7 @@ def _wait_for_run(run_id: int, timeout: float = 20) -> Run:
 async def _send_and_watch(api, user, conversation_id: int, text: str) -> tuple[dict, list[dict]]:
     communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/conversations/{conversation_id}/")
     communicator.scope["user"] = user
-    connected, _ = await communicator.connect()
+    connected, _ = await communicator.connect(timeout=10)
     assert connected
     response = await sync_to_async(api.post)(
         f"/api/conversations/{conversation_id}/messages/", {"text": text}, format="json"
@@ -40,7 +40,7 @@ async def _send_and_watch(api, user, conversation_id: int, text: str) -> tuple[d
         events.append(event)
         if event["type"] == "run_finished":
             break
-    await communicator.disconnect()
+    await communicator.disconnect(timeout=10)
     return response.json(), events
 
 
@@ -160,8 +160,8 @@ def test_websocket_refuses_anonymous_and_other_users(alice, bob):
         communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/conversations/{conversation.pk}/")
         if user is not None:
             communicator.scope["user"] = user
-        connected, _ = await communicator.connect()
-        await communicator.disconnect()
+        connected, _ = await communicator.connect(timeout=10)
+        await communicator.disconnect(timeout=10)
         return connected
 
     from django.contrib.auth.models import AnonymousUser

@@ -138,8 +138,8 @@ def test_websockets_refuse_anonymous_visitors_for_runs_and_conversations(alice):
     async def connect(path: str, user) -> tuple[bool, int | None]:
         communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
         communicator.scope["user"] = user
-        connected, code = await communicator.connect()
-        await communicator.disconnect()
+        connected, code = await communicator.connect(timeout=10)
+        await communicator.disconnect(timeout=10)
         return connected, code
 
     for path in (f"/ws/runs/{run.pk}/", f"/ws/conversations/{conversation.pk}/"):
@@ -218,8 +218,8 @@ def test_alice_cannot_watch_bobs_runs_or_conversations_over_websockets(alice, bo
     async def connect(path: str) -> tuple[bool, int | None]:
         communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
         communicator.scope["user"] = alice
-        connected, code = await communicator.connect()
-        await communicator.disconnect()
+        connected, code = await communicator.connect(timeout=10)
+        await communicator.disconnect(timeout=10)
         return connected, code
 
     assert async_to_sync(connect)(f"/ws/runs/{bobs_world['run'].pk}/") == (False, 4404)

@@ -157,13 +157,13 @@ def test_dashboard_update_reaches_the_owners_dashboard_and_no_one_elses(alice, b
 
     async def scenario():
         mine, theirs = await _dashboard_communicator(alice), await _dashboard_communicator(bob)
-        assert (await mine.connect())[0] and (await theirs.connect())[0]
+        assert (await mine.connect(timeout=10))[0] and (await theirs.connect(timeout=10))[0]
 
         await sync_to_async(publish_dashboard_update)(user_id=alice.pk)
         update = await mine.receive_json_from(timeout=5)
         assert await theirs.receive_nothing(timeout=0.3)
-        await mine.disconnect()
-        await theirs.disconnect()
+        await mine.disconnect(timeout=10)
+        await theirs.disconnect(timeout=10)
         return update
 
     update = async_to_sync(scenario)()
@@ -175,7 +175,7 @@ def test_dashboard_update_reaches_the_owners_dashboard_and_no_one_elses(alice, b
 def test_dashboard_socket_refuses_anonymous_visitors():
     async def scenario():
         communicator = await _dashboard_communicator(AnonymousUser())
-        connected, code = await communicator.connect()
+        connected, code = await communicator.connect(timeout=10)
         return connected, code
 
     assert async_to_sync(scenario)() == (False, 4401)
@@ -193,11 +193,11 @@ def test_a_finished_run_pushes_fresh_figures_to_the_dashboard(alice):
     async def scenario():
 
         communicator = await _dashboard_communicator(alice)
-        assert (await communicator.connect())[0]
+        assert (await communicator.connect(timeout=10))[0]
         await sync_to_async(run_execute)(run_id=run.pk, worker="test")
         started = await communicator.receive_json_from(timeout=10)
         update = await communicator.receive_json_from(timeout=10)
-        await communicator.disconnect()
+        await communicator.disconnect(timeout=10)
         return started, update
 
     started, update = async_to_sync(scenario)()
