@@ -43,7 +43,7 @@ def _worker_redis_url(url: str, index: int) -> str:
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (`--dist loadgroup`)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
     """Keep the users of one costly shared fixture on one xdist worker, so that it starts once.
 
@@ -51,20 +51,27 @@ def pytest_collection_modifyitems(config, items) -> None:
     module; a session-scoped one defined in a test module (the llama.cpp server) groups its users.
     The session fixtures of this file (the Celery worker) start once per worker, as they must.
 
+    `--dist loadgroup` schedules by the `@group` suffix of a node id. pytest-xdist 3.8 writes that
+    suffix to `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`), so every test
+    was its own unit: a module's tests spread over all workers, and each worker started the
+    module's browser and server again. The suffix is written here, where pytest reads it (under
+    `--dist loadgroup` only, so that a plain run keeps plain ids).
+
     Schemathesis gives every API operation's item the same node id (its name carries the
-    operation). xdist's group scheduler keys work by node id, so 43 of the 44 operations never
-    ran under `--dist loadgroup`; each item gets its name as its id.
+    operation), which the scheduler would take for one test; each item gets its name as its id.
     """
     for item in items:
         module, _, name = item.nodeid.rpartition("::")
-        if name != item.name:
-            item._id = coerce_node_id(f"{module}::{item.name}")
+        groups: set[str] = set()
         for definitions in item._fixtureinfo.name2fixturedefs.values():
             fixture = definitions[-1]
             if fixture.scope == "module":
-                item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+                groups.add(item.module.__name__)
             elif fixture.scope in ("package", "session") and fixture.baseid not in ("", "tests"):
-                item.add_marker(pytest.mark.xdist_group(f"{fixture.baseid}::{fixture.argname}"))
+                groups.add(f"{fixture.baseid}::{fixture.argname}")
+        suffix = f"@{'_'.join(sorted(groups))}" if groups and config.getvalue("loadgroup") else ""
+        if name != item.name or suffix:
+            item._id = coerce_node_id(f"{module}::{item.name}{suffix}")
 
 
 @pytest.fixture(autouse=True)
