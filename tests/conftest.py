@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(config, items) -> None:
                 groups.add(item.module.__name__)
             elif fixture.scope in ("package", "session") and fixture.baseid not in ("", "tests"):
                 groups.add(f"{fixture.baseid}::{fixture.argname}")
-        suffix = f"@{'_'.join(sorted(groups))}" if groups and config.getvalue("loadgroup") else ""
+        suffix = f"@{'_'.join(sorted(groups))}" if groups and getattr(config.option, "loadgroup", False) else ""
         if name != item.name or suffix:
             item._id = coerce_node_id(f"{module}::{item.name}{suffix}")
 
