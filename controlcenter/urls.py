@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from agents import api as agents_api
 from agents import views as agents_views
 from controlcenter.health import healthz
+from controlcenter.views import favicon
 from conversations import api as conversations_api
 from conversations import views as conversations_views
 from scratchpad import views as scratchpad_views
@@ -132,6 +133,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),
+    path("favicon.ico", favicon, name="favicon"),
     path("admin/", admin.site.urls),
     *api_patterns,
 ]

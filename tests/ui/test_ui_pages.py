@@ -305,3 +305,14 @@ def test_a_result_that_loaded_tools_reads_as_its_text_on_the_page_and_in_the_mar
     assert "tool_reference" not in html
     markdown = client.get(f"/api/conversations/{conversation.pk}/export/markdown/").content.decode()
     assert f"```\n{observation}\n```" in markdown and "tool_reference" not in markdown
+
+
+@pytest.mark.django_db
+def test_favicon_ico_leads_to_the_apps_icon_for_pages_that_link_none():
+    from django.contrib.staticfiles import finders
+    from django.templatetags.static import static
+
+    response = Client().get("/favicon.ico")
+    assert response.status_code == 301
+    assert response["Location"] == static("cc/favicon.svg")
+    assert finders.find("cc/favicon.svg")
