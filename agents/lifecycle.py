@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import cache
@@ -392,7 +392,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
             return overhead_count(system, toolbox.schemas(), tool_prompt=tool_prompt_tokens(run.provider, run.model))
 
         history = turns.turn_history(run, overhead=overhead(), emit=emit)
-        with _tools_killed_on_cancel(run.conversation_id, lambda: _run_cancelled(run.pk)):
+        with _tools_killed_on_cancel(turns.run_sandboxes(run.pk), lambda: _run_cancelled(run.pk)):
             return run_turn(
                 provider=get_provider(run.provider),
                 model=run.model,
@@ -538,7 +538,7 @@ CANCEL_KILL_POLL_SECONDS = 0.25
 
 
 @contextlib.contextmanager
-def _tools_killed_on_cancel(conversation_id: int, is_cancelled: Callable[[], bool]) -> Iterator[None]:
+def _tools_killed_on_cancel(sandboxes: Hashable, is_cancelled: Callable[[], bool]) -> Iterator[None]:
     """While the turn runs, a watcher kills its tools' process groups as soon as it is cancelled.
 
     The loop itself only checks between steps and stream chunks, so a tool that sleeps would
@@ -550,7 +550,7 @@ def _tools_killed_on_cancel(conversation_id: int, is_cancelled: Callable[[], boo
             while not stop.wait(CANCEL_KILL_POLL_SECONDS):
                 try:
                     if is_cancelled():
-                        sandbox.kill_running(conversation_id)
+                        sandbox.kill_running(sandboxes)
                 except DatabaseError:
                     connection.close()  # dropped: the next poll reconnects
         finally:
@@ -595,6 +595,8 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         if kind in ("tool_call", "tool_result", "compaction"):
             subagents.subagent_event(publisher, child, f"subagent_{kind}", payload)
 
+    turn_id = f"subagent-{child.pk}"
+
     def turn() -> TurnOutcome:
         # Inside the turn: a claimed child whose first write fails ends failed, instead of staying
         # "running" (its worker alive, so no reaper) until its parent gives up on it.
@@ -607,9 +609,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
             owner_id=parent.conversation.owner_id,
             mode=parent.mode,
             parent_run_id=parent.pk,
-            turn_id=f"subagent-{child.pk}",
+            turn_id=turn_id,
         )
-        with _tools_killed_on_cancel(parent.conversation_id, lambda: _subagent_cancelled(child.pk)):
+        with _tools_killed_on_cancel(turns.subagent_sandboxes(turn_id), lambda: _subagent_cancelled(child.pk)):
             return run_turn(
                 provider=get_provider(parent.provider),
                 model=parent.model,
@@ -656,9 +658,22 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
 
 
 def _subagent_cancelled(subagent_id: int) -> bool:
-    """A child stops when it is cancelled, or when its parent is cancelled or no longer running."""
-    child = Subagent.objects.filter(pk=subagent_id).values("cancel_requested", "parent__status").first()
-    return child is None or child["cancel_requested"] or child["parent__status"] != Run.Status.RUNNING
+    """A child stops when it is cancelled, or when its parent is cancelled or no longer running.
+
+    The parent's cancel is read directly: the child's commands die within a poll of it, not once
+    the parent's own loop has noticed it and ended.
+    """
+    child = (
+        Subagent.objects.filter(pk=subagent_id)
+        .values("cancel_requested", "parent__cancel_requested", "parent__status")
+        .first()
+    )
+    return (
+        child is None
+        or child["cancel_requested"]
+        or child["parent__cancel_requested"]
+        or child["parent__status"] != Run.Status.RUNNING
+    )
 
 
 def _subagent_cancel_checker(subagent_id: int) -> Callable[[], bool]:

@@ -60,6 +60,16 @@ def turn_pruned(messages: list[dict[str, Any]]) -> PruneResult:
     )
 
 
+def run_sandboxes(run_id: int) -> tuple[str, int]:
+    """The key of a run's own sandboxes: its cancel kills these, not its children's."""
+    return ("run", run_id)
+
+
+def subagent_sandboxes(turn_id: str) -> tuple[str, str]:
+    """The key of one child's sandboxes: its cancel kills these, not its siblings' or its parent's."""
+    return ("subagent", turn_id)
+
+
 def turn_toolboxes(
     *,
     run_id: int,
@@ -86,6 +96,7 @@ def turn_toolboxes(
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
         pins=conversation_tool_pins(conversation_id, take=take_pins),
+        cancel_key=run_sandboxes(run_id),
     )
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = (
@@ -119,6 +130,7 @@ def subagent_toolboxes(
         # The loop asks a person before a call that requires approval, so the catalog runs what it gets.
         approve=lambda tool, arguments: None,
         pins=conversation_tool_pins(conversation_id),
+        cancel_key=subagent_sandboxes(turn_id),
     )
     scratchpad = turn_toolbox(inner=catalog, run_id=parent_run_id, conversation_id=conversation_id, turn_id=turn_id)
     stack = approvals.GatedToolBox(scratchpad)

@@ -6,7 +6,7 @@ registry can be swapped for the full `toolcatalog/tools/` package in one place.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,13 @@ def builtin_names() -> frozenset[str]:
     return frozenset(BUILTINS)
 
 
-def builtin_executor(workspace: Path, conversation_id: int | None = None, user_id: int | None = None) -> Executor:
+def builtin_executor(
+    workspace: Path, conversation_id: int | None = None, user_id: int | None = None, cancel_key: Hashable | None = None
+) -> Executor:
     """Runs the built-in tools, and forwards the imported MCP tools to their servers (MC-2)."""
     from toolcatalog.mcp_client import mcp_executor
 
-    context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id)
+    context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id, cancel_key=cancel_key)
     forward = mcp_executor(workspace)
 
     def execute(name: str, arguments: dict[str, Any]) -> Observation | None:
@@ -71,6 +73,7 @@ def run_toolbox(
     deferral: bool | None = None,
     approve: ApprovalGate = approval_pending,
     pins: Mapping[str, Mapping[str, Any]] | None = None,
+    cancel_key: Hashable | None = None,
 ) -> CatalogToolBox:
     from toolcatalog.selectors import run_surface
 
@@ -86,7 +89,7 @@ def run_toolbox(
     return CatalogToolBox(
         surface=surface,
         index=run_index,
-        executor=builtin_executor(workspace, conversation_id, user_id),
+        executor=builtin_executor(workspace, conversation_id, user_id, cancel_key),
         approve=approve,
         auto_approved=frozenset(settings.CC_TOOL_AUTO_APPROVE),
     )

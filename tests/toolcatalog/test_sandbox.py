@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from agents.turns import run_sandboxes, subagent_sandboxes
 from controlcenter.processes import ROOT
 from conversations.models import Conversation
 from toolcatalog import cgroups, quota, sandbox
 from toolcatalog.builtins import WorkspaceToolBox
+from toolcatalog.toolbox import builtin_executor
 from toolcatalog.workspace import workspace_root
 
 
@@ -185,6 +187,43 @@ def test_cancel_kills_the_running_sandbox_within_a_second(tmp_path):
     assert time.monotonic() - cancelled < 1.0
     assert outcome["ok"] is False and "cancelled" in outcome["error"]
     assert _alive(command) == ""
+
+
+@pytest.mark.django_db
+@pytest.mark.req("SB-3", "OP-3")
+def test_cancelling_one_child_kills_its_commands_and_not_its_siblings_or_parents(tmp_path):
+    # A parent run and two of its children work in one conversation's workspace at once.
+    turns = {
+        "parent": run_sandboxes(41),
+        "first child": subagent_sandboxes("subagent-7"),
+        "second child": subagent_sandboxes("subagent-8"),
+    }
+    commands = {who: f"sleep {7000 + secrets.randbelow(100_000) / 1000:.3f}" for who in turns}
+    outcomes: dict[str, dict] = {}
+
+    def call(who: str) -> None:
+        outcomes[who] = builtin_executor(tmp_path, 987655, None, turns[who])("bash", {"command": commands[who]})
+
+    threads = {who: threading.Thread(target=call, args=(who,)) for who in turns}
+    for thread in threads.values():
+        thread.start()
+    deadline = time.monotonic() + 10
+    while not all(_alive(command) for command in commands.values()):
+        assert time.monotonic() < deadline, "the sandboxes never started"
+        time.sleep(0.02)
+
+    assert sandbox.kill_running(turns["first child"]) == 1
+    threads["first child"].join(timeout=5)
+    assert "cancelled" in outcomes["first child"]["error"]
+    assert _alive(commands["first child"]) == ""
+    time.sleep(0.5)  # a kill that spread would have reached the others by now
+    assert _alive(commands["second child"]) and _alive(commands["parent"])
+    assert "second child" not in outcomes and "parent" not in outcomes
+
+    for who in ("second child", "parent"):
+        assert sandbox.kill_running(turns[who]) == 1
+        threads[who].join(timeout=5)
+        assert _alive(commands[who]) == ""
 
 
 @pytest.mark.req("SB-3")

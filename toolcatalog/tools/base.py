@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -36,14 +36,26 @@ def fail(message: str, **extra: Any) -> Observation:
 
 @dataclass
 class ToolContext:
-    """Where a tool runs: the workspace root, and whose conversation (or MCP user) it serves."""
+    """Where a tool runs: the workspace root, and whose conversation (or MCP user) it serves.
+
+    `cancel_key` names the turn whose cancel kills this context's sandboxes (a run, or one
+    child of it): a parent and its children share a conversation, and cancelling one child must
+    not kill its siblings' or its parent's commands.
+    """
 
     root: Path
     conversation_id: int | None = None
     user_id: int | None = None
+    cancel_key: Hashable | None = None
 
     def __post_init__(self) -> None:
         self.root = Path(self.root).resolve()
+
+    @property
+    def sandbox_key(self) -> Hashable:
+        if self.cancel_key is not None:
+            return self.cancel_key
+        return self.conversation_id if self.conversation_id is not None else ("user", self.user_id)
 
     def path(self, relative: str, *, what: str = "path") -> Path:
         """A workspace path, or ToolFailure naming why it is refused (`..`, absolute, symlink out)."""

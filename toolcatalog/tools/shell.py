@@ -80,7 +80,7 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         limits=limits,
         output_cap=cap,
         cwd=context.relative(cwd),
-        key=context.conversation_id if context.conversation_id is not None else ("user", context.user_id),
+        key=context.sandbox_key,
         file_size_bytes=fsize,
         watchdog=over_quota,
     )
