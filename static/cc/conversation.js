@@ -737,13 +737,14 @@
 
   // Model and mode pickers: each change is saved at once (PATCH); the next run uses it.
   // A refused value puts the picker back and says why; focus stays on the picker.
+  // Saves go one after another: two quick keys sent two PATCHes at once, and when the earlier
+  // one was answered last the server kept the earlier choice while the picker showed the later.
   const optionsStatus = document.getElementById("run-options-status");
+  let saving = Promise.resolve();
   for (const picker of document.querySelectorAll("#run-options select")) {
     let saved = picker.value;
-    picker.addEventListener("change", async () => {
-      const value = picker.value;
+    const save = async (value, label) => {
       const field = picker.name;
-      const label = picker.selectedOptions[0].textContent;
       optionsStatus.classList.remove("error");
       optionsStatus.textContent = `Saving ${field}…`;
       const response = await fetch(`/api/conversations/${conversationId}/`, {
@@ -756,10 +757,18 @@
         saved = value;
         optionsStatus.textContent = `The next run uses ${field} ${label}.`;
       } else {
-        picker.value = saved;
+        if (picker.value === value) picker.value = saved; // a later choice waiting to be saved stays
         optionsStatus.classList.add("error");
         optionsStatus.textContent = errorText(await response.json().catch(() => ({})), response);
       }
+    };
+    picker.addEventListener("change", () => {
+      const value = picker.value;
+      const label = picker.selectedOptions[0].textContent;
+      saving = saving.then(() => save(value, label)).catch(() => {
+        optionsStatus.classList.add("error");
+        optionsStatus.textContent = "Could not save: the server did not answer.";
+      });
     });
   }
 })();

@@ -155,7 +155,6 @@
   render(JSON.parse(document.getElementById("dashboard-snapshot").textContent));
 
   let retryDelay = 500;
-  let connectedBefore = false;
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/dashboard/`);
@@ -163,12 +162,11 @@
       liveState.textContent = "live";
       root.dataset.live = "1";
       retryDelay = 500;
-      // After any reconnect, however quick, what was pushed meanwhile is lost: refetch (OP-1).
-      if (connectedBefore) {
-        const response = await fetch("/dashboard/data/", { credentials: "same-origin" });
-        if (response.ok) render(await response.json());
-      }
-      connectedBefore = true;
+      // What was pushed before this socket joined is lost: after any reconnect, however quick
+      // (OP-1), and on the first connect too, since the figures are only computed for a
+      // dashboard that is open (the page's own snapshot may be older than a run that just ended).
+      const response = await fetch("/dashboard/data/", { credentials: "same-origin" });
+      if (response.ok) render(await response.json());
     };
     socket.onmessage = (message) => {
       const data = JSON.parse(message.data);

@@ -48,11 +48,31 @@ def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
     expect(status).to_have_text("The next run uses model offline-2.")
     page.keyboard.press("Tab")
     expect(mode).to_be_focused()
-    # Past the starter modes bootstrap creates (chat, code), to no-listing; one key per saved choice
-    # (keys pressed faster than the saves answer can show an earlier save's answer last).
-    for name in ("chat", "code", "no-listing"):
-        page.keyboard.press("ArrowDown")
-        expect(status).to_have_text(f"The next run uses mode {name}.")
+
+    # Two keys faster than the saves: the first save (chat) is held unanswered while the second
+    # key (code) is pressed. The server must end with the later choice, as the picker shows it.
+    held: list = []
+
+    def hold_the_first_save(route):
+        if route.request.method == "PATCH" and not held:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route(f"**/api/conversations/{conversation_id}/", hold_the_first_save)
+    page.keyboard.press("ArrowDown")  # chat, a starter mode bootstrap creates
+    page.keyboard.press("ArrowDown")  # code
+    page.wait_for_timeout(300)
+    assert len(held) == 1
+    held[0].continue_()
+    expect(status).to_have_text("The next run uses mode code.")
+    page.unroute(f"**/api/conversations/{conversation_id}/")
+    code = mode.locator("option", has_text="code").get_attribute("value")
+    stored = page.evaluate(f"fetch('/api/conversations/{conversation_id}/').then(r => r.json())")["conversation"]
+    assert (stored["mode"], mode.input_value()) == (int(code), code)
+
+    page.keyboard.press("ArrowDown")
+    expect(status).to_have_text("The next run uses mode no-listing.")
     saved = page.evaluate(f"fetch('/api/conversations/{conversation_id}/').then(r => r.json())")["conversation"]
     assert (saved["model"], saved["mode"]) == ("offline-2", seeded["mode"])
 

@@ -172,6 +172,15 @@ def test_dashboard_update_reaches_the_owners_dashboard_and_no_one_elses(alice, b
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.req("RN-2")
+def test_with_no_dashboard_open_a_finished_run_computes_no_figures(alice, django_assert_num_queries):
+    # The figures are a dozen aggregate queries, made by the worker in the middle of a run.
+    _run(alice, usage=[(100, 0, 300, 10, ["tools"])])
+    with django_assert_num_queries(0):
+        publish_dashboard_update(user_id=alice.pk)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_dashboard_socket_refuses_anonymous_visitors():
     async def scenario():
         communicator = await _dashboard_communicator(AnonymousUser())
