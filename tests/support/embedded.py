@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,14 +29,36 @@ def embedded_env(var: Path) -> dict[str, str]:
     return env
 
 
+_template: Path | None = None
+
+
+def _bootstrapped_var(env: dict[str, str]) -> Path:
+    """A var folder `manage bootstrap` made, once per test process; each server gets a copy.
+
+    Bootstrap (migrating a new SQLite database, the admin's password hash) costs seconds of CPU,
+    and two dozen tests start an embedded server. What it makes is the same for each of them.
+    """
+    global _template
+    if _template is None:
+        folder = Path(tempfile.mkdtemp(prefix="cc-embedded-template-"))
+        atexit.register(shutil.rmtree, folder, True)
+        template = folder / "var"
+        command = [sys.executable, "-m", "controlcenter.cli", "manage", "bootstrap"]
+        setup = subprocess.run(
+            command, env=env | {"CC_VAR_DIR": str(template)}, cwd=ROOT, capture_output=True, text=True
+        )
+        assert setup.returncode == 0, setup.stderr
+        _template = template
+    return _template
+
+
 def start_embedded_server(folder: Path) -> tuple[subprocess.Popen, str, Path]:
-    """Bootstrap `folder / "var"` and serve it on a free port: (process, base URL, log path)."""
+    """A bootstrapped `folder / "var"`, served on a free port: (process, base URL, log path)."""
     # Its own temporary folder, so a test can see what the server spools to disk (SB-5).
     (folder / "tmp").mkdir(exist_ok=True)
     env = embedded_env(folder / "var") | {"CC_ADMIN_PASSWORD": EMBEDDED_ADMIN_PASSWORD, "TMPDIR": str(folder / "tmp")}
     controlcenter = [sys.executable, "-m", "controlcenter.cli"]
-    setup = subprocess.run([*controlcenter, "manage", "bootstrap"], env=env, cwd=ROOT, capture_output=True, text=True)
-    assert setup.returncode == 0, setup.stderr
+    shutil.copytree(_bootstrapped_var(env), folder / "var")
     port = free_port()
     log_path = folder / "server.log"
     with log_path.open("wb") as log:
