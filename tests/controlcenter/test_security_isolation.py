@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db
 # Public on purpose: the OpenAPI description of the API and its viewer hold no user data.
 PUBLIC_API = {"api/schema/", "api/docs/"}
 # Pages anyone may open: signing in, the health probe (no user data), static files.
-PUBLIC_PAGES = {"login/", "logout/", "healthz"}
+PUBLIC_PAGES = {"login/", "logout/", "healthz", "favicon.ico"}  # the icon is a static file: public
 METHODS = ["get", "post", "put", "patch", "delete"]
 
 
