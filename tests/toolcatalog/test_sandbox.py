@@ -148,7 +148,9 @@ def test_network_on_reaches_out_but_never_the_hosts_loopback(box, settings):
     finally:
         server.kill()
         server.wait()
-    assert _alive("slirp4netns") == ""
+    # Ours only (this process started it): other workers' sandboxes may have network on too.
+    ours = subprocess.run(["pgrep", "-x", "-P", str(os.getpid()), "slirp4netns"], capture_output=True, text=True)
+    assert ours.stdout == ""
 
 
 @pytest.mark.req("SB-3")
@@ -162,11 +164,12 @@ def test_a_detached_process_does_not_outlive_its_call(box):
 @pytest.mark.req("SB-3")
 def test_a_timeout_kills_the_whole_sandbox(box, tmp_path):
     started = time.monotonic()
-    seen = _bash(box, "(setsid bash -c 'sleep 30; touch late.txt' &); sleep 30", timeout_seconds=1)
+    # Odd durations: other tests on other workers run plain `sleep 30`s that pgrep would match.
+    seen = _bash(box, "(setsid bash -c 'sleep 30.3917; touch late.txt' &); sleep 30.3917", timeout_seconds=1)
     assert time.monotonic() - started < 5
     assert seen.get("timed_out") is True and "every process it started" in seen["error"], seen
     time.sleep(0.3)
-    assert not (tmp_path / "late.txt").exists() and _alive("sleep 30; touch late") == ""
+    assert not (tmp_path / "late.txt").exists() and _alive("sleep 30.3917; touch late") == ""
 
 
 @pytest.mark.django_db
@@ -328,7 +331,8 @@ def test_the_process_limit_counts_the_calls_own_processes_and_nothing_else(box, 
         fits = _bash(box, "for i in $(seq 20); do sleep 0.3 & done; wait; echo all-started")
         assert fits["ok"] is True and fits["stdout"] == "all-started\n", fits
         started = time.monotonic()
-        bomb = _bash(box, "for i in $(seq 200); do sleep 30 & done; wait", timeout_seconds=25)
+        # An odd duration: other tests on other workers run plain `sleep 30`s that pgrep would match.
+        bomb = _bash(box, "for i in $(seq 200); do sleep 30.2917 & done; wait", timeout_seconds=25)
         assert bomb["ok"] is False and "process limit of 32" in bomb["error"] and "killed" in bomb["error"], bomb
         assert time.monotonic() - started < 10  # stopped at the limit, not by the timeout
         assert all(process.poll() is None for process in host)  # the host's own are untouched
@@ -336,7 +340,7 @@ def test_the_process_limit_counts_the_calls_own_processes_and_nothing_else(box, 
         for process in host:
             process.kill()
             process.wait()
-    assert _alive("sleep 30") == "" and _leftover_cgroups(per_call) == []
+    assert _alive("sleep 30.2917") == "" and _leftover_cgroups(per_call) == []
 
 
 @pytest.mark.req("SB-3")
