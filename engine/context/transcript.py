@@ -265,10 +265,6 @@ def overhead_count(
     )
 
 
-def overhead_tokens(system: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], *, tool_prompt: int = 0) -> int:
-    return overhead_count(system, tools, tool_prompt=tool_prompt).total
-
-
 def request_count(
     system: Sequence[dict[str, Any]],
     tools: Sequence[dict[str, Any]],
