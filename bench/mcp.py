@@ -20,7 +20,7 @@ from typing import Any
 
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.mcp_client import McpConnections, observation_of
-from toolcatalog.mcp_import import McpServerSpec
+from toolcatalog.mcp_spec import McpServerSpec
 
 
 def add_arguments(parser: Any) -> None:

@@ -41,7 +41,8 @@ from engine.actions import ATTACHED_IMAGES
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
 from toolcatalog import mcp_stdio
-from toolcatalog.mcp_import import ImportedTool, McpServerSpec, list_tools_of
+from toolcatalog.mcp_import import list_tools_of
+from toolcatalog.mcp_spec import ImportedTool, McpServerSpec
 from toolcatalog.mcp_stdio import STOP_GRACE_SECONDS, ServerProcess
 
 logger = logging.getLogger(__name__)

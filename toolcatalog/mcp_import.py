@@ -7,9 +7,7 @@ server, names namespaced on collision) belongs to the catalog's import service.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import anyio
 import httpx2
@@ -19,39 +17,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 from controlcenter.redact import redact_text
 from toolcatalog import mcp_stdio
+from toolcatalog.mcp_spec import ImportedTool, McpImportError, McpServerSpec
 from toolcatalog.sandbox import SandboxUnavailable
 
-DEFAULT_TIMEOUT_SECONDS = 30.0
 _MAX_PAGES = 100
-
-
-class McpImportError(Exception):
-    """The server could not be reached or did not answer tools/list; the message says why."""
-
-
-@dataclass(frozen=True)
-class McpServerSpec:
-    """How to reach one MCP server. `stdio`: `command` + `args`; `http`: `url` (+ `headers`)."""
-
-    name: str
-    transport: Literal["stdio", "http"]
-    command: str = ""
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    url: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    # stdio: outbound network for the sandboxed server (its config's `network: true`).
-    network: bool = False
-
-
-@dataclass(frozen=True)
-class ImportedTool:
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-    server: str
 
 
 def _client(spec: McpServerSpec, workspace: Path) -> tuple[Client, httpx2.AsyncClient | None]:

@@ -38,7 +38,7 @@ from mcp.shared.message import SessionMessage
 from toolcatalog import sandbox
 
 if TYPE_CHECKING:
-    from toolcatalog.mcp_import import McpServerSpec
+    from toolcatalog.mcp_spec import McpServerSpec
 
 STDERR_LINES = 20
 STOP_GRACE_SECONDS = 2.0

@@ -24,7 +24,7 @@ from toolcatalog.mcp_config import (
     parse_servers_file,
     resolve_references,
 )
-from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
+from toolcatalog.mcp_spec import ImportedTool, McpImportError, McpServerSpec
 from toolcatalog.models import (
     McpCallCount,
     McpServer,
@@ -334,6 +334,9 @@ def _imported_problem(server: McpServer, tool: ImportedTool) -> str | None:
 
 
 def _listed_tools(server: McpServer) -> list[ImportedTool]:
+    # Deferred: the MCP SDK would cost every process that loads this module ~0.7 s at start (mcp_spec).
+    from toolcatalog.mcp_import import list_server_tools
+
     try:
         return list_server_tools(mcp_server_spec(server, timeout_seconds=settings.CC_MCP_IMPORT_TIMEOUT_SECONDS))
     except (McpImportError, McpConfigError) as exc:

@@ -40,6 +40,21 @@ def test_manage_passthrough_runs_a_django_command():
     assert "no issues" in result.stdout
 
 
+def test_a_process_that_never_connects_to_an_mcp_server_does_not_load_the_mcp_sdk():
+    """Every worker and command loads the catalog's services at start; the MCP SDK alone costs about
+    0.7 s of CPU to import, so only the code that connects to a server (or serves /mcp) loads it."""
+    code = (
+        "import sys, django; django.setup()\n"
+        "from toolcatalog import services, toolbox\n"
+        "from agents import tasks\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types', 'httpx2'}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "controlcenter.settings"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "message"),
     [

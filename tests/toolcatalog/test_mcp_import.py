@@ -10,8 +10,9 @@ from rest_framework.authtoken.models import Token
 
 from tests.support.mcp_servers import fixtures as live
 from toolcatalog.builtins import BUILTINS
-from toolcatalog.mcp_import import ImportedTool, McpImportError, McpServerSpec, list_server_tools
+from toolcatalog.mcp_import import list_server_tools
 from toolcatalog.mcp_server import SEARCH_TOOL
+from toolcatalog.mcp_spec import ImportedTool, McpImportError, McpServerSpec
 
 WEATHER_SERVER = Path(__file__).parent.parent / "support" / "mcp_servers" / "weather_server.py"
 

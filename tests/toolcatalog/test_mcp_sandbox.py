@@ -165,7 +165,7 @@ import django, sys, time
 from pathlib import Path
 django.setup()
 from toolcatalog.mcp_client import McpConnections
-from toolcatalog.mcp_import import McpServerSpec
+from toolcatalog.mcp_spec import McpServerSpec
 spec = McpServerSpec(name="probe", transport="stdio", command=sys.executable, args=["{probe}", "--tag", "{tag}"])
 McpConnections().call_tool(spec, "detach", {{"tag": "{tag}"}}, workspace=Path("{workspace}"))
 print("detached", flush=True)
