@@ -8,7 +8,7 @@ sees the rest, and only staff see the error texts, which name hosts, ports and d
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import APIException
@@ -41,12 +41,17 @@ def healthz(request: HttpRequest) -> JsonResponse:
     if checks["database"]["ok"]:
         # Work queued longer than the sweep interval (OP-2): lost by the broker and not yet swept
         # again, or no worker to take it. Either way a user is waiting.
-        stale = stale_queued_counts()
-        checks["queue"] = {
-            "ok": not any(stale.values()),
-            "queued_longer_than_seconds": settings.CC_QUEUE_SWEEP_SECONDS,
-            **stale,
-        }
+        try:
+            stale = stale_queued_counts()
+        except DatabaseError as exc:
+            # The server answers but has no tables of ours: `migrate` has not run against it.
+            checks["database"] = {"ok": False, "error": f"the database answers but cannot be read: {exc}"}
+        else:
+            checks["queue"] = {
+                "ok": not any(stale.values()),
+                "queued_longer_than_seconds": settings.CC_QUEUE_SWEEP_SECONDS,
+                **stale,
+            }
     # This process runs /mcp tool calls in the sandbox: without bwrap they refuse to run. Which
     # limits apply (per call in cgroups, or per process) is said here and logged once.
     checks["sandbox"] = {"ok": sandbox.bwrap_path() is not None, "limits": cgroups.describe(paths=False)}

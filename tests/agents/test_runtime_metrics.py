@@ -81,7 +81,10 @@ def test_cache_metrics_aggregate_reads_over_all_prompt_tokens_per_run_conversati
     by_model = {row["key"]: row["cache_ratio"] for row in alice_api.get("/api/metrics/cache/?group=model").json()}
     assert by_model == {"model-a": 0.45, "model-b": 0.8}
     by_conversation = alice_api.get("/api/metrics/cache/?group=conversation").json()
-    assert [row["key"] for row in by_conversation] == sorted([str(one.conversation_id), str(two.conversation_id)])
+    # In id order, as numbers: conversation 9 before conversation 10.
+    assert [row["key"] for row in by_conversation] == [
+        str(pk) for pk in sorted([one.conversation_id, two.conversation_id])
+    ]
     by_day = {row["key"]: row["cache_ratio"] for row in alice_api.get("/api/metrics/cache/?group=day").json()}
     assert by_day == {"2026-12-01": 0.0, "2026-12-02": round(1700 / 2000, 4)}
     only = alice_api.get(f"/api/metrics/cache/?group=model&run={two.pk}").json()

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+import uuid
 
 import httpx
+import psycopg
 import pytest
 import websockets
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agents.models import ModelRequest, Run, RunEvent
+from controlcenter.processes import ROOT, services_env
 from controlcenter.stack import RedisServer, Stack
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator, Fault, ScriptedPolicy
@@ -377,3 +382,33 @@ def test_postgres_dropped_before_a_tool_that_writes_the_tool_runs_on_a_new_conne
     messages = assert_one_clean_turn_per_run(conversation["id"])
     assert [m.role for m in messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert Run.objects.filter(conversation_id=conversation["id"]).count() == 2  # no retry was needed
+
+
+@pytest.mark.req("OP-2")
+def test_healthz_on_a_database_that_was_never_migrated_says_degraded_instead_of_failing(django_db_setup):
+    """An operator who points a new install at an empty database, before `migrate`."""
+    name = f"cc_unmigrated_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{_admin_url()}/postgres", autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = services_env(name)
+        env["DJANGO_SETTINGS_MODULE"] = "controlcenter.settings"
+        probe = (
+            "import json, django; django.setup()\n"
+            "from django.test import Client\n"
+            "answer = Client(HTTP_HOST='localhost').get('/healthz')\n"
+            "print(json.dumps([answer.status_code, answer.json()]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        status, body = json.loads(done.stdout.strip().splitlines()[-1])
+        assert status == 503 and body["status"] == "degraded"
+        assert body["checks"]["database"]["ok"] is False
+    finally:
+        with psycopg.connect(f"{_admin_url()}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def _admin_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"

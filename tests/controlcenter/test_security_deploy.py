@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.db import connection
+
+from controlcenter.processes import services_env
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ("CC_", "DATABASE_", "REDIS_", "SECRET_", "DEBUG", "ALLOWED_", "CSRF_", "ANTHROPIC_", "OPENAI_", "DJANGO_")
@@ -100,10 +103,15 @@ def test_check_deploy_names_what_is_missing_without_https_debug_off_or_a_strong_
 
 
 @pytest.mark.req("RN-3")
-def test_with_https_on_plain_http_is_redirected_cookies_are_secure_and_the_health_check_is_not(tmp_path):
+def test_with_https_on_plain_http_is_redirected_cookies_are_secure_and_the_health_check_is_not(
+    tmp_path, django_db_setup, django_db_blocker
+):
     env = _production_env(tmp_path, _readme_production(secrets.token_urlsafe(50)))
-    # Real services for the health check: the test database and Redis instead of compose's host names.
-    env["DATABASE_URL"], env["REDIS_URL"] = os.environ["DATABASE_URL"], os.environ["REDIS_URL"]
+    # Real services for the health check instead of compose's host names: this worker's migrated
+    # test database (DATABASE_URL names the base database, which the suite never migrates) and its Redis.
+    with django_db_blocker.unblock():
+        services = services_env(connection.settings_dict["NAME"])
+    env["DATABASE_URL"], env["REDIS_URL"] = services["DATABASE_URL"], services["REDIS_URL"]
     probe = """
 import json
 from django.conf import settings
