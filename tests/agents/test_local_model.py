@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,9 @@ def test_killing_the_server_mid_stream_is_a_retryable_failure_and_it_is_restarte
     local_model.wait_ready(timeout=60)
     # As a run meets it: through the retrying provider, since a cut stream is retryable.
     list(RetryingProvider(provider, base_delay=0.5).stream(request.__class__(**{**request.__dict__, "max_tokens": 4})))
+
+
+@pytest.mark.req("LM-1")
+def test_the_server_s_threads_sleep_when_they_wait_so_they_leave_the_cpu_to_web_and_workers(local_model):
+    environ = Path(f"/proc/{local_model.process.pid}/environ").read_bytes().split(b"\0")
+    assert b"OMP_WAIT_POLICY=PASSIVE" in environ
