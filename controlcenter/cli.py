@@ -14,6 +14,9 @@ def _deferral(value: str) -> str:
     return value
 
 
+WEB_SHUTDOWN_GRACE_SECONDS = 5
+
+
 def _apply_common(args: argparse.Namespace) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
     if args.tool_deferral is not None:
@@ -43,6 +46,12 @@ def _serve(args: argparse.Namespace) -> int:
         # Redis), so several can share the port; one CPU-bound process tops out near 30 requests/s.
         workers=workers,
         lifespan="on",
+        # A SIGTERM waits this long for open requests and websockets, then cancels what is left.
+        # Without a bound, one websocket consumer whose channel-layer receive swallowed its
+        # cancellation (channels_redis's BZPOPMIN in redis-py 8, seen after 20 sockets had
+        # watched a run and closed) kept `serve` waiting until it was killed: 15 s in the tests,
+        # and past compose's 10 s grace in a deployment. Clients reconnect and catch up (OP-1).
+        timeout_graceful_shutdown=WEB_SHUTDOWN_GRACE_SECONDS,
     )
     return 0
 

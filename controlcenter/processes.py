@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,14 +44,30 @@ class ProcessGroup:
         self._log.close()
 
     def stop(self) -> None:
+        stop_together([self])
+
+    def _ask_to_stop(self) -> None:
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                return
+            with contextlib.suppress(ProcessLookupError):  # it ended since poll()
+                os.killpg(self.process.pid, signal.SIGTERM)
+
+    def _wait_stopped(self, deadline: float) -> None:
+        try:
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return
         self._log.close()
+
+
+def stop_together(processes: list[ProcessGroup], grace_seconds: float = 15) -> None:
+    """SIGTERM every process first, then wait for all within one grace period (then SIGKILL):
+    a web server and two workers each take a second or more to shut down, and they can do it at once."""
+    for process in processes:
+        process._ask_to_stop()
+    deadline = time.monotonic() + grace_seconds
+    for process in processes:
+        process._wait_stopped(deadline)
 
 
 class WorkerProcess(ProcessGroup):

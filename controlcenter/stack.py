@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from controlcenter.processes import ROOT, ProcessGroup, WorkerProcess, services_env
+from controlcenter.processes import ROOT, ProcessGroup, WorkerProcess, services_env, stop_together
 
 
 def free_port() -> int:
@@ -177,7 +177,6 @@ class Stack:
         return worker
 
     def stop(self) -> None:
-        for process in [*self.webs, *self.workers]:
-            with contextlib.suppress(Exception):
-                process.stop()
+        with contextlib.suppress(Exception):
+            stop_together([*self.webs, *self.workers])
         self.redis.kill()

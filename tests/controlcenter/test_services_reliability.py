@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agents.models import Run, RunEvent
+from controlcenter.cli import WEB_SHUTDOWN_GRACE_SECONDS
 from controlcenter.processes import WorkerProcess
 from controlcenter.stack import Stack
 from conversations.models import Message
@@ -217,6 +219,12 @@ def test_twenty_idle_websockets_stay_open_for_the_soak_and_then_each_gets_a_stre
     stored = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
     assert all(seqs == stored for seqs in seen), "a socket lost or doubled events"
     assert "Timeout reading" not in (stack.workdir / "web-0.log").read_text()
+    # Stopped as an operator does (SIGTERM) after its sockets streamed a run: within its grace period.
+    started = time.monotonic()
+    web.stop()
+    assert time.monotonic() - started < WEB_SHUTDOWN_GRACE_SECONDS + 3
+    # It shut down itself (uvicorn exits by the signal it caught), and was not SIGKILLed.
+    assert web.process.returncode in (0, -signal.SIGTERM)
 
 
 class _Client:
