@@ -26,22 +26,13 @@ from controlcenter.cli import WEB_SHUTDOWN_GRACE_SECONDS
 from controlcenter.processes import WorkerProcess
 from controlcenter.stack import Stack
 from conversations.models import Message
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 # Writes a numbered line every 0.1 s for 30 s: whether the command still runs shows in the file.
 TICKING = "please run `for i in $(seq 1 300); do echo $i; echo $i >> ticks.txt; sleep 0.1; done`"
 SOAK_SECONDS = float(os.environ.get("CC_SOAK_SECONDS", "120"))
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
@@ -80,7 +71,7 @@ def _start_ticking(client: httpx.Client, stack: Stack) -> tuple[int, int]:
     conversation = client.post("/api/conversations/", json={"title": "ticks"}).json()
     sent = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": TICKING})
     assert sent.status_code == 201, sent.text
-    wait_for(lambda: _ticks(stack, conversation["id"]) >= 5, 30, "the command to start writing")
+    wait_until(lambda: _ticks(stack, conversation["id"]) >= 5, 30, "the command to start writing")
     return conversation["id"], sent.json()["run"]["id"]
 
 
@@ -102,7 +93,9 @@ def test_a_worker_killed_and_restarted_under_the_same_name_reaps_its_run_and_its
     worker.start()  # the same command line, the same --hostname
     worker.wait_ready()
     killed_at = time.monotonic()
-    run = wait_for(lambda: Run.objects.filter(pk=run_id, status=Run.Status.FAILED).first(), 20, "the run to be reaped")
+    run = wait_until(
+        lambda: Run.objects.filter(pk=run_id, status=Run.Status.FAILED).first(), 20, "the run to be reaped"
+    )
     # Three heartbeats of 1 s, plus the worker's own start and first complete beat.
     assert time.monotonic() - killed_at < 8
     assert run.retryable and "stopped during the tool call bash" in run.error, run.error
@@ -111,7 +104,7 @@ def test_a_worker_killed_and_restarted_under_the_same_name_reaps_its_run_and_its
     retried = client.post(f"/api/runs/{run_id}/retry/")
     assert retried.status_code == 201, retried.text
     retry_id = retried.json()["id"]
-    started = wait_for(
+    started = wait_until(
         lambda: RunEvent.objects.filter(run_id=retry_id, type="run_started").first(), 30, "the retry to start"
     )
     assert started.seq == 1
@@ -136,15 +129,15 @@ def test_queued_work_lost_with_the_broker_is_sent_again_once_and_redis_down_refu
         body = client.get("/healthz").json()
         return body if body["status"] == "degraded" and body["checks"]["queue"]["runs"] == 1 else None
 
-    body = wait_for(degraded, 10, "/healthz to report the stale queued run")
+    body = wait_until(degraded, 10, "/healthz to report the stale queued run")
     assert body["checks"]["queue"]["ok"] is False
 
     stack.start_worker()  # its sweep finds the queued run with no message and sends it again
-    run = wait_for(
+    run = wait_until(
         lambda: Run.objects.filter(pk=run_id, status=Run.Status.SUCCEEDED).first(), 60, "the swept run to finish"
     )
     assert list(RunEvent.objects.filter(run=run, type="run_started").values_list("seq", flat=True)) == [1]
-    wait_for(lambda: client.get("/healthz").status_code == 200, 10, "/healthz to be ok again")
+    wait_until(lambda: client.get("/healthz").status_code == 200, 10, "/healthz to be ok again")
 
     # Redis down during a send: 503 with a clear message, and nothing stored.
     messages_before = Message.objects.count()
@@ -157,7 +150,7 @@ def test_queued_work_lost_with_the_broker_is_sent_again_once_and_redis_down_refu
     stack.redis.start()
     again = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": "are you there?"})
     assert again.status_code == 201, again.text
-    assert wait_for(lambda: Run.objects.filter(pk=again.json()["run"]["id"]).exclude(
+    assert wait_until(lambda: Run.objects.filter(pk=again.json()["run"]["id"]).exclude(
         status__in=["queued", "running"]).first(), 60, "the next run").status == Run.Status.SUCCEEDED  # fmt: skip
 
 
@@ -306,11 +299,11 @@ def test_after_a_redis_restart_the_run_page_and_dashboard_sockets_reconnect_and_
         done = asyncio.Event()
         tasks = [asyncio.create_task(watcher.watch_run(done)), asyncio.create_task(watcher.watch_dashboard(done))]
         await asyncio.to_thread(
-            wait_for, lambda: RunEvent.objects.filter(run_id=run_id, type="tool_call").exists(), 30, "the tool call"
+            wait_until, lambda: RunEvent.objects.filter(run_id=run_id, type="tool_call").exists(), 30, "the tool call"
         )
         await asyncio.to_thread(stack.redis.restart, 1.0)  # down 1 s, back empty: groups and queues are gone
         await asyncio.to_thread(
-            wait_for, lambda: Run.objects.filter(pk=run_id, status=Run.Status.SUCCEEDED).exists(), 60, "the run"
+            wait_until, lambda: Run.objects.filter(pk=run_id, status=Run.Status.SUCCEEDED).exists(), 60, "the run"
         )
 
         def caught_up() -> bool:
@@ -320,7 +313,7 @@ def test_after_a_redis_restart_the_run_page_and_dashboard_sockets_reconnect_and_
             return watcher.seen == stored and bool(finished)
 
         try:
-            await asyncio.to_thread(wait_for, caught_up, 30, "the clients to catch up")
+            await asyncio.to_thread(wait_until, caught_up, 30, "the clients to catch up")
         finally:
             done.set()
             for task in tasks:

@@ -33,6 +33,7 @@ from conversations.models import Conversation
 from conversations.services import conversation_create
 from engine.actions import tool_result
 from tests.support.mcp_servers import fixtures as live
+from tests.support.waiting import wait_until
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer, Tool
 from toolcatalog.services import catalog_load_builtins
@@ -347,13 +348,6 @@ def test_a_server_that_never_starts_is_a_clear_error_and_its_schema_is_not_loade
     assert "_loads_tools" not in failed and "time__get_current_time" not in toolbox.activated
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 @pytest.mark.integration
 @pytest.mark.req("MC-2")
 @pytest.mark.req("MC-3")
@@ -372,11 +366,11 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
     # The approval gate of a built-in holds an imported tool: nothing reaches the server before a person says yes.
     sent = alice_api.post(messages_url, {"text": 'call `probe__echo {"text": "approved"}`'}, format="json")
     run_id = sent.json()["run"]["id"]
-    _wait_for(lambda: Run.objects.get(pk=run_id).status == Run.Status.WAITING, 60, "the approval request")
+    wait_until(lambda: Run.objects.get(pk=run_id).status == Run.Status.WAITING, 60, "the approval request")
     assert _calls(call_log) == []
     approval = Approval.objects.get(run_id=run_id)
     assert alice_api.post(f"/api/approvals/{approval.pk}/approve/").status_code == 200
-    _wait_for(lambda: Run.objects.get(pk=run_id).is_finished, 60, "the approved run")
+    wait_until(lambda: Run.objects.get(pk=run_id).is_finished, 60, "the approved run")
     run = Run.objects.get(pk=run_id)
     assert run.status == Run.Status.SUCCEEDED and run.worker.startswith("test-"), run.error
     [result] = _tool_results(run)
@@ -387,7 +381,7 @@ def test_a_real_worker_forwards_imported_calls_after_approval_in_runs_and_subage
         messages_url, {"text": "in parallel: call `probe__whoami {}`; call `probe__whoami {}`"}, format="json"
     )
     run_id = sent.json()["run"]["id"]
-    _wait_for(lambda: Run.objects.get(pk=run_id).is_finished, 90, "the run with subagents")
+    wait_until(lambda: Run.objects.get(pk=run_id).is_finished, 90, "the run with subagents")
     assert Run.objects.get(pk=run_id).status == Run.Status.SUCCEEDED
     calls = _calls(call_log)
     assert [call["tool"] for call in calls] == ["echo", "whoami", "whoami"]
