@@ -47,10 +47,10 @@ def _serve(args: argparse.Namespace) -> int:
         workers=workers,
         lifespan="on",
         # A SIGTERM waits this long for open requests and websockets, then cancels what is left.
-        # Without a bound, one websocket consumer whose channel-layer receive swallowed its
-        # cancellation (channels_redis's BZPOPMIN in redis-py 8, seen after 20 sockets had
-        # watched a run and closed) kept `serve` waiting until it was killed: 15 s in the tests,
-        # and past compose's 10 s grace in a deployment. Clients reconnect and catch up (OP-1).
+        # Found unbounded: a consumer whose channel-layer receive had lost its cancellation (Python
+        # 3.11's wait_for in redis-py's writes; fixed in controlcenter/channel_redis.py) kept `serve`
+        # waiting until it was killed, 15 s in the tests and past compose's 10 s grace. The bound
+        # stays for whatever else may hang a consumer; clients reconnect and catch up (OP-1).
         timeout_graceful_shutdown=WEB_SHUTDOWN_GRACE_SECONDS,
     )
     return 0

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from controlcenter.channel_redis import channel_layer_host
 from controlcenter.env import (
     ImproperEnvironment,
     env_bool,
@@ -388,14 +389,16 @@ if REDIS_URL:
             # timeout just before Redis answered: TimeoutError, and the websocket closed (1006)
             # about every 5 s. The read must outlast the blocking command; 30 s still notices a
             # dead Redis.
+            # The connections re-raise a cancellation that Python 3.11's wait_for drops in redis-py's
+            # writes: a closed websocket's consumer then ends (controlcenter/channel_redis.py).
             "CONFIG": {
                 "hosts": [
-                    {
-                        "address": REDIS_URL,
-                        "max_connections": 1000,
-                        "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
-                        "socket_connect_timeout": 5,
-                    }
+                    channel_layer_host(
+                        REDIS_URL,
+                        max_connections=1000,
+                        socket_timeout=CHANNEL_LAYER_SOCKET_TIMEOUT_SECONDS,
+                        socket_connect_timeout=5,
+                    )
                 ],
                 "capacity": 1000,
             },
