@@ -614,10 +614,16 @@ def run(
     next_watch = started + POLL_SECONDS
     # A pidfd wakes the wait the moment bwrap exits; Popen.wait(timeout) polls with sleeps of up
     # to 50 ms, which was most of a short call's cost.
-    pidfd = os.pidfd_open(process.pid)
+    pidfd: int | None = None
     waiter = select.poll()
-    waiter.register(pidfd, select.POLLIN)
     try:
+        try:
+            pidfd = os.pidfd_open(process.pid)
+            waiter.register(pidfd, select.POLLIN)
+        except ProcessLookupError:
+            # Already killed and reaped (a cancel's kill_running in another thread waits for it):
+            # there is nothing to wait for, and its cgroup must still be removed below.
+            pass
         while process.poll() is None:
             if waiter.poll(min(int(POLL_SECONDS * 1000), max(int((deadline - time.monotonic()) * 1000), 1))):
                 continue
@@ -636,7 +642,8 @@ def run(
             limit = sandboxed.limit_hit(limits)
             limit = None if limit == "cpu" else limit
     finally:
-        os.close(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
         finish(sandboxed)
         for reader in readers:
             reader.join(timeout=2)

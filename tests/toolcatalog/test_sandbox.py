@@ -6,6 +6,7 @@ session through the whole product is tests/test_sandbox_attack.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -190,6 +191,29 @@ def test_cancel_kills_the_running_sandbox_within_a_second(tmp_path):
     assert time.monotonic() - cancelled < 1.0
     assert outcome["ok"] is False and "cancelled" in outcome["error"]
     assert _alive(command) == ""
+
+
+@pytest.mark.django_db
+@pytest.mark.req("SB-3")
+def test_a_cancel_that_ends_the_sandbox_before_it_is_watched_still_reports_it_and_removes_its_cgroup(
+    tmp_path, monkeypatch, per_call
+):
+    """Seen in CI: the cancel's kill (another thread) ended the call between its start and its
+    pidfd_open, which then found no process (ESRCH); the call failed with ProcessLookupError and
+    its cgroup stayed behind."""
+    box = WorkspaceToolBox(tmp_path, approve=_approve_all, conversation_id=987655)
+    opened = os.pidfd_open
+
+    def cancelled_first(pid: int) -> int:
+        sandbox.kill_running(987655)
+        with contextlib.suppress(ChildProcessError):  # reaped, as by a wait in another thread
+            os.waitpid(pid, 0)
+        return opened(pid)  # raises ProcessLookupError, as it did in CI
+
+    monkeypatch.setattr(sandbox.os, "pidfd_open", cancelled_first)
+    outcome = box.execute("bash", {"command": f"sleep {6000 + secrets.randbelow(100_000) / 1000:.3f}"})
+    assert outcome["ok"] is False and "cancelled" in outcome["error"], outcome
+    assert _leftover_cgroups(per_call) == []
 
 
 @pytest.mark.django_db

@@ -114,6 +114,7 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
             f"{_limit_hit(result, limits, fsize)}."
         )
     elif result.killed:
+        observation["ok"] = False  # whatever status was left to read (none, if it was reaped elsewhere)
         observation["cancelled"] = True  # the partial output above is what it wrote until then (OP-3)
         observation["error"] = "The command was cancelled and killed, with every process it started."
     elif result.stopped_by is not None:
