@@ -617,13 +617,11 @@ def run(
     pidfd: int | None = None
     waiter = select.poll()
     try:
-        try:
+        # Gone already when a cancel from another thread killed it before this point and it was
+        # reaped: then poll() below ends the wait at once, and finish() still removes its cgroup.
+        with contextlib.suppress(ProcessLookupError):
             pidfd = os.pidfd_open(process.pid)
             waiter.register(pidfd, select.POLLIN)
-        except ProcessLookupError:
-            # Already killed and reaped (a cancel's kill_running in another thread waits for it):
-            # there is nothing to wait for, and its cgroup must still be removed below.
-            pass
         while process.poll() is None:
             if waiter.poll(min(int(POLL_SECONDS * 1000), max(int((deadline - time.monotonic()) * 1000), 1))):
                 continue
