@@ -323,6 +323,10 @@
   }
 
   function apply(state, event) {
+    // A fragment swapped in meanwhile drew this run afresh and replays its log into the new
+    // article: a catch-up still in flight for the old one draws nothing, or it would claim the
+    // run's approval prompts for an article no longer on the page.
+    if (!state.article.isConnected) return;
     // Already shown (live and catch-up overlap). A set, not the highest seq: a run's log has
     // more than one writer while its subagents ask for approval (TD-14).
     if (state.seen.has(event.seq)) return;

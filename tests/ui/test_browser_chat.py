@@ -173,6 +173,69 @@ def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context
     assert not tab_a.js_errors and not tab_b.js_errors
 
 
+# Every catch-up read of a run's log waits until the test lets it go, one by one in their order;
+# `__applied` counts the reads whose events the page has drawn.
+HOLD_CATCH_UPS = """(() => {
+  const realFetch = window.fetch.bind(window);
+  window.__held = [];
+  window.__applied = 0;
+  window.fetch = async (input, init) => {
+    const response = await realFetch(input, init);
+    if (!String(input).includes("/events/?after=")) return response;
+    await new Promise((release) => window.__held.push(release));
+    const json = response.json.bind(response);
+    // Counted once the caller's loop over the events has run (a task after the JSON resolves).
+    response.json = () => json().then((events) => { setTimeout(() => { window.__applied += 1; }); return events; });
+    return response;
+  };
+})();"""
+
+
+@pytest.mark.req("UX-3", "UX-4")
+def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches_up(context, embedded_server_module):
+    """The interleaving CI met with two tabs: a catch-up of a run's log still in flight when a
+    fresh fragment redraws the run (here after a dropped websocket) and replays its log again.
+    The old catch-up ends first; the approval prompt must still be on the page."""
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "redraw while catching up")
+    sent = context.request.post(
+        f"{base}/api/conversations/{conversation}/messages/",
+        data=json.dumps({"text": "please run `echo redrawn`"}),
+        headers={"Content-Type": "application/json", "X-CSRFToken": _csrf(context)},
+    )
+    assert sent.status == 201, sent.text()
+    pending_url = f"{base}/api/conversations/{conversation}/approvals/?status=pending"
+    wait_until(lambda: context.request.get(pending_url).json(), timeout=30, what="the run waits for approval")
+
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.add_init_script(HOLD_CATCH_UPS)
+    sockets = []
+
+    def through_to_server(socket) -> None:
+        socket.connect_to_server()
+        sockets.append(socket)
+
+    page.route_web_socket(re.compile(r"/ws/conversations/"), through_to_server)
+    page.goto(f"{base}/conversations/{conversation}/")
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    page.wait_for_function("() => window.__held.length === 1")  # the page's first catch-up is out
+    sockets[0].close()  # the connection drops: the page reconnects and fetches the fragment again
+    page.wait_for_function("() => window.__held.length === 2")  # the fresh drawing's catch-up is out
+    page.evaluate("() => window.__held[0]()")
+    page.wait_for_function("() => window.__applied === 1")  # the old catch-up ended first
+    page.evaluate("() => window.__held[1]()")
+    page.wait_for_function("() => window.__applied === 2")
+
+    prompt = page.locator("#messages .approval")
+    expect(prompt).to_have_count(1)
+    expect(prompt).to_contain_text("echo redrawn")
+    prompt.locator("button.approve").click()
+    expect(page.locator("#messages article.assistant").last).to_contain_text("exited with 0: redrawn", timeout=20_000)
+    assert not errors
+
+
 @pytest.mark.req("UX-1", "UX-2")
 def test_replies_follow_their_prompts_and_the_live_view_equals_the_reloaded_one(context, embedded_server_module):
     base, _ = embedded_server_module
