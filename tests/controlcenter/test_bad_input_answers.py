@@ -88,6 +88,18 @@ def test_catalog_import_refuses_a_long_side_effects_and_writes_nothing(tmp_path)
     assert list(Tool.objects.values()) == before
 
 
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_a_benchmark_given_a_missing_or_broken_data_file_says_so_in_one_line(tmp_path, content):
+    path = tmp_path / "toolcatalog.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(CommandError) as refused:
+        call_command("bench", "deferral", "--catalog", str(path), stdout=io.StringIO())
+    said = str(refused.value)
+    assert said.startswith("bench deferral: ")
+    assert ("No such file" in said) if content is None else ("Expecting property name" in said)
+
+
 def test_an_unexpected_error_in_the_api_is_a_json_500(alice, monkeypatch):
     from conversations import selectors
 

@@ -36,7 +36,11 @@ class Command(BaseCommand):
             bench_options = vars(own.parse_args(rest))
         except SystemExit as exc:
             raise CommandError(f"bad options for bench {options['name']}") from exc
-        figures = module.run(bench_options)
+        try:
+            figures = module.run(bench_options)
+        except (OSError, json.JSONDecodeError) as exc:
+            # A data file named on the command line that is missing, unreadable or not JSON.
+            raise CommandError(f"bench {options['name']}: {exc}") from exc
         if as_json:
             self.stdout.write(json.dumps(figures, sort_keys=True))
         else:
