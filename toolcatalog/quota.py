@@ -24,6 +24,7 @@ from pathlib import Path
 from django.apps import apps
 from django.conf import settings
 
+from controlcenter.db import reconnecting
 from toolcatalog.tools.base import ToolContext, ToolFailure
 
 
@@ -80,7 +81,9 @@ def other_workspaces(context: ToolContext) -> list[Path]:
 
 
 def others_bytes(context: ToolContext) -> int:
-    return sum(tree_bytes(path) for path in other_workspaces(context))
+    # A read, so safe to repeat on a new connection: a drop just after the tool's connection
+    # check (CH-5) must not fail a bash call before its command has even started.
+    return sum(tree_bytes(path) for path in reconnecting(lambda: other_workspaces(context)))
 
 
 def remaining_bytes(context: ToolContext) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import connection
+from django.db import connection, connections
 
 
 def terminate_backends(app_name_prefix: str) -> int:
@@ -13,3 +13,18 @@ def terminate_backends(app_name_prefix: str) -> int:
             [app_name_prefix + "%"],
         )
         return cursor.fetchone()[0]
+
+
+def drop_this_connection() -> None:
+    """PostgreSQL ends this thread's connection (a restart, an idle timeout); Django does not know yet."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    admin = connections.create_connection("default")
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            assert cursor.fetchone() == (True,)
+    finally:
+        admin.close()

@@ -22,6 +22,7 @@ import pytest
 from agents.turns import run_sandboxes, subagent_sandboxes
 from controlcenter.processes import ROOT
 from conversations.models import Conversation
+from tests.support.db import drop_this_connection
 from toolcatalog import cgroups, quota, sandbox
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.toolbox import builtin_executor
@@ -406,6 +407,20 @@ def test_a_call_killed_at_any_moment_leaves_no_process_and_no_cgroup(tmp_path, p
         sandbox.finish(running)
         assert not any(directory.exists() for directory in running.cgroup.directories)
     assert _alive(f"sleep {marker}") == "" and _leftover_cgroups(per_call_each) == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("CH-5")
+def test_a_connection_dropped_after_the_tools_check_does_not_fail_the_command(alice, settings, tmp_path):
+    """The race CI met: PostgreSQL dropped the worker's connection between the toolbox's check and
+    the quota's look at the user's other workspaces, and the command never ran."""
+    settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+    conversation = Conversation.objects.create(owner=alice, title="dropped")
+    box = WorkspaceToolBox(workspace_root(conversation.pk), conversation_id=conversation.pk, approve=_approve_all)
+    drop_this_connection()
+
+    result = box.execute("bash", {"command": "echo ran"})
+    assert result["ok"] is True and result["stdout"] == "ran\n", result
 
 
 @pytest.mark.django_db
