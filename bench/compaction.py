@@ -1,6 +1,6 @@
 """`bench compaction`: a long session at several windows, compaction on and off (CH-2, CH-11..CH-13).
 
-The session of `tests/test_runtime_compaction_services.py`, run in this process: each turn
+The session of `tests/agents/test_runtime_compaction_services.py`, run in this process: each turn
 is a real run (`run_execute`) with the Anthropic adapter talking to the emulator over HTTP;
 the model asks for a `bash` command with about 1,500 tokens of output, then answers with a
 paragraph. The emulator's window is the session's, so a request past it is refused as a

@@ -4,7 +4,7 @@ kombu 5.7 restores a channel's unacknowledged messages when it closes the channe
 Celery closes the channel when the broker connection breaks. With a task in flight
 (`acks_late`) and Redis restarting, that restore runs on a connection whose client is
 already gone and raises AttributeError, which Celery treats as unrecoverable: the whole
-worker exits (tests/test_faults.py found it). We do not need the restore: a run is
+worker exits (tests/controlcenter/test_faults.py found it). We do not need the restore: a run is
 claimed with a conditional UPDATE, so a redelivered task is a no-op, and a run whose
 worker died is failed as retryable by the heartbeat reaper (agents/heartbeat.py).
 Unacked messages still come back after the visibility timeout, as with any Redis broker.

@@ -117,7 +117,7 @@ def parse_catalog(text: str) -> ParsedCatalog:
 def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
     problems = []
     if _has_nul(tool):
-        # Found by tests/test_fuzz_inputs.py: PostgreSQL text and jsonb cannot store U+0000,
+        # Found by tests/controlcenter/test_fuzz_inputs.py: PostgreSQL text and jsonb cannot store U+0000,
         # so such a file failed half-way in the database instead of being refused up front.
         problems.append("a value contains the NUL character (\\u0000), which cannot be stored.")
     if unknown := sorted(set(tool) - _TOOL_KEYS):

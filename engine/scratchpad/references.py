@@ -97,7 +97,7 @@ def _as_text(value: Any, reference: str) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError):
-        # Found by tests/test_fuzz_inputs.py: an observation holding binary content deeper
+        # Found by tests/controlcenter/test_fuzz_inputs.py: an observation holding binary content deeper
         # down (a rebuilt offloaded result) cannot become text; say so instead of crashing.
         raise UnresolvableReference(
             f"{reference} holds binary content; pass the binary field itself as a whole argument."

@@ -1,7 +1,7 @@
 """The tool sandbox itself (SB-1, SB-2, SB-3): what a sandboxed program sees, its limits, its lifetime.
 
 These run real bubblewrap sandboxes through the bash tool and toolcatalog/sandbox.py; the attacker's
-session through the whole product is tests/test_sandbox_attack.py.
+session through the whole product is tests/toolcatalog/test_sandbox_attack.py.
 """
 
 from __future__ import annotations
