@@ -6,6 +6,7 @@ the test costs milliseconds; running the checks themselves is `make lint`'s job.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("engine", "agents", "conversations", "scratchpad", "toolcatalog", "controlcenter", "bench", "tests")
 CHECKS = {
     ".venv/bin/ruff check .",
     ".venv/bin/ruff format --check .",
@@ -62,3 +64,26 @@ def test_the_pre_commit_hooks_run_the_same_checks():
     # Given files, mypy would check only those, not the packages [tool.mypy] lists.
     (mypy,) = [hook for hook in hooks if hook["entry"] == ".venv/bin/mypy"]
     assert mypy["pass_filenames"] is False
+
+
+# A path into tests/ as the docs and comments cite it: a module, optionally with `::test_name`.
+TEST_PATH = re.compile(r"(?<![\w/.])tests/(?:[a-z_]+/)*test_[a-z0-9_]+\.py(?:::[A-Za-z0-9_]+)?")
+
+
+@pytest.mark.req("AR-4")
+def test_every_test_the_docs_and_the_code_cite_exists():
+    """The tests moved into folders by feature once and left 36 citations pointing nowhere."""
+    cited: dict[str, set[str]] = {}
+    sources = [*ROOT.glob("docs/*.md"), ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    sources += [path for package in PACKAGES for path in (ROOT / package).rglob("*.py")]
+    for source in sources:
+        for found in TEST_PATH.findall(source.read_text(encoding="utf-8")):
+            cited.setdefault(found, set()).add(str(source.relative_to(ROOT)))
+    assert len(cited) > 40  # the pattern sees the citations the docs are full of
+    missing = {}
+    for citation, where in cited.items():
+        module, _, name = citation.partition("::")
+        path = ROOT / module
+        if not path.is_file() or (name and not re.search(rf"\bdef {name}\(", path.read_text(encoding="utf-8"))):
+            missing[citation] = sorted(where)
+    assert not missing, missing
