@@ -84,7 +84,7 @@ def emulated_session(
             ANTHROPIC_API_KEY="bench", ANTHROPIC_BASE_URL=server.base_url, CC_WORKSPACE_ROOT=folder,
             CC_RUN_QUEUE=tag, CC_SERVER_TOOL_DEFERRAL="on", **(env or {}),
         )  # fmt: skip
-        worker = WorkerProcess(worker_env, f"{tag}@%h", Path(folder) / "worker.log", concurrency=concurrency, queue=tag)
+        worker = WorkerProcess(worker_env, f"{tag}@%h", Path(folder) / "worker.log", concurrency=concurrency)
         try:
             # A loaded machine can take a while to start Celery; the bench measures turns, not this.
             worker.wait_ready(timeout=120)

@@ -61,8 +61,16 @@ def _worker(args: argparse.Namespace) -> int:
 
     from controlcenter.celery import app
 
-    # Consume the queue runs are sent to (CC_RUN_QUEUE), or a worker would idle beside them.
-    argv = ["worker", "--loglevel=INFO", f"--concurrency={args.concurrency}", f"--queues={settings.CC_RUN_QUEUE}"]
+    # Django's system checks import every URL's view (DRF, drf-spectacular, django.test), a third of
+    # a worker's start, and Celery ignores what they find; `serve` and `migrate` run them.
+    os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
+    # Consume the queue runs are sent to (CC_RUN_QUEUE), or a worker would idle beside them. No
+    # gossip or mingle: workers share nothing but the database and the queue, and mingling at
+    # start waits for answers from every other worker.
+    argv = [
+        "worker", "--loglevel=INFO", f"--concurrency={args.concurrency}", f"--queues={settings.CC_RUN_QUEUE}",
+        "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     app.worker_main(argv)

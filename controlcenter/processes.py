@@ -71,13 +71,10 @@ def stop_together(processes: list[ProcessGroup], grace_seconds: float = 15) -> N
 
 
 class WorkerProcess(ProcessGroup):
-    """A real Celery worker (not eager)."""
+    """A real Celery worker (not eager), started as `controlcenter worker`."""
 
-    def __init__(
-        self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2, queue: str | None = None
-    ) -> None:
+    def __init__(self, env: dict[str, str], hostname: str, log_path: Path, concurrency: int = 2) -> None:
         self.env = env
-        self.queue = queue
         self.hostname = hostname
         self.log_path = log_path
         self.concurrency = concurrency
@@ -87,10 +84,10 @@ class WorkerProcess(ProcessGroup):
         """Start (or start again, after stop or kill) with the same settings; the log starts afresh."""
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
+            # The command an operator runs: it consumes the env's CC_RUN_QUEUE.
             [
-                sys.executable, "-m", "celery", "-A", "controlcenter", "worker", "--loglevel=INFO",
-                f"--concurrency={self.concurrency}", "--pool=threads", f"--hostname={self.hostname}",
-                "--without-gossip", "--without-mingle", *([f"--queues={self.queue}"] if self.queue else []),
+                sys.executable, "-m", "controlcenter.cli", "worker",
+                f"--concurrency={self.concurrency}", f"--hostname={self.hostname}",
             ],
             cwd=ROOT,
             env=self.env,

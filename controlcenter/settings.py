@@ -411,6 +411,11 @@ else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
 
+# Threads, not Celery's default prefork: a turn mostly waits (the model's stream, a tool's program),
+# and in one process the heartbeat, the cancel watcher and the runs share the worker's fate: a
+# worker killed with SIGKILL takes its runs and, through the sandbox's --die-with-parent, their
+# commands with it (OP-2, OP-4). Every fault test runs this pool, through `controlcenter worker`.
+CELERY_WORKER_POOL = "threads"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

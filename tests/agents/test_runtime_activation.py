@@ -81,9 +81,7 @@ def worker(model_server, settings, tmp_path):
         CC_RUN_QUEUE=settings.CC_RUN_QUEUE,
         CC_SERVER_TOOL_DEFERRAL="on",
     )
-    process = WorkerProcess(
-        env, f"activation-{uuid.uuid4().hex[:6]}@%h", tmp_path / "w.log", queue=settings.CC_RUN_QUEUE
-    )
+    process = WorkerProcess(env, f"activation-{uuid.uuid4().hex[:6]}@%h", tmp_path / "w.log")
     process.wait_ready()
     yield process
     process.stop()

@@ -149,7 +149,7 @@ def test_an_approval_pending_across_a_worker_restart_is_resumed_by_the_new_worke
     from agents.lifecycle import enqueue_run
 
     env = worker_env(model_server, tmp_path)
-    first = WorkerProcess(env, f"first-{uuid.uuid4().hex[:6]}@%h", tmp_path / "first.log", queue=settings.CC_RUN_QUEUE)
+    first = WorkerProcess(env, f"first-{uuid.uuid4().hex[:6]}@%h", tmp_path / "first.log")
     try:
         first.wait_ready()
         run = make_run(alice)
@@ -161,9 +161,7 @@ def test_an_approval_pending_across_a_worker_restart_is_resumed_by_the_new_worke
         first.stop()
     assert first.process.poll() is not None
 
-    second = WorkerProcess(
-        env, f"second-{uuid.uuid4().hex[:6]}@%h", tmp_path / "second.log", queue=settings.CC_RUN_QUEUE
-    )
+    second = WorkerProcess(env, f"second-{uuid.uuid4().hex[:6]}@%h", tmp_path / "second.log")
     try:
         second.wait_ready()
         approval = Approval.objects.get(run=run)

@@ -81,7 +81,7 @@ def cancel_worker(django_db_setup, django_db_blocker, tmp_path_factory):
         CC_RUN_QUEUE=queue,
         CC_TOOL_AUTO_APPROVE="bash",
     )
-    worker = WorkerProcess(env, f"cancel-{uuid.uuid4().hex[:6]}@%h", root / "worker.log", concurrency=4, queue=queue)
+    worker = WorkerProcess(env, f"cancel-{uuid.uuid4().hex[:6]}@%h", root / "worker.log", concurrency=4)
     try:
         worker.wait_ready()
         yield {"server": server, "queue": queue, "root": root / "workspaces"}

@@ -88,9 +88,7 @@ def worker(model_server, settings, tmp_path):
         # Outputs stay inline, so the history grows the way the sessions did.
         SCRATCHPAD_THRESHOLD_BYTES="100000",
     )
-    process = WorkerProcess(
-        env, f"compaction-{uuid.uuid4().hex[:6]}@%h", tmp_path / "w.log", queue=settings.CC_RUN_QUEUE
-    )
+    process = WorkerProcess(env, f"compaction-{uuid.uuid4().hex[:6]}@%h", tmp_path / "w.log")
     process.wait_ready(timeout=90)  # a loaded machine
     yield process
     process.stop()

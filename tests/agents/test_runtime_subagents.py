@@ -103,7 +103,7 @@ def fanout(settings, tmp_path):
         )
         worker = WorkerProcess(
             env, f"children-{uuid.uuid4().hex[:6]}@%h", tmp_path / "children.log",
-            concurrency=concurrency, queue=settings.CC_RUN_QUEUE,
+            concurrency=concurrency,
         )  # fmt: skip
         started.append(worker)
         worker.wait_ready()

@@ -109,7 +109,7 @@ def small_fanout(settings, tmp_path):
         )
         worker = WorkerProcess(
             env, f"small-children-{uuid.uuid4().hex[:6]}@%h", tmp_path / "children.log",
-            concurrency=3, queue=settings.CC_RUN_QUEUE,
+            concurrency=3,
         )  # fmt: skip
         try:
             worker.wait_ready()

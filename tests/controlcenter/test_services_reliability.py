@@ -83,6 +83,9 @@ def test_a_worker_killed_and_restarted_under_the_same_name_reaps_its_run_and_its
     name = f"same-{uuid.uuid4().hex[:6]}@%h"
     worker = WorkerProcess(env, name, stack.workdir / "worker.log")
     worker.wait_ready()
+    # `controlcenter worker`, as an operator starts it, runs its turns on threads of its one process:
+    # what dies with it below is everything it was running.
+    assert ".> concurrency: 2 (thread)" in worker.log_path.read_text()
     client = api(web)
     conversation_id, run_id = _start_ticking(client, stack)
 
