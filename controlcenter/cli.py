@@ -14,6 +14,17 @@ def _deferral(value: str) -> str:
     return value
 
 
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        # Celery would take 0 for "one thread per CPU", and a negative count fails deep in its pool.
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
 WEB_SHUTDOWN_GRACE_SECONDS = 5
 
 
@@ -57,6 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker as celery_worker
     from django.conf import settings
 
     from controlcenter.celery import app
@@ -68,12 +81,14 @@ def _worker(args: argparse.Namespace) -> int:
     # gossip or mingle: workers share nothing but the database and the queue, and mingling at
     # start waits for answers from every other worker.
     argv = [
-        "worker", "--loglevel=INFO", f"--concurrency={args.concurrency}", f"--queues={settings.CC_RUN_QUEUE}",
+        "--loglevel=INFO", f"--concurrency={args.concurrency}", f"--queues={settings.CC_RUN_QUEUE}",
         "--without-gossip", "--without-mingle",
     ]  # fmt: skip
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
-    app.worker_main(argv)
+    # Celery's own `worker` command, without the `celery` umbrella: that one imports every other
+    # subcommand first, the `amqp` shell's prompt_toolkit among them (a quarter of a worker's start).
+    celery_worker.main(argv, prog_name="controlcenter worker", obj=CLIContext(app=app, no_color=None, workdir=None))
     return 0
 
 
@@ -127,9 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="start the web server (HTTP and websockets)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=None, help="web processes (default CC_WEB_WORKERS or 1)")
+    serve.add_argument(
+        "--workers", type=_at_least_one, default=None, help="web processes (default CC_WEB_WORKERS or 1)"
+    )
     worker = commands.add_parser("worker", help="start a Celery worker that runs agent turns")
-    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument("--concurrency", type=_at_least_one, default=2, help="runs at once (threads)")
     worker.add_argument("--hostname", default="")
     for sub in (serve, worker):
         sub.add_argument("--tool-deferral", type=_deferral, default=None, metavar="on|off")

@@ -121,3 +121,20 @@ def test_several_web_processes_are_refused_in_embedded_mode(tmp_path):
     assert result.returncode != 0
     assert "CC_WEB_WORKERS above 1 needs services mode" in result.stderr
     assert build_parser().parse_args(["serve", "--workers", "3"]).workers == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["worker", "--concurrency", "0"], "argument --concurrency: must be at least 1, not 0"),
+        (["worker", "--concurrency", "-2"], "argument --concurrency: must be at least 1, not -2"),
+        (["worker", "--concurrency", "four"], "argument --concurrency: 'four' is not a whole number"),
+        (["serve", "--workers", "0"], "argument --workers: must be at least 1, not 0"),
+    ],
+)
+def test_a_count_of_zero_or_less_is_refused_by_the_command_line(argv, message, capsys):
+    """Celery took `--concurrency 0` for one thread per CPU, silently."""
+    with pytest.raises(SystemExit) as refused:
+        build_parser().parse_args(argv)
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
