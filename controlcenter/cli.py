@@ -75,7 +75,8 @@ def _worker(args: argparse.Namespace) -> int:
     from controlcenter.celery import app
 
     # Django's system checks import every URL's view (DRF, drf-spectacular, django.test), a third of
-    # a worker's start, and Celery ignores what they find; `serve` and `migrate` run them.
+    # a worker's start, and Celery ignores what they find; `manage bootstrap` runs them before
+    # `serve` (`make run`, compose).
     os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
     # Consume the queue runs are sent to (CC_RUN_QUEUE), or a worker would idle beside them. No
     # gossip or mingle: workers share nothing but the database and the queue, and mingling at
