@@ -68,10 +68,15 @@ class LocalModelConfig:
         return f"http://{host}:{self.port}/v1"
 
     def command(self) -> list[str]:
+        # llama-cpp-python's server ends a streaming answer with a bare [DONE] as soon as any other
+        # request arrives (`interrupt_requests`, on by default), even a GET /v1/models readiness
+        # probe: two runs, or a run and the supervisor's probe, cut each other's streams and the
+        # retried replay of a sampled answer differs. With it off, requests wait their turn.
         return [
             sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias", self.alias,
             "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.context),
-            "--chat_format", CHAT_FORMAT, *(["--n_threads", str(self.threads)] if self.threads else []),
+            "--chat_format", CHAT_FORMAT, "--interrupt_requests", "false",
+            *(["--n_threads", str(self.threads)] if self.threads else []),
         ]  # fmt: skip
 
 

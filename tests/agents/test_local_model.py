@@ -13,6 +13,7 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,12 @@ from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
 from agents.providers import get_provider
 from agents.turns import turn_system, turn_toolboxes
-from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
+from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path, server_ready
 from controlcenter.stack import free_port
 from conversations.services import conversation_create
 from engine.loop import run_turn
 from engine.providers.openai_compat import OpenAICompatProvider
-from engine.providers.protocol import StreamInterrupted, TextDelta
+from engine.providers.protocol import MessageDone, StreamInterrupted, TextDelta
 from engine.providers.retry import RetryingProvider
 from engine.request import ModelRequestSpec
 from toolcatalog.models import Mode
@@ -181,6 +182,32 @@ def test_the_summary_rung_asked_for_calls_the_local_model_and_records_its_cost(l
     # The conversation's own model, its usage recorded, within its window.
     assert summary.subagent == "summary" and summary.model == MODEL and summary.output_tokens > 0
     assert 0 < summary.prompt_tokens < 8192 // 2
+
+
+@pytest.mark.req("LM-1")
+def test_a_probe_or_a_second_request_waits_its_turn_instead_of_cutting_a_streaming_answer(local_model):
+    base_url = local_model.config.base_url
+    provider = OpenAICompatProvider(api_key=None, base_url=base_url, timeout=120)
+    request = ModelRequestSpec(
+        model=MODEL,
+        system=[{"type": "text", "text": "You are a storyteller."}],
+        tools=[],
+        messages=[{"role": "user", "content": "Tell a long story about a lighthouse."}],
+        max_tokens=40,
+    )
+    short = ModelRequestSpec(**{**request.__dict__, "max_tokens": 4})
+    events = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for event in provider.stream(request):
+            events.append(event)
+            if isinstance(event, TextDelta) and len(events) == 1:
+                # A readiness probe (the supervisor's, an operator's curl) and another run's turn.
+                probe = pool.submit(server_ready, base_url, 120)
+                second = pool.submit(lambda: list(provider.stream(short)))
+        # Not cut: the answer runs to its limit, which the interruption would have ended early.
+        assert isinstance(events[-1], MessageDone) and events[-1].stop_reason == "max_tokens"
+        assert probe.result() is True
+        assert isinstance(second.result()[-1], MessageDone)
 
 
 @pytest.mark.req("LM-1")
