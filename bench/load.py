@@ -441,10 +441,9 @@ async def _watch_phase(
 def _watch_figures(outcome: dict[str, Any]) -> dict[str, Any]:
     from agents.models import RunEvent
 
-    stored = {
-        seq: created.timestamp()
-        for seq, created in RunEvent.objects.filter(run_id=outcome["run_id"]).values_list("seq", "created_at")
-    }
+    rows = RunEvent.objects.filter(run_id=outcome["run_id"]).values_list("seq", "created_at", "type")
+    stored = {seq: created.timestamp() for seq, created, _ in rows}
+    text_deltas = sum(1 for _, _, event_type in rows if event_type == "text_delta")
     expected = sorted(stored)
     everyone = outcome["probes"] + outcome["crowd"]
     complete = sum(1 for received in everyone if [seq for seq, _ in received] == expected)
@@ -459,6 +458,7 @@ def _watch_figures(outcome: dict[str, Any]) -> dict[str, Any]:
         "connected": len(everyone),
         "connect_failures": outcome["connect_failures"],
         "events_in_run": len(expected),
+        "text_deltas_in_run": text_deltas,
         "clients_with_every_event": complete,
         "events_missing": missing,
         "error_rate": round((outcome["watchers"] - complete) / max(1, outcome["watchers"]), 4),

@@ -191,6 +191,23 @@ class StepExecutor:
             return {"ok": False, "error": f"{block['name']} failed inside the runtime: {type(exc).__name__}: {exc}"}
 
 
+# The history, the event log and the scratchpad are stored as text, and PostgreSQL's text and
+# jsonb refuse U+0000: a NUL a tool printed (`find -print0`, `cat` of a binary) or a model wrote
+# failed the whole run. It is shown as U+2400 SYMBOL FOR NULL, which says what was there.
+NUL_STAND_IN = "\u2400"
+
+
+def without_nul(value: Any) -> Any:
+    """`value` with every NUL in its strings (keys included) replaced by NUL_STAND_IN; bytes are kept."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+    if isinstance(value, dict):
+        return {without_nul(key): without_nul(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    return value
+
+
 def malformed_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
     """The tool error for arguments that were not a JSON object (a model's mistake): nothing runs."""
     if MALFORMED_ARGUMENTS not in arguments:

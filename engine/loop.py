@@ -12,7 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.actions import ActionLimits, ApprovalNeeded, Decision, StepExecutor, tool_uses_of, turn_observations
+from engine.actions import (
+    ActionLimits,
+    ApprovalNeeded,
+    Decision,
+    StepExecutor,
+    tool_uses_of,
+    turn_observations,
+    without_nul,
+)
 from engine.breakpoints import place_breakpoints
 from engine.context.calibration import Measured
 from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
@@ -400,11 +408,14 @@ def _request(
         try:
             for event in provider.stream(request):
                 if isinstance(event, TextDelta):
-                    emit("text_delta", {"step": step, "text": event.text})
+                    emit("text_delta", {"step": step, "text": without_nul(event.text)})
                 elif isinstance(event, ToolUseBlock):
-                    emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": event.input})
+                    emit(
+                        "tool_call",
+                        {"step": step, "id": event.id, "name": event.name, "input": without_nul(event.input)},
+                    )
                 elif isinstance(event, MessageDone):
-                    done = event
+                    done = replace(event, content=without_nul(event.content))
                 if is_cancelled():
                     raise TurnCancelled()
         except PromptTooLong as exc:

@@ -82,6 +82,8 @@ def entries_visible_to_turn(
 def entry_for_turn(
     *, entry_id: str, turn_id: str, conversation_id: int | None = None, now: datetime | None = None
 ) -> Entry | None:
+    if not possible_entry_id(entry_id):
+        return None
     visible = entries_visible_to_turn(turn_id=turn_id, conversation_id=conversation_id, now=now)
     return visible.filter(pk=entry_id).first()
 

@@ -41,4 +41,6 @@ def test_reduced_load_completes_every_run_fails_no_request_and_reaches_every_wat
     assert api["errors"] == 0 and api["requests"] > 100, api
     assert api["runs_posted"] >= 20 and api["runs_lost"] == 0, api
     assert watch["clients_with_every_event"] == 20 and watch["events_missing"] == 0, watch
-    assert watch["events_in_run"] > 10, watch
+    # The reply reached the watchers as a stream: deltas are coalesced by time (0.1 s), so how many
+    # depends on the machine's load, but never one block.
+    assert watch["text_deltas_in_run"] >= 2, watch

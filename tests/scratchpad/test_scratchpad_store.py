@@ -165,6 +165,16 @@ def test_bad_reads_are_clear_errors_and_change_nothing(log_entry, arguments, mes
 
 
 @pytest.mark.req("SP-6")
+@pytest.mark.parametrize("entry_id", ["\x00", "0123\x00456789abcdef", "e" * 500])
+def test_an_id_no_entry_can_have_is_a_clear_error_not_a_database_error(log_entry, entry_id):
+    # The fuzz found it: PostgreSQL refuses a NUL in a query, and the model chooses the id.
+    before = _snapshot()
+    result = services.read(entry_id=entry_id, turn_id="turn-a", arguments={"mode": "head"}, now=T0)
+    assert result["ok"] is False and "There is no scratchpad entry" in result["error"]
+    assert _snapshot() == before
+
+
+@pytest.mark.req("SP-6")
 def test_catastrophic_regex_is_stopped_by_the_timeout():
     entry = services.put(turn_id="t", content=("a" * 40 + "!\n") * 50, now=T0)
     started = datetime.now()

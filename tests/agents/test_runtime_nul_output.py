@@ -1,0 +1,80 @@
+"""A NUL in a tool's output (`find -print0`, `cat` of a binary) through a real run and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agents.lifecycle import run_execute
+from agents.models import Run, RunEvent
+from conversations.models import Message
+from engine.emulator import Emulator, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
+from scratchpad import services
+from scratchpad.models import Entry
+from tests.agents.test_runtime_approvals import make_run
+from toolcatalog.workspace import workspace_root
+
+SHELL = {"type": "tool_use", "name": "bash", "input": {"command": "printf 'left\\0right'"}}
+READ = {"type": "tool_use", "name": "read_file", "input": {"path": "records.txt"}}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("SP-1")
+@pytest.mark.req("SP-3")
+def test_a_nul_a_tool_prints_is_shown_as_a_symbol_and_the_run_goes_on(settings, tmp_path, alice):
+    scripted, requests = ScriptedPolicy([[SHELL], [READ], "Done."]), []
+    emulator = Emulator(policy=lambda payload: requests.append(payload) or scripted(payload))
+    with EmulatorServer(emulator) as server:
+        settings.ANTHROPIC_API_KEY = "test-key"
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        settings.CC_TOOL_AUTO_APPROVE = ["bash"]
+        run = make_run(alice)
+        # Text past the binary sniff, large enough to be offloaded to the scratchpad.
+        (workspace_root(run.conversation_id) / "records.txt").write_text("a" * 9000 + "\nfirst\x00second\n")
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    results = [
+        block
+        for message in Message.objects.filter(conversation=run.conversation, role="user").order_by("id")
+        for block in message.content
+        if block.get("type") == "tool_result"
+    ]
+    shell, read = results
+    assert "is_error" not in shell and json.loads(shell["content"])["stdout"] == "left\u2400right"
+    offloaded = json.loads(read["content"])
+    assert "is_error" not in read and offloaded["scratchpad_id"]
+    entry = Entry.objects.get(pk=offloaded["scratchpad_id"])
+    found = services.read(entry_id=entry.pk, turn_id=entry.turn_id, arguments={"mode": "grep", "pattern": "second"})
+    assert "first\u2400second" in json.dumps(found, ensure_ascii=False)
+    # The event log holds the same outputs, and the model's next request carried them.
+    outputs = [event.payload["output"] for event in RunEvent.objects.filter(run=run, type="tool_result")]
+    assert outputs[0]["stdout"] == "left\u2400right"
+    assert "left\u2400right" in json.dumps(requests[-1]["messages"], ensure_ascii=False)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("SP-3")
+def test_a_nul_the_model_writes_in_a_call_or_its_answer_is_shown_as_a_symbol_and_the_run_goes_on(
+    settings, tmp_path, alice
+):
+    call = {"type": "tool_use", "name": "read_file", "input": {"path": "x\x00y"}}
+    with EmulatorServer(Emulator(policy=ScriptedPolicy([[call], "Do\x00ne."]))) as server:
+        settings.ANTHROPIC_API_KEY = "test-key"
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        run = make_run(alice)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assistant = [
+        m.content for m in Message.objects.filter(conversation=run.conversation, role="assistant").order_by("id")
+    ]
+    assert assistant[0][0]["input"] == {"path": "x\u2400y"} and assistant[-1] == [
+        {"type": "text", "text": "Do\u2400ne."}
+    ]
+    (call_event,) = RunEvent.objects.filter(run=run, type="tool_call")
+    assert call_event.payload["input"] == {"path": "x\u2400y"}
