@@ -13,8 +13,16 @@ from engine.emulator import Emulator, ScriptedPolicy
 from engine.emulator.server import EmulatorServer
 from scratchpad import services
 from scratchpad.models import Entry
-from tests.agents.test_runtime_approvals import make_run
+from tests.support.factories import MessageFactory, RunFactory
 from toolcatalog.workspace import workspace_root
+
+
+def make_run(owner) -> Run:
+    trigger = MessageFactory(conversation__owner=owner, text="go", as_tip=True)
+    return RunFactory(
+        conversation=trigger.conversation, trigger=trigger, provider="anthropic", model="claude-sonnet-4-5"
+    )
+
 
 SHELL = {"type": "tool_use", "name": "bash", "input": {"command": "printf 'left\\0right'"}}
 READ = {"type": "tool_use", "name": "read_file", "input": {"path": "records.txt"}}
