@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Generator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -43,8 +44,8 @@ def _worker_redis_url(url: str, index: int) -> str:
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items) -> Generator[None, None, None]:
     """Keep the users of one costly shared fixture on one xdist worker, so that it starts once.
 
     A module-scoped fixture (a browser, an embedded server, a private Celery worker) groups its
@@ -72,6 +73,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         suffix = f"@{'_'.join(sorted(groups))}" if groups and getattr(config.option, "loadgroup", False) else ""
         if name != item.name or suffix:
             item._id = coerce_node_id(f"{module}::{item.name}{suffix}")
+    yield
+    # The scheduler hands out work in collection order (after pytest-django has put transactional
+    # tests last). The longest units (a 2-minute soak that mostly waits, the local model's group)
+    # went out late and ended the run alone, 60 s after the other workers: started first, their
+    # time overlaps the rest of the suite.
+    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -36,7 +36,7 @@ from toolcatalog.models import Mode
 MODEL = "smollm2-135m-instruct"
 # The prompt of a real turn (system prompt and a quarter of the window in tools) on a shared 2-core
 # machine: minutes under load, not the default two.
-pytestmark = [pytest.mark.timeout(480), pytest.mark.usefixtures("inprocess_runs")]
+pytestmark = [pytest.mark.timeout(480), pytest.mark.usefixtures("inprocess_runs"), pytest.mark.starts_first]
 
 
 @pytest.fixture(scope="session")

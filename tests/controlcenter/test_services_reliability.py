@@ -169,6 +169,7 @@ def _login(base_url: str) -> str:
 
 
 @pytest.mark.req("OP-1")
+@pytest.mark.starts_first
 def test_twenty_idle_websockets_stay_open_for_the_soak_and_then_each_gets_a_streamed_run_once(stack, api):
     web = stack.start_web()
     stack.start_worker()
