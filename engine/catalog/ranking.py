@@ -225,6 +225,38 @@ _LITERAL = re.compile(r"https?://\S+|\S*[/\\]\S*|\S+\.\w+|\w*_\w+|\b[a-z]+[A-Z]\
 LITERAL_WEIGHT = 0.3
 
 
+# Everyday words for what agent tools do, which tool descriptions rarely use: a person says
+# "remember that ...", "ping me at 4", "what's left on your checklist", where the tools say
+# memory, reminder, todo. A query word adds these words at a low weight, so they break ties
+# and fill rankings that found nothing, and never outweigh the query's own words. Written
+# for the vocabulary of tools in general (memory, version control, calendars, reminders,
+# plans, databases, questions to the user), checked on the tune parts only (TS-1).
+EVERYDAY_WORDS = {
+    "remember": "memory save",
+    "recall": "memory",
+    "forget": "memory",
+    "uncommitted": "status",
+    "unstaged": "status",
+    "restore": "checkpoint rewind",
+    "undo": "rewind checkpoint",
+    "ping": "reminder notify message",
+    "remind": "reminder",
+    "alarm": "reminder",
+    "book": "calendar event",
+    "meeting": "calendar event",
+    "appointment": "calendar event",
+    "reschedule": "update calendar event",
+    "postpone": "update calendar event",
+    "checklist": "todo",
+    "slow": "explain query plan",
+    "markdown": "glob pattern",
+    "confirm": "ask user",
+    "clarify": "ask user",
+}
+EVERYDAY_WEIGHT = 0.5
+_EXPANSIONS = {_stem(word): terms(expansion) for word, expansion in EVERYDAY_WORDS.items()}
+
+
 def query_terms(query: str) -> dict[str, float]:
     weighted: dict[str, float] = {}
     literals = " ".join(_LITERAL.findall(query))
@@ -232,6 +264,9 @@ def query_terms(query: str) -> dict[str, float]:
         weighted[term] = weighted.get(term, 0.0) + 1.0
     for term in terms(literals):
         weighted[term] = weighted.get(term, 0.0) + LITERAL_WEIGHT
+    for term, weight in list(weighted.items()):
+        for added in _EXPANSIONS.get(term, ()):
+            weighted[added] = weighted.get(added, 0.0) + EVERYDAY_WEIGHT * weight
     stripped = _QUERY_SHAPES[0][0].sub(" ", query)
     for i, (pattern, hint) in enumerate(_QUERY_SHAPES):
         if pattern.search(query if i == 0 else stripped):

@@ -57,6 +57,29 @@ def test_the_reference_catalog_answers_plain_requests():
 
 
 @pytest.mark.req("TD-6")
+@pytest.mark.req("TS-1")
+@pytest.mark.parametrize(
+    ("query", "tool"),
+    [
+        ("remind me on Monday to renew the TLS certificate", "create_reminder"),
+        ("please remember that my editor of choice is vim", "save_memory"),
+        ("is anything uncommitted in the repo right now?", "git_status"),
+        ("can we meet with the platform team next Tuesday morning?", "create_calendar_event"),
+        ("the nightly export query is slow, find out what it is doing", "explain_query"),
+    ],
+)
+def test_everyday_words_reach_the_tool_whose_description_uses_other_words(query, tool):
+    index = ToolIndex(reference_records())
+    assert tool in [m.tool.name for m in index.search(query, k=5)]
+
+
+@pytest.mark.req("TS-1")
+def test_an_everyday_word_adds_its_tool_words_below_the_querys_own_words():
+    weighted = ranking.query_terms("remember the deploy date")
+    assert weighted[ranking.terms("memory")[0]] == ranking.EVERYDAY_WEIGHT < weighted[ranking.terms("deploy")[0]]
+
+
+@pytest.mark.req("TD-6")
 def test_a_clause_that_points_at_another_tool_does_not_pull_queries_to_the_wrong_one():
     index = ToolIndex(reference_records())
     # read_file's description says 'use read_document for PDF or Office files'.
