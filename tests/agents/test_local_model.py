@@ -184,18 +184,22 @@ def test_the_summary_rung_asked_for_calls_the_local_model_and_records_its_cost(l
     assert 0 < summary.prompt_tokens < 8192 // 2
 
 
-@pytest.mark.req("LM-1")
-def test_a_probe_or_a_second_request_waits_its_turn_instead_of_cutting_a_streaming_answer(local_model):
-    base_url = local_model.config.base_url
-    provider = OpenAICompatProvider(api_key=None, base_url=base_url, timeout=120)
-    request = ModelRequestSpec(
+def _story(*, max_tokens: int) -> ModelRequestSpec:
+    """A request whose answer streams for as long as max_tokens lets it."""
+    return ModelRequestSpec(
         model=MODEL,
         system=[{"type": "text", "text": "You are a storyteller."}],
         tools=[],
         messages=[{"role": "user", "content": "Tell a long story about a lighthouse."}],
-        max_tokens=40,
+        max_tokens=max_tokens,
     )
-    short = ModelRequestSpec(**{**request.__dict__, "max_tokens": 4})
+
+
+@pytest.mark.req("LM-1")
+def test_a_probe_or_a_second_request_waits_its_turn_instead_of_cutting_a_streaming_answer(local_model):
+    base_url = local_model.config.base_url
+    provider = OpenAICompatProvider(api_key=None, base_url=base_url, timeout=120)
+    request, short = _story(max_tokens=40), _story(max_tokens=4)
     events = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         for event in provider.stream(request):
@@ -213,13 +217,7 @@ def test_a_probe_or_a_second_request_waits_its_turn_instead_of_cutting_a_streami
 @pytest.mark.req("LM-1")
 def test_killing_the_server_mid_stream_is_a_retryable_failure_and_it_is_restarted(local_model):
     provider = OpenAICompatProvider(api_key=None, base_url=local_model.config.base_url, timeout=30)
-    request = ModelRequestSpec(
-        model=MODEL,
-        system=[{"type": "text", "text": "You are a storyteller."}],
-        tools=[],
-        messages=[{"role": "user", "content": "Tell a long story about a lighthouse."}],
-        max_tokens=400,
-    )
+    request = _story(max_tokens=400)
     process = local_model.process
     stream = provider.stream(request)
     with pytest.raises(StreamInterrupted) as cut:
@@ -234,7 +232,7 @@ def test_killing_the_server_mid_stream_is_a_retryable_failure_and_it_is_restarte
     assert local_model.process is not process and local_model.restarts >= 1
     local_model.wait_ready(timeout=60)
     # As a run meets it: through the retrying provider, since a cut stream is retryable.
-    list(RetryingProvider(provider, base_delay=0.5).stream(request.__class__(**{**request.__dict__, "max_tokens": 4})))
+    list(RetryingProvider(provider, base_delay=0.5).stream(_story(max_tokens=4)))
 
 
 @pytest.mark.req("LM-1")
