@@ -9,23 +9,71 @@ find exactly that process's database backends in `pg_stat_activity`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 
 from controlcenter.processes import ROOT, ProcessGroup, WorkerProcess, services_env, stop_together
 
+# Ports for the servers this module starts come from below the kernel's ephemeral range
+# (32768-60999 on Linux). A port taken with bind(0) and released is free for seconds before the
+# server binds it, and bind(0) anywhere, or any outgoing connection, can take it meanwhile: a
+# test's health check then reached another test's server, on another database. Below the range
+# nothing takes a port by chance; a lock file per port, held by the process that chose it, keeps
+# concurrent processes (pytest-xdist workers, benchmarks) from choosing the same one.
+PORT_RANGE = range(20000, 32000)
+PORT_LOCKS = Path(tempfile.gettempdir()) / "controlcenter-ports"
+# A port stays claimed while its server may restart on it (a Redis brought back after a
+# fault); the oldest claims are let go, their servers long gone or still bound.
+CLAIMS_KEPT = 256
+_claims: dict[int, IO[str]] = {}
+_claims_lock = threading.Lock()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port no other process of this machine is using or about to use."""
+    PORT_LOCKS.mkdir(exist_ok=True)
+    start = random.randrange(len(PORT_RANGE))
+    with _claims_lock:
+        for step in range(len(PORT_RANGE)):
+            port = PORT_RANGE[(start + step) % len(PORT_RANGE)]
+            if port in _claims:
+                continue
+            claim = (PORT_LOCKS / str(port)).open("a")
+            try:
+                fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                claim.close()
+                continue
+            if not _bindable(port):
+                claim.close()
+                continue
+            _claims[port] = claim
+            while len(_claims) > CLAIMS_KEPT:
+                _claims.pop(next(iter(_claims))).close()
+            return port
+    raise RuntimeError(f"no free port in {PORT_RANGE.start}-{PORT_RANGE.stop - 1}")
 
 
 def group_cpu_seconds(pgid: int) -> float:

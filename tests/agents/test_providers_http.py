@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +15,7 @@ import openai
 import pytest
 
 from agents.providers import UnknownProvider, get_provider
+from controlcenter.stack import free_port
 from engine.emulator import Emulator, Fault, ScriptedPolicy, TestClock
 from engine.emulator.server import EmulatorServer
 from engine.providers.anthropic import AnthropicProvider
@@ -316,15 +316,9 @@ def test_registry_wires_anthropic_and_openai_from_settings(settings, server):
         get_provider("anthropic")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.req("EM-3")
 def test_emulator_command_serves_the_messages_api_on_the_given_port():
-    port = _free_port()
+    port = free_port()
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     command = [

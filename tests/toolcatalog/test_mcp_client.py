@@ -9,7 +9,6 @@ sandbox (SB-1): it sees the calling workspace at /workspace, where the probe wri
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from rest_framework.test import APIClient
 from agents.chat import message_send
 from agents.lifecycle import run_execute
 from agents.models import Approval, Run, RunEvent
+from controlcenter.stack import free_port
 from conversations.models import Conversation
 from conversations.services import conversation_create
 from engine.actions import tool_result
@@ -188,17 +188,11 @@ def test_imported_tools_are_listed_and_called_over_the_mcp_endpoint(alice, tmp_p
     assert status.is_error is False and "plan.md" in status.structured_content["text"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class _HttpProbe:
     """The probe server over Streamable HTTP, as a process that can be killed and started again."""
 
     def __init__(self, token: str, call_log: Path) -> None:
-        self.port, self.token, self.call_log = _free_port(), token, call_log
+        self.port, self.token, self.call_log = free_port(), token, call_log
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.process: subprocess.Popen | None = None
 
