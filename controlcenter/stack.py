@@ -33,7 +33,8 @@ from controlcenter.processes import ROOT, ProcessGroup, WorkerProcess, services_
 # nothing takes a port by chance; a lock file per port, held by the process that chose it, keeps
 # concurrent processes (pytest-xdist workers, benchmarks) from choosing the same one.
 PORT_RANGE = range(20000, 32000)
-PORT_LOCKS = Path(tempfile.gettempdir()) / "controlcenter-ports"
+# One folder per user: another user's lock files are not writable.
+PORT_LOCKS = Path(tempfile.gettempdir()) / f"controlcenter-ports-{os.getuid()}"
 # A port stays claimed while its server may restart on it (a Redis brought back after a
 # fault); the oldest claims are let go, their servers long gone or still bound.
 CLAIMS_KEPT = 256
