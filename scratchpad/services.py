@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -269,6 +269,39 @@ def read(
     return run_read(
         arguments, open_entry, max_chars=read_max_chars(), grep_timeout_seconds=DEFAULT_GREP_TIMEOUT_SECONDS
     )
+
+
+_INT_PARAMS = ("n", "start", "end", "context", "max_matches")
+
+
+def slice_arguments(params: Mapping[str, str], entry_id: str) -> dict[str, Any]:
+    """`scratchpad_read` arguments from query parameters (strings); a bad value is a DomainError."""
+    arguments: dict[str, Any] = {"scratchpad_id": entry_id}
+    for name, raw in params.items():
+        if name in _INT_PARAMS:
+            try:
+                arguments[name] = int(raw)
+            except ValueError:
+                raise DomainError(f"{name} must be an integer; got {raw!r}.") from None
+        elif name == "ignore_case":
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise DomainError(f"ignore_case must be true or false; got {raw!r}.")
+            arguments[name] = raw.lower() in ("true", "1")
+        elif name in ("limit", "offset", "format"):
+            continue
+        else:
+            arguments[name] = raw
+    return arguments
+
+
+def read_slice(*, entry: Entry, params: Mapping[str, str]) -> dict[str, Any]:
+    """A slice of `entry` a person asked for (REST API, viewer page), with the tool's modes and no turn
+    scope: the caller has checked that the entry is theirs. Bad input is a DomainError."""
+    source = selectors.DbChunkSource(entry)
+    result = run_read(slice_arguments(params, entry.pk), lambda requested: source if requested == entry.pk else None)
+    if not result["ok"]:
+        raise DomainError(result["error"])
+    return result
 
 
 def list_for_turn(*, turn_id: str, conversation_id: int | None = None, now: datetime | None = None) -> list[Entry]:

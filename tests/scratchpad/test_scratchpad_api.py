@@ -1,4 +1,5 @@
-"""REST endpoints of the scratchpad: per-user isolation, reads with the tool's modes, pin."""
+"""REST endpoints of the scratchpad: per-user isolation, reads with the tool's modes, pin; and the viewer page's own
+reads, for a form sent without its script."""
 
 from __future__ import annotations
 
@@ -41,6 +42,38 @@ def test_owner_reads_slices_with_the_tool_modes(alice_api, alice_entry):
     assert lines["content"] == "".join(text.splitlines(keepends=True)[2:4])
     found = alice_api.get(url, {"mode": "grep", "pattern": "error", "ignore_case": "true"}).json()
     assert found["matches"] == 1 and found["content"].startswith("2001:")
+
+
+# What the viewer's form sends when the browser submits it itself (Enter before its script has
+# loaded, or no script): every field, those of the other modes too, and the checkbox's value.
+NATIVE_FORM = {"n": "2000", "start": "1", "end": "50", "pattern": "", "context": "0"}
+
+
+@pytest.mark.req("SP-6")
+def test_the_viewer_answers_its_form_sent_without_its_script_with_the_slice_asked_for(client, alice, alice_entry):
+    _, entry, _ = alice_entry
+    client.force_login(alice)
+    asked = {**NATIVE_FORM, "mode": "grep", "pattern": "error", "ignore_case": "true"}
+    page = client.get(f"/scratchpad/{entry.pk}/", asked)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "2001:" in html.split('id="slice"', 1)[1] and "matches: 1" in html
+    # The form shows what was asked, so the next read starts from it.
+    assert '<option value="grep" selected>' in html and 'name="pattern" value="error"' in html
+    assert 'name="ignore_case" value="true" checked' in html
+    plain = client.get(f"/scratchpad/{entry.pk}/").content.decode()
+    assert entry.summary.splitlines()[0] in plain and '<option value="head" selected>' in plain
+
+
+@pytest.mark.req("SP-6")
+def test_the_viewer_answers_a_bad_form_with_the_apis_message_and_changes_nothing(client, alice, alice_entry):
+    _, entry, _ = alice_entry
+    client.force_login(alice)
+    before = (list(Entry.objects.values_list("id", "expires_at")), Chunk.objects.count())
+    page = client.get(f"/scratchpad/{entry.pk}/", {**NATIVE_FORM, "mode": "range", "start": "30", "end": "3"})
+    assert page.status_code == 400
+    assert 'role="alert">' in page.content.decode() and "range needs start &lt; end" in page.content.decode()
+    assert (list(Entry.objects.values_list("id", "expires_at")), Chunk.objects.count()) == before
 
 
 @pytest.mark.req("SP-6")

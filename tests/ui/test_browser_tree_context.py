@@ -181,10 +181,10 @@ def test_edit_and_rerun_from_the_tree_keeps_both_answers(embedded_server_module,
 
 @pytest.mark.req("SP-6")
 @pytest.mark.req("TD-15")
-def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embedded_server_module, page, tmp_path):
-    base, log = embedded_server_module
-    seeded = seed(
-        log.parent,
+def _seed_log_entry(folder) -> dict:
+    """A conversation whose run offloaded a 5,000-line log with an error every 1,000 lines."""
+    return seed(
+        folder,
         SEED.replace("print(", "seeded = (") + "from scratchpad.services import put_observation\n"
         "r = Run.objects.create(conversation=c, trigger=e2, provider='offline', model='offline-1', "
         "status='succeeded')\n"
@@ -194,6 +194,11 @@ def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embed
         "conversation_id=c.pk)\n"
         "print(json.dumps({'conversation': c.pk, 'entry': entry.pk}))\n",
     )
+
+
+def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embedded_server_module, page, tmp_path):
+    base, log = embedded_server_module
+    seeded = _seed_log_entry(log.parent)
     sign_in(page, base)
     page.goto(f"{base}/conversations/{seeded['conversation']}/context/")
     link = page.locator(f"#scratchpad-entries a[href='/scratchpad/{seeded['entry']}/']")
@@ -217,6 +222,23 @@ def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embed
     expect(page.locator("#slice-status.error")).to_contain_text("start <= end")
     expect(slice_text).to_have_text("line 1 ok\nline 2 ok\n")
     screenshot(page, "scratchpad-viewer")
+
+
+@pytest.mark.req("SP-6")
+def test_the_slice_viewer_reads_what_was_asked_even_before_its_script_has_loaded(embedded_server_module, page):
+    base, log = embedded_server_module
+    seeded = _seed_log_entry(log.parent)
+    sign_in(page, base)
+    # Enter pressed before the script loaded (a slow connection) submits the form itself.
+    page.route("**/cc/scratchpad.js", lambda route: route.abort())
+    page.goto(f"{base}/scratchpad/{seeded['entry']}/")
+    page.select_option("#slice-mode", "grep")
+    page.fill("input[name=pattern]", "ERROR")
+    page.keyboard.press("Enter")
+    expect(page.locator("#slice")).to_contain_text("4008:line 4007 ERROR disk full")
+    expect(page.locator("#slice-status")).to_contain_text("matches: 5")
+    expect(page.locator("#slice-mode")).to_have_value("grep")
+    expect(page.locator("input[name=pattern]")).to_have_value("ERROR")
 
 
 LONG_SEED = """
