@@ -1,4 +1,4 @@
-"""The Chromium page the browser tests drive."""
+"""The Chromium the browser tests drive: one per module, a fresh context for each test."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ from playwright.sync_api import sync_playwright
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 
 
-@pytest.fixture
-def page():
-    """A fresh page in a fresh headless Chromium, closed after the test."""
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, launched once per module: a launch and Playwright's driver cost seconds of CPU
+    each, and a context per test isolates as well (its own cookies, storage and cache)."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser.new_context().new_page()
-        browser.close()
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page in a fresh browser context, closed after the test."""
+    context = browser.new_context()
+    yield context.new_page()
+    context.close()

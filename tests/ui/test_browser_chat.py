@@ -15,9 +15,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from tests.support.browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, screenshot, seed
+from tests.support.browser import ARTIFACTS, screenshot, seed
 from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD
 from tests.support.waiting import wait_until
 
@@ -28,14 +28,6 @@ PHONE, DESKTOP = 390, 1400
 WIDEST = """() => [document.documentElement.scrollWidth, innerWidth,
   [...document.querySelectorAll("body *")].filter((e) => e.getBoundingClientRect().right > innerWidth + 1)
     .slice(-5).map((e) => `${e.tagName}.${e.className}#${e.id} ${Math.round(e.getBoundingClientRect().right)}`)]"""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
 
 
 # Every page of every journey here reports what its Content-Security-Policy refused (SB-6).
