@@ -166,11 +166,17 @@ class RunEventPublisher:
         # Every event is written, so this is where a dropped database connection shows first.
         reconnecting(lambda: self._store(event_type, payload))
         event = {"run_id": self.run.pk, "seq": self.seq, "type": event_type, "payload": payload}
+        # Whoever is told of an event may look for it in the log at once: a page that redraws
+        # replays the log and drops what it was told before. So inside a caller's transaction (a
+        # person's decision on an approval) the event goes out when that commits, never before.
+        transaction.on_commit(lambda: self._broadcast(event_type, event))
+
+    def _broadcast(self, event_type: str, event: dict[str, Any]) -> None:
         try:
             broadcast([run_group(self.run.pk), conversation_group(self.run.conversation_id)], frame("run.event", event))
         except Exception:
             # The event is in the log; a live viewer catches up from there.
-            logger.exception("could not broadcast event %s of run %s", self.seq, self.run.pk)
+            logger.exception("could not broadcast event %s of run %s", event["seq"], self.run.pk)
         if event_type in DASHBOARD_EVENTS:
             # A run starting, waiting, resuming or ending (however it ends) moves its owner's dashboards.
             publish_dashboard_update(user_id=self.run.conversation.owner_id)
