@@ -43,7 +43,9 @@ pytestmark = [pytest.mark.timeout(480), pytest.mark.usefixtures("inprocess_runs"
 def local_model(tmp_path_factory):
     path = default_model_path()
     assert path is not None, "the [local] extra is not installed: pip install -e '.[dev,local]'"
-    config = LocalModelConfig(model_path=path, port=free_port(), context=8192, threads=2)
+    # One thread: on this 2-core machine a 6,600-token prompt took 41 s with two threads and 42 s with
+    # one, alone; in the suite the second thread only took CPU from the other workers.
+    config = LocalModelConfig(model_path=path, port=free_port(), context=8192, threads=1)
     supervisor = LocalModelSupervisor(config, log_path=tmp_path_factory.mktemp("local-model") / "server.log").start()
     try:
         supervisor.wait_ready(timeout=120)
