@@ -65,6 +65,16 @@ class ModeAdmin(admin.ModelAdmin):
 class McpServerForm(forms.ModelForm):
     """env and headers are write-only (MC-3): shown as "***" (or their ${VAR} reference); "***" keeps a value."""
 
+    # An endpoint typed without a scheme is taken as https (Django 6's default, and Django 5 warns
+    # on every form built without a choice): assuming http would send its headers, bearer tokens
+    # included, in clear text to a remote host.
+    url = forms.URLField(
+        required=False,
+        max_length=McpServer._meta.get_field("url").max_length,
+        assume_scheme="https",
+        help_text=McpServer._meta.get_field("url").help_text,
+    )
+
     class Meta:
         model = McpServer
         fields = ["name", "transport", "command", "args", "env", "cwd", "url", "headers", "network", "enabled"]

@@ -34,6 +34,7 @@ from conversations.services import conversation_create
 from engine.actions import tool_result
 from tests.support.mcp_servers import fixtures as live
 from tests.support.waiting import wait_until
+from toolcatalog.admin import McpServerForm
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer, Tool
 from toolcatalog.services import catalog_load_builtins
@@ -414,3 +415,17 @@ def test_the_admin_never_shows_env_values_and_keeps_them_when_saved_back(admin_c
     # Saving re-imported the tools: the one left out is reported removed.
     assert "1 removed" in saved.content.decode() and "grow" in saved.content.decode()
     assert CANARY_ENV not in saved.content.decode()
+
+
+@pytest.mark.django_db
+@pytest.mark.req("MC-1")
+def test_an_http_endpoint_typed_without_a_scheme_is_taken_as_https_and_a_bad_one_is_refused():
+    base = {"name": "remote", "transport": "http", "args": "[]", "env": "{}", "headers": "{}", "enabled": "on"}
+    form = McpServerForm(data=base | {"url": "mcp.example.test/mcp"})
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["url"] == "https://mcp.example.test/mcp"
+    local = McpServerForm(data=base | {"url": "http://127.0.0.1:9000/mcp"})
+    assert local.is_valid() and local.cleaned_data["url"] == "http://127.0.0.1:9000/mcp"
+    refused = McpServerForm(data=base | {"url": "not a url at all"})
+    assert not refused.is_valid() and "url" in refused.errors
+    assert not McpServer.objects.exists()
