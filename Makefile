@@ -104,9 +104,10 @@ lint: install lock-check
 # within 8 s of each other. On another 2-core machine, back to back on 2026-12-04: the first
 # release's suite (dd46ae4: 715 tests, serial, its own `make test`) took 640 s, this one (985
 # tests) 390-444 s of pytest after 34 s of cold lint; both cores were busy throughout (sampled
-# from /proc: about 880 CPU-seconds in 444 s). On 2026-12-04, after the local-model tests moved to
-# one llama.cpp thread: 989 tests in 333-348 s of pytest, 390 s for all of .ci/run on a fresh
-# clone (cold lint included). TEST_WORKERS=0 runs in-process.
+# from /proc: about 880 CPU-seconds in 444 s). Later on 2026-12-04, on a third such machine, back to
+# back: the first release's `make test` 502 s (715 tests), this one 357 s (990 tests: 338 s of
+# pytest after cold lint and the lock check), 390 s for all of .ci/run on a fresh clone.
+# TEST_WORKERS=0 runs in-process.
 TEST_WORKERS ?= 4
 test: lint
 	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/var/pycache \
