@@ -22,6 +22,7 @@ from agents.models import ModelRequest, Run
 from conversations.models import Compaction
 from engine.tokens import cache_ratio
 from toolcatalog.models import RetrievalMiss, ToolActivation
+from toolcatalog.selectors import run_surface, surface_context
 
 # Token categories, in the order the dashboard stacks them.
 CATEGORIES = (
@@ -168,8 +169,6 @@ def deferral_savings(*, user: User, since: Any) -> dict[str, Any]:
     Measured against today's catalog and mode (the surface is not recorded per run); a tool a
     run loaded is counted as sent on all its requests, so the figure errs low.
     """
-    from toolcatalog.selectors import run_surface, surface_context
-
     tools = surface_context(run_surface()[0])
     cost = {item["name"]: item["schema_tokens"] for item in tools["deferred"]}
     requests = dict(

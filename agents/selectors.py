@@ -12,6 +12,7 @@ from controlcenter.errors import NotFound
 from conversations.models import Conversation
 from engine.loop import TOOL_ACTIVATION_MISS
 from engine.tokens import cache_ratio
+from toolcatalog.models import RetrievalMiss, ToolActivation
 
 
 def run_visible_to(*, run_id: int, user: User) -> bool:
@@ -221,8 +222,6 @@ def run_context_activity(*, run: Run) -> dict[str, Any]:
     """What the run did to its context: deferred tools it loaded (trigger, query), searches that
     found nothing, and the compaction passes its turn made (proactive or reactive; TD-15, CH-1).
     """
-    from toolcatalog.models import RetrievalMiss, ToolActivation
-
     return {
         "activations": list(ToolActivation.objects.filter(run=run).order_by("id")),
         "misses": list(RetrievalMiss.objects.filter(run=run).order_by("id")),

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
+
+from controlcenter.env import ImproperEnvironment, env_int
+from controlcenter.localmodel import LocalModelSupervisor, config_from_env, supervise_if_wanted
 
 
 def _deferral(value: str) -> str:
@@ -36,9 +40,9 @@ def _apply_common(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # Each command imports its server only once the environment its settings read is set
+    # (_apply_common, CC_DB_POOL_MAX below); `controlcenter --help` loads none of them.
     import uvicorn
-
-    from controlcenter.env import ImproperEnvironment, env_int
 
     workers = args.workers or env_int("CC_WEB_WORKERS", 1, minimum=1)
     if workers > 1 and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
@@ -68,6 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    # After _apply_common: the Celery app reads Django's settings when it is imported.
     from celery.bin.base import CLIContext
     from celery.bin.worker import worker as celery_worker
     from django.conf import settings
@@ -95,10 +100,6 @@ def _worker(args: argparse.Namespace) -> int:
 
 def _local_model(args: argparse.Namespace) -> int:
     """The local model server alone, in the foreground, for workers on other hosts (LM-1)."""
-    import signal
-
-    from controlcenter.localmodel import LocalModelSupervisor, config_from_env
-
     if args.port is not None:
         os.environ["CC_LOCAL_MODEL_PORT"] = str(args.port)
     supervisor = LocalModelSupervisor(config_from_env(host=args.host)).start()
@@ -120,8 +121,6 @@ def _local_model(args: argparse.Namespace) -> int:
 
 
 def _with_local_model(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    from controlcenter.localmodel import supervise_if_wanted
-
     supervisor = supervise_if_wanted()
     try:
         return command(args)
@@ -131,6 +130,7 @@ def _with_local_model(command: Callable[[argparse.Namespace], int], args: argpar
 
 
 def _manage(argv: list[str]) -> int:
+    # After _apply_common set DJANGO_SETTINGS_MODULE and the flags' variables.
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["controlcenter", *argv])

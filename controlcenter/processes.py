@@ -11,14 +11,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def services_env(database_name: str) -> dict[str, str]:
     """The environment a child process needs to share this process's database and Redis."""
-    from django.conf import settings
-    from django.core.exceptions import ImproperlyConfigured
-
     env = dict(os.environ)
     db = settings.DATABASES["default"]
     host = db["HOST"] or "127.0.0.1"

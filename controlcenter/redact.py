@@ -14,6 +14,9 @@ import re
 import traceback
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
 
 # A password in a URL's user info: scheme://user:PASSWORD@host.
 _USERINFO = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^:/@\s'\"]*:)([^@/\s'\"]+)(@)")
@@ -35,10 +38,6 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
 
 def configured_secrets() -> list[str]:
     """The secret values in the settings; any of them appearing in a log line is replaced."""
-    from urllib.parse import urlsplit
-
-    from django.conf import settings
-
     values = [
         settings.SECRET_KEY,
         getattr(settings, "ANTHROPIC_API_KEY", None),

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from engine.catalog.surface import ToolRecord
 from engine.toolbox import needs_approval
 from toolcatalog.tools import BuiltinTool, Observation, ToolContext, registry
 
@@ -87,3 +88,24 @@ class WorkspaceToolBox:
                 "approval_required": True,
             }
         return tool.call(arguments, self.context)
+
+
+def builtin_records() -> list[ToolRecord]:
+    """The built-in tools as resident records: what a fresh installation with an empty catalog offers."""
+    return [
+        ToolRecord(
+            name=t.name,
+            group=t.group or "Files and shell",
+            description=t.description,
+            input_schema=t.input_schema,
+            resident=True,
+            requires_approval=t.requires_approval,
+            side_effects=t.side_effects,
+        )
+        for t in BUILTINS.values()
+    ]
+
+
+def builtin_names() -> frozenset[str]:
+    """Tools this installation implements itself; imported entries with these names are built-ins."""
+    return frozenset(BUILTINS)

@@ -33,6 +33,8 @@ import anyio
 import httpx2
 import mcp_types as types
 from django.conf import settings
+from django.db import close_old_connections
+from django.db import connections as databases
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
@@ -41,9 +43,12 @@ from engine.actions import ATTACHED_IMAGES
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
 from toolcatalog import mcp_stdio
+from toolcatalog.mcp_config import McpConfigError
 from toolcatalog.mcp_import import list_tools_of
 from toolcatalog.mcp_spec import ImportedTool, McpServerSpec
 from toolcatalog.mcp_stdio import STOP_GRACE_SECONDS, ServerProcess
+from toolcatalog.models import McpServer, Tool
+from toolcatalog.services import mcp_server_apply_listing, mcp_server_spec
 
 logger = logging.getLogger(__name__)
 
@@ -355,12 +360,6 @@ def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
 
 def _refresh_catalog(name: str, listed: list[ImportedTool]) -> None:
     """The server said its tool list changed (MC-4): the catalog takes the new list, as a refresh would."""
-    from django.db import close_old_connections
-    from django.db import connections as databases
-
-    from toolcatalog.models import McpServer
-    from toolcatalog.services import mcp_server_apply_listing
-
     close_old_connections()
     try:
         server = McpServer.objects.filter(name=name, enabled=True).first()
@@ -432,10 +431,6 @@ def _unavailable(message: str) -> Observation:
 
 def forward(name: str, arguments: dict[str, Any], workspace: Path) -> Observation | None:
     """Run an imported tool `SERVER__tool` on its server; None when `name` belongs to no configured server."""
-    from toolcatalog.mcp_config import McpConfigError
-    from toolcatalog.models import McpServer, Tool
-    from toolcatalog.services import mcp_server_spec
-
     server_name, separator, tool_name = name.partition(NAMESPACE_SEPARATOR)
     if not separator:
         return None

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections, connections
+from rest_framework.authtoken.models import Token
 
 from controlcenter.lockout import lockout_message, record_token_failure, request_for_scope, token_locked_out
 from engine.catalog.ranking import ToolIndex, index_for
@@ -356,8 +357,6 @@ def _token_key(scope: dict) -> str | None:
 
 
 def _user_for_token(key: str) -> int | None:
-    from rest_framework.authtoken.models import Token
-
     token = Token.objects.select_related("user").filter(key=key).first()
     return token.user_id if token is not None and token.user.is_active else None
 

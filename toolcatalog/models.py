@@ -10,6 +10,7 @@ from django.db import models
 
 from engine.catalog.schemas import name_problem, qualified_name, schema_problem
 from engine.tokens import estimate_json_tokens
+from toolcatalog.mcp_config import config_problems
 
 
 class ToolGroup(models.Model):
@@ -58,8 +59,6 @@ class McpServer(models.Model):
         return self.name
 
     def clean(self) -> None:
-        from toolcatalog.mcp_config import config_problems
-
         errors = config_problems(
             name=self.name,
             transport=self.transport,

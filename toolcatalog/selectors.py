@@ -11,9 +11,10 @@ from django.db.models import Count, Q, QuerySet
 from engine.catalog.fit import fit_to_window, tool_block_tokens
 from engine.catalog.pins import pinned_records
 from engine.catalog.surface import ModeSpec, Surface, ToolRecord, build_surface
-from engine.catalog.toolbox import CatalogToolBox
+from engine.catalog.toolbox import DISCOVERY_TOOLS, CatalogToolBox
 from engine.scratchpad.read_tool import SCHEMA as READ_TOOL_SCHEMA
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
+from toolcatalog.builtins import builtin_records
 from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 
 DEFAULT_MODE = "default"
@@ -47,8 +48,6 @@ def catalog_records() -> list[ToolRecord]:
     if records:
         return records
     # A fresh installation has an empty catalog; its built-in tools still work.
-    from toolcatalog.toolbox import builtin_records
-
     return builtin_records()
 
 
@@ -176,8 +175,6 @@ def mcp_catalog_records(records: list[ToolRecord] | None = None) -> list[ToolRec
     list_tool_groups) load schemas into a run; an MCP client already holds every
     schema, so it gets search_tool_bm25 instead (TD-7) and not these.
     """
-    from engine.catalog.toolbox import DISCOVERY_TOOLS
-
     records = catalog_records() if records is None else records
     return sorted((r for r in records if r.name not in DISCOVERY_TOOLS), key=lambda r: r.name)
 

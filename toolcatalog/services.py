@@ -16,6 +16,7 @@ from django.utils import timezone
 from controlcenter.errors import DomainError
 from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
 from engine.catalog.toolbox import Activation
+from toolcatalog.builtins import builtin_names
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
 from toolcatalog.mcp_config import (
     HIDDEN_VALUE,
@@ -36,7 +37,6 @@ from toolcatalog.models import (
     ToolGroup,
 )
 from toolcatalog.selectors import catalog_records, mode_spec
-from toolcatalog.toolbox import builtin_names
 from toolcatalog.tools.base import DEFINITIONS_FILE
 
 

@@ -13,36 +13,19 @@ from typing import Any
 from django.conf import settings
 
 from engine.catalog.ranking import ToolIndex, index_for
+from engine.catalog.semantic import hybrid_index_for
 from engine.catalog.surface import ToolRecord
 from engine.catalog.toolbox import ApprovalGate, CatalogToolBox, Executor, Observation, approval_pending
 from toolcatalog.builtins import BUILTINS, ToolContext
-
-
-def builtin_records() -> list[ToolRecord]:
-    """The built-in tools as resident records: what a fresh installation with an empty catalog offers."""
-    return [
-        ToolRecord(
-            name=t.name,
-            group=t.group or "Files and shell",
-            description=t.description,
-            input_schema=t.input_schema,
-            resident=True,
-            requires_approval=t.requires_approval,
-            side_effects=t.side_effects,
-        )
-        for t in BUILTINS.values()
-    ]
-
-
-def builtin_names() -> frozenset[str]:
-    """Tools this installation implements itself; imported entries with these names are built-ins."""
-    return frozenset(BUILTINS)
+from toolcatalog.selectors import run_surface
 
 
 def builtin_executor(
     workspace: Path, conversation_id: int | None = None, user_id: int | None = None, cancel_key: Hashable | None = None
 ) -> Executor:
     """Runs the built-in tools, and forwards the imported MCP tools to their servers (MC-2)."""
+    # The MCP SDK costs about 0.6 s at import: only a process that runs tools pays it, not the web
+    # process drawing the Context view or answering /mcp's listings.
     from toolcatalog.mcp_client import mcp_executor
 
     context = ToolContext(root=workspace, conversation_id=conversation_id, user_id=user_id, cancel_key=cancel_key)
@@ -58,8 +41,6 @@ def builtin_executor(
 def search_index(records: list[ToolRecord]) -> ToolIndex:
     """The ranker the settings choose, cached per catalog version; runs and /mcp both use it."""
     if settings.CC_TOOL_SEARCH_RANKER == "hybrid":
-        from engine.catalog.semantic import hybrid_index_for
-
         return hybrid_index_for(records, cache_dir=settings.CC_TOOL_EMBEDDINGS_DIR)  # type: ignore[return-value]
     return index_for(records)
 
@@ -75,8 +56,6 @@ def run_toolbox(
     pins: Mapping[str, Mapping[str, Any]] | None = None,
     cancel_key: Hashable | None = None,
 ) -> CatalogToolBox:
-    from toolcatalog.selectors import run_surface
-
     surface, records = run_surface(mode=mode, deferral=deferral, pins=pins)
     index: list[ToolIndex] = []
 

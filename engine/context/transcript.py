@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from PIL import Image
+
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 Msg = dict[str, Any]
@@ -52,8 +54,6 @@ def image_size(block: dict[str, Any]) -> tuple[int, int] | None:
     if source.get("type") != "base64":
         return None
     try:
-        from PIL import Image
-
         with Image.open(io.BytesIO(base64.b64decode(source.get("data", ""), validate=False))) as image:
             return image.size
     except (binascii.Error, OSError, ValueError):

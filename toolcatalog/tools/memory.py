@@ -67,6 +67,7 @@ def live_memories(owner_id: int) -> QuerySet[Memory]:
 
 
 def _postgres_search(memories: QuerySet[Memory], words: list[str], tags: list[str], limit: int) -> list[Memory]:
+    # Only PostgreSQL has this full-text search; an embedded installation (SQLite) never loads it.
     from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 
     query = SearchQuery(words[0], config="english")
