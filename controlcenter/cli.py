@@ -40,8 +40,7 @@ def _apply_common(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    # Each command imports its server only once the environment its settings read is set
-    # (_apply_common, CC_DB_POOL_MAX below); `controlcenter --help` loads none of them.
+    # Only `serve` needs uvicorn; `worker`, `manage` and `--help` skip its import.
     import uvicorn
 
     workers = args.workers or env_int("CC_WEB_WORKERS", 1, minimum=1)

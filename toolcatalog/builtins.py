@@ -2,7 +2,8 @@
 
 The implementations live in `toolcatalog.tools` (one module per family); this module
 keeps the names the rest of the code imports: `BUILTINS`, `BuiltinTool`,
-`WorkspaceToolBox`. Tool failures are observations (`ok: false`), never exceptions.
+`WorkspaceToolBox`, and the built-ins as catalog records (`builtin_records`,
+`builtin_names`). Tool failures are observations (`ok: false`), never exceptions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ from engine.catalog.surface import ToolRecord
 from engine.toolbox import needs_approval
 from toolcatalog.tools import BuiltinTool, Observation, ToolContext, registry
 
-__all__ = ["BUILTINS", "BuiltinTool", "Observation", "ToolContext", "WorkspaceToolBox"]
+__all__ = [
+    "BUILTINS",
+    "BuiltinTool",
+    "Observation",
+    "ToolContext",
+    "WorkspaceToolBox",
+    "builtin_names",
+    "builtin_records",
+]
 
 BUILTINS: dict[str, BuiltinTool] = registry()
 

@@ -1,6 +1,6 @@
 """Wires the catalog-backed ToolBox for a run: surface, search index, built-in implementations.
 
-The built-in implementations are reached only through `BUILTINS` below, so the
+The built-in implementations are reached only through `toolcatalog.builtins.BUILTINS`, so the
 registry can be swapped for the full `toolcatalog/tools/` package in one place.
 """
 
