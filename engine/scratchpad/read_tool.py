@@ -14,6 +14,7 @@ from typing import Any
 
 import regex
 
+from engine.patterns import PatternError, compile_pattern
 from engine.scratchpad.reader import ChunkSource, ReadError, grep, read_lines, read_slice
 
 NAME = "scratchpad_read"
@@ -177,8 +178,8 @@ def _grep(arguments: dict[str, Any], source: ChunkSource, timeout: float) -> dic
     max_matches = _int(arguments, "max_matches", DEFAULT_MAX_MATCHES, minimum=1, maximum=MAX_MATCHES_LIMIT)
     flags = regex.MULTILINE | regex.VERSION0 | (regex.IGNORECASE if ignore_case else 0)
     try:
-        pattern = regex.compile(pattern_text, flags)
-    except (regex.error, ValueError, OverflowError) as exc:
+        pattern = compile_pattern(pattern_text, flags)
+    except PatternError as exc:
         raise BadRead(f"pattern {pattern_text!r} is not a valid regular expression: {exc}.") from None
     try:
         found = grep(source, pattern, context=context, max_matches=max_matches, timeout_seconds=timeout)

@@ -84,6 +84,8 @@ def test_the_viewer_answers_a_bad_form_with_the_apis_message_and_changes_nothing
         ({"mode": "head", "n": "x"}, "n must be an integer; got 'x'"),
         ({"mode": "range", "start": 30, "end": 3}, "range needs start < end"),
         ({"mode": "grep", "pattern": "[unclosed"}, "not a valid regular expression"),
+        # Compiled, it would take 275 MB of the web process (`a{99999999}` took 23 GB).
+        ({"mode": "grep", "pattern": "(?:a{1000}){1000}"}, "would write out up to 1,000,000 copies"),
     ],
 )
 def test_bad_read_parameters_are_400_and_change_nothing(alice_api, alice_entry, params, message):

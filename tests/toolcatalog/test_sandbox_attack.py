@@ -10,6 +10,7 @@ the host must show no trace of it afterwards, and the worker must still serve he
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import threading
@@ -241,3 +242,11 @@ def _redos_over_mcp_leaves_the_web_process_answering(web, token: str, workspaces
     began = time.monotonic()
     quick = httpx.post(f"{base_url}/mcp", json=call, headers=headers, timeout=60).json()
     assert time.monotonic() - began < 1.0 and quick["result"]["structuredContent"]["ok"] is True
+    # A counted repetition is written out in full when compiled: `a{99999999}` took 23 GB and the
+    # web process with it. This one would take 1.3 GB and seconds; it is refused before compiling.
+    call["params"]["arguments"]["pattern"] = "a{5000000}"
+    began = time.monotonic()
+    refused = httpx.post(f"{base_url}/mcp", json=call, headers=headers, timeout=60).json()
+    assert time.monotonic() - began < 1.0, refused
+    assert refused["result"]["isError"] is True and "up to 5,000,000 copies" in json.dumps(refused), refused
+    assert httpx.get(f"{base_url}/healthz", timeout=5).status_code in (200, 503)

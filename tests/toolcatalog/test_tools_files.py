@@ -193,6 +193,8 @@ def test_search_files_finds_lines_files_and_counts_with_context(box, workspace):
     assert box.execute("search_files", {"pattern": "TODO", "output": "count"})["counts"] == {"a.py": 1, "b.md": 1}
     invalid = box.execute("search_files", {"pattern": "("})
     assert invalid["ok"] is False and "regular expression" in invalid["error"]
+    expanding = box.execute("search_files", {"pattern": "(?:TODO{1000}){1000}"})
+    assert expanding["ok"] is False and "would write out up to 1,00" in expanding["error"]
 
 
 @pytest.mark.req("RN-5")

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import regex
 from django.conf import settings
 
+from engine.patterns import PatternError, compile_pattern
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
 from toolcatalog.tools.files import SKIPPED_DIRS, is_binary
 
@@ -45,8 +45,8 @@ def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation
     # released while matching, so a catastrophic pattern such as `(a+)+$` cannot hold the process
     # that runs it (the web process, for /mcp calls) (SB-4).
     try:
-        pattern = regex.compile(arguments["pattern"])
-    except (regex.error, ValueError) as exc:
+        pattern = compile_pattern(arguments["pattern"])
+    except PatternError as exc:
         raise ToolFailure(f"pattern is not a valid regular expression: {exc}") from exc
     budget = settings.CC_REGEX_TIMEOUT_SECONDS
     deadline = time.monotonic() + budget
