@@ -9,7 +9,7 @@ from django.urls import URLPattern, path, reverse
 
 from agents.models import Approval, ModelRequest, Run, Subagent
 from agents.resident import MIN_RUNS, resident_recommendation
-from controlcenter.audit_admin import AuditAdmin
+from controlcenter.admin_base import AuditAdmin
 from toolcatalog.admin import ModeAdmin
 from toolcatalog.models import Mode, ModeVersion
 from toolcatalog.services import ResidentChangeRefused, mode_resident_apply

@@ -14,20 +14,7 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-
-def nesting_depth_exceeds(value: Any, limit: int) -> bool:
-    """Whether `value` nests containers deeper than `limit`, without recursion."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            item = list(item.values())
-        elif not isinstance(item, list):
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in item if isinstance(child, dict | list))
-    return False
+from engine.nesting import nesting_depth
 
 
 class BoundedJSONParser(JSONParser):
@@ -38,6 +25,6 @@ class BoundedJSONParser(JSONParser):
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError(message) from None
-        if nesting_depth_exceeds(data, limit):
+        if nesting_depth(data, limit) > limit:
             raise ParseError(message)
         return data

@@ -2,13 +2,14 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from controlcenter.admin_base import ModelAdmin
 from controlcenter.errors import DomainError
 from conversations import services
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(ModelAdmin):
     list_display = ["id", "title", "owner", "updated_at"]
     search_fields = ["title", "owner__username"]
     list_filter = ["updated_at"]
@@ -16,7 +17,7 @@ class ConversationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(ModelAdmin):
     list_display = ["id", "conversation", "role", "parent", "created_at"]
     list_filter = ["role"]
     raw_id_fields = ["conversation", "parent"]
@@ -36,20 +37,20 @@ class MessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(ModelAdmin):
     list_display = ["id", "conversation", "label", "message", "created_at"]
     search_fields = ["label"]
     raw_id_fields = ["conversation", "message"]
 
 
 @admin.register(RewindDigest)
-class RewindDigestAdmin(admin.ModelAdmin):
+class RewindDigestAdmin(ModelAdmin):
     list_display = ["id", "conversation", "label", "target", "explored_tip", "created_at"]
     raw_id_fields = ["conversation", "target", "explored_tip"]
 
 
 @admin.register(Compaction)
-class CompactionAdmin(admin.ModelAdmin):
+class CompactionAdmin(ModelAdmin):
     list_display = ["id", "conversation", "rung", "tokens_before", "tokens_after", "trigger", "created_at"]
     list_filter = ["rung", "trigger"]
     raw_id_fields = ["conversation", "tip"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
+from controlcenter.admin_base import ModelAdmin
 from engine.scratchpad.reader import read_slice
 from scratchpad import selectors
 from scratchpad.models import Entry
@@ -11,7 +12,7 @@ PREVIEW_CHARS = 300
 
 
 @admin.register(Entry)
-class EntryAdmin(admin.ModelAdmin):
+class EntryAdmin(ModelAdmin):
     """Metadata and a short preview; the blob itself never renders inline."""
 
     list_display = ["id", "turn_id", "step_num", "executor_name", "kind", "size_bytes", "pinned", "expires_at"]

@@ -7,21 +7,28 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from controlcenter.audit_admin import AuditAdmin
-from toolcatalog.mcp_config import HIDDEN_VALUE, hidden
+from controlcenter.admin_base import AuditAdmin, ModelAdmin
+from toolcatalog.mcp_config import hidden, merged_secrets
 from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
-from toolcatalog.services import McpServerImportFailed, mcp_server_import, tools_set_resident
+from toolcatalog.services import (
+    McpImportResult,
+    McpServerImportFailed,
+    mcp_server_apply_listing,
+    mcp_server_import,
+    mcp_server_listing,
+    tools_set_resident,
+)
 
 
 @admin.register(ToolGroup)
-class ToolGroupAdmin(admin.ModelAdmin):
+class ToolGroupAdmin(ModelAdmin):
     list_display = ["heading", "order"]
     list_editable = ["order"]
     search_fields = ["heading"]
 
 
 @admin.register(Tool)
-class ToolAdmin(admin.ModelAdmin):
+class ToolAdmin(ModelAdmin):
     list_display = [
         "name",
         "group",
@@ -55,23 +62,33 @@ class ToolAdmin(admin.ModelAdmin):
 
 
 @admin.register(Mode)
-class ModeAdmin(admin.ModelAdmin):
+class ModeAdmin(ModelAdmin):
     list_display = ["name", "output_action", "allow", "deny", "version"]
     search_fields = ["name", "description", "output_action"]
     # Changed only as a new version, from the resident-set recommendation (agents/admin.py, TS-3).
     readonly_fields = ["resident_add", "resident_remove", "version"]
 
 
+class HttpsByDefaultURLField(forms.URLField):
+    """An endpoint typed without a scheme is https: assuming http would send the server's headers,
+    bearer tokens included, in clear text. Django's own guess (`assume_scheme`) reads the host of
+    `mcp.example.com:8443/mcp` as a scheme and refuses the address; it is set only because Django 5
+    warns on every form built without a choice."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(assume_scheme="https", **kwargs)
+
+    def to_python(self, value: Any) -> str | None:
+        text = str(value or "").strip()
+        return super().to_python(f"https://{text}" if text and "://" not in text else text)
+
+
 class McpServerForm(forms.ModelForm):
     """env and headers are write-only (MC-3): shown as "***" (or their ${VAR} reference); "***" keeps a value."""
 
-    # An endpoint typed without a scheme is taken as https (Django 6's default, and Django 5 warns
-    # on every form built without a choice): assuming http would send its headers, bearer tokens
-    # included, in clear text to a remote host.
-    url = forms.URLField(
+    url = HttpsByDefaultURLField(
         required=False,
         max_length=McpServer._meta.get_field("url").max_length,
-        assume_scheme="https",
         help_text=McpServer._meta.get_field("url").help_text,
     )
 
@@ -91,11 +108,13 @@ class McpServerForm(forms.ModelForm):
         data = super().clean()
         assert data is not None  # ModelForm.clean returns cleaned_data; the stubs allow None for overrides
         stored = McpServer.objects.filter(pk=self.instance.pk).first() if self.instance.pk else None
-        for field in ("env", "headers"):
+        for field, what in (("env", "environment variable"), ("headers", "header")):
             given = data.get(field) or {}
             if isinstance(given, dict):
-                previous = getattr(stored, field, None) or {}
-                data[field] = {k: previous.get(k, "") if v == HIDDEN_VALUE else v for k, v in given.items()}
+                try:
+                    data[field] = merged_secrets(getattr(stored, field, None) or {}, given, what)
+                except ValueError as exc:
+                    self.add_error(field, str(exc))
         for field, default in (("args", []), ("env", {}), ("headers", {})):
             if data.get(field) in (None, ""):
                 data[field] = default
@@ -107,10 +126,18 @@ class McpServerForm(forms.ModelForm):
             if field in self.cleaned_data:
                 setattr(self.instance, field, self.cleaned_data[field])
         super()._post_clean()  # type: ignore[misc]  # a private hook of Django's forms the stubs leave out
+        # All or nothing, as the API (MC-1): an enabled server is saved only once it has listed its
+        # tools, and the form says why it could not.
+        self.listing = None
+        if not self.errors and self.instance.enabled:
+            try:
+                self.listing = mcp_server_listing(self.instance)
+            except McpServerImportFailed as exc:
+                self.add_error(None, exc.message)
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(ModelAdmin):
     form = McpServerForm
     list_display = ["name", "transport", "command", "enabled", "tool_count"]
     list_filter = ["transport", "enabled"]
@@ -122,9 +149,10 @@ class McpServerAdmin(admin.ModelAdmin):
         return server.tools.filter(enabled=True).count()
 
     def save_model(self, request: HttpRequest, obj: McpServer, form: Any, change: bool) -> None:
+        # The admin saves inside one transaction: the server and its tools are stored together.
         super().save_model(request, obj, form, change)
-        if obj.enabled:
-            self._import(request, obj)
+        if form.listing is not None:
+            self._report(request, obj, mcp_server_apply_listing(server=obj, listed=form.listing))
 
     @admin.action(description="Import (refresh) the tools of the selected servers")
     def import_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
@@ -137,6 +165,9 @@ class McpServerAdmin(admin.ModelAdmin):
         except McpServerImportFailed as exc:
             self.message_user(request, exc.message, messages.ERROR)
             return
+        self._report(request, server, result)
+
+    def _report(self, request: HttpRequest, server: McpServer, result: McpImportResult) -> None:
         level = messages.WARNING if result.refused else messages.SUCCESS
         self.message_user(request, f"{server.name}: {result.summary()}", level)
 

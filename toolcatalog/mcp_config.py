@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 import re
 from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
+from django.core.validators import URLValidator
 
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 
@@ -19,6 +23,9 @@ _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HIDDEN_VALUE = "***"
+_HTTP_URL = URLValidator(schemes=["http", "https"])
+# A value with one of these would end a header line early (or a C string, for env).
+_BREAKING = re.compile(r"[\r\n\x00]")
 
 
 class McpConfigError(ValueError):
@@ -53,8 +60,8 @@ def config_problems(
         if url or headers:
             errors["url"] = "A stdio server has no url or headers; use transport http for a remote server."
     elif transport == "http":
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            errors["url"] = "An http server needs its http(s):// URL."
+        if problem := _url_problem(url):
+            errors["url"] = problem
         if problem := _mapping_problem(headers, _HEADER_NAME, "header"):
             errors["headers"] = problem
         if command or args or env or cwd:
@@ -78,7 +85,31 @@ def _mapping_problem(value: Any, key_pattern: re.Pattern[str], what: str) -> str
             return f"{key!r} is not a valid {what} name."
         if not isinstance(item, str):
             return f"The value of {what} {key!r} must be a string."
+        if _BREAKING.search(item):
+            return f"The value of {what} {key!r} contains a line break or NUL, which no {what} may hold."
     return None
+
+
+def _url_problem(url: Any) -> str | None:
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return "An http server needs its http(s):// URL."
+    try:
+        _HTTP_URL(url)
+        urlsplit(url).port  # noqa: B018  # raises on a port outside 0-65535
+    except (ValidationError, ValueError):
+        return f"{url[:200]!r} is not a valid http(s) URL (host, optional port 1-65535, path)."
+    return None
+
+
+def merged_secrets(previous: dict[str, str], given: dict[str, Any], what: str) -> dict[str, Any]:
+    """`given` with every HIDDEN_VALUE replaced by the value stored before ("***" means keep it).
+
+    ValueError when a name given as "***" has no stored value: storing "" would silently break
+    the server, and the operator meant to keep something that is not there."""
+    missing = [key for key, value in given.items() if value == HIDDEN_VALUE and key not in previous]
+    if missing:
+        raise ValueError(f'{what} {missing[0]!r} has no stored value for "{HIDDEN_VALUE}" to keep; give its value.')
+    return {key: previous[key] if value == HIDDEN_VALUE else value for key, value in given.items()}
 
 
 def resolve_references(server: str, field: str, values: dict[str, str]) -> dict[str, str]:

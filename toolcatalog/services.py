@@ -19,9 +19,9 @@ from engine.catalog.toolbox import Activation
 from toolcatalog.builtins import builtin_names
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
 from toolcatalog.mcp_config import (
-    HIDDEN_VALUE,
     McpConfigError,
     config_problems,
+    merged_secrets,
     parse_servers_file,
     resolve_references,
 )
@@ -333,14 +333,15 @@ def _imported_problem(server: McpServer, tool: ImportedTool) -> str | None:
     return problem or schema_problem(tool.input_schema)
 
 
-def _listed_tools(server: McpServer) -> list[ImportedTool]:
+def mcp_server_listing(server: McpServer) -> list[ImportedTool]:
+    """The tools `server` lists now; McpServerImportFailed, saying why, when it cannot be reached."""
     # Deferred: the MCP SDK would cost every process that loads this module ~0.7 s at start (mcp_spec).
     from toolcatalog.mcp_import import list_server_tools
 
     try:
         return list_server_tools(mcp_server_spec(server, timeout_seconds=settings.CC_MCP_IMPORT_TIMEOUT_SECONDS))
     except (McpImportError, McpConfigError) as exc:
-        raise McpServerImportFailed(f"{exc} Nothing was changed.") from exc
+        raise McpServerImportFailed(f"{str(exc).rstrip('.')}. Nothing was changed.") from exc
 
 
 def mcp_server_import(*, server: McpServer) -> McpImportResult:
@@ -353,7 +354,7 @@ def mcp_server_import(*, server: McpServer) -> McpImportResult:
     names, descriptions and schemas; the operator owns everything else (resident,
     approval, limits, group, enabled), which a re-import leaves alone. Idempotent.
     """
-    listed = _listed_tools(server)
+    listed = mcp_server_listing(server)
     with transaction.atomic():
         return _apply_listing(server, listed)
 
@@ -432,11 +433,6 @@ class McpServerInvalid(DomainError):
 _CONFIG_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "network", "enabled")
 
 
-def _merged_secrets(previous: dict[str, str], given: dict[str, str]) -> dict[str, str]:
-    # Write-only values come back from forms and GETs as HIDDEN_VALUE: that means "keep it".
-    return {key: previous.get(key, "") if value == HIDDEN_VALUE else value for key, value in given.items()}
-
-
 def mcp_server_save(
     *, config: dict[str, Any], server: McpServer | None = None, import_tools: bool = True
 ) -> tuple[McpServer, McpImportResult | None]:
@@ -447,10 +443,13 @@ def mcp_server_save(
     """
     values = {field: config[field] for field in _CONFIG_FIELDS if field in config}
     name = config.get("name", server.name if server is not None else "")
+    for field, what in (("env", "environment variable"), ("headers", "header")):
+        if field in values and isinstance(values[field], dict):
+            try:
+                values[field] = merged_secrets(getattr(server, field, None) or {}, values[field], what)
+            except ValueError as exc:
+                raise McpServerInvalid({field: str(exc)}) from None
     if server is not None:
-        for field in ("env", "headers"):
-            if field in values and isinstance(values[field], dict):
-                values[field] = _merged_secrets(getattr(server, field) or {}, values[field])
         current = {field: getattr(server, field) for field in _CONFIG_FIELDS}
         values = {**current, **values}
     values.setdefault("transport", "")
@@ -468,7 +467,7 @@ def mcp_server_save(
     for field, default in (("args", []), ("env", {}), ("headers", {}), ("cwd", ""), ("command", ""), ("url", "")):
         if getattr(candidate, field) is None:
             setattr(candidate, field, default)
-    listed = _listed_tools(candidate) if import_tools and candidate.enabled else None
+    listed = mcp_server_listing(candidate) if import_tools and candidate.enabled else None
     with transaction.atomic():
         candidate.save()
         result = _apply_listing(candidate, listed) if listed is not None else None

@@ -8,10 +8,15 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from engine.nesting import nesting_depth
+
 # Provider tool names: what both the Anthropic and OpenAI APIs accept.
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # MCP tools are namespaced by their server so equal names from two servers stay distinct.
 NAMESPACE_SEPARATOR = "__"
+# JSON Schema's checker recurses a few frames per level: a schema 95 levels deep from an MCP
+# server ended in RecursionError, a 500. Real tool schemas nest a handful of levels.
+MAX_SCHEMA_DEPTH = 32
 
 
 class InvalidToolDefinition(ValueError):
@@ -26,6 +31,8 @@ def schema_problem(schema: Any) -> str | None:
     """Why `schema` cannot be a tool's input schema, or None when it can."""
     if not isinstance(schema, dict):
         return "the input schema must be a JSON object."
+    if nesting_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        return f"the input schema nests deeper than {MAX_SCHEMA_DEPTH} levels."
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -274,6 +274,19 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
         kept = api.patch(f"/api/mcp-servers/{server_id}/", {"headers": {"Authorization": "***"}}, format="json")
         assert kept.status_code == 200, kept.content
         assert McpServer.objects.get(pk=server_id).headers == {"Authorization": "Bearer ${PROBE_TOKEN}"}
+        # Bad values are refused and change nothing: "***" for a header never stored (it stored ""
+        # and dropped the token), a value that would end the header line, addresses that are no URL.
+        stored = McpServer.objects.values().get(pk=server_id)
+        for field, value, reason in [
+            ("headers", {"X-New": "***"}, "header 'X-New' has no stored value"),
+            ("headers", {"Authorization": "***", "X-Injected": "v\r\nX-Other: y"}, "line break or NUL"),
+            ("url", "https://exa mple.com/mcp", "not a valid http(s) URL"),
+            ("url", "https://[::1/mcp", "not a valid http(s) URL"),
+            ("url", "https://example.com:99999/mcp", "not a valid http(s) URL"),
+        ]:
+            refused = api.patch(f"/api/mcp-servers/{server_id}/", {field: value}, format="json")
+            assert refused.status_code == 400 and reason in refused.json()["error"]["message"], refused.content
+            assert McpServer.objects.values().get(pk=server_id) == stored
         refreshed = api.post(f"/api/mcp-servers/{server_id}/refresh/")
         assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 9
         listed = api.get("/api/mcp-servers/").content.decode()
@@ -420,12 +433,47 @@ def test_the_admin_never_shows_env_values_and_keeps_them_when_saved_back(admin_c
 @pytest.mark.django_db
 @pytest.mark.req("MC-1")
 def test_an_http_endpoint_typed_without_a_scheme_is_taken_as_https_and_a_bad_one_is_refused():
-    base = {"name": "remote", "transport": "http", "args": "[]", "env": "{}", "headers": "{}", "enabled": "on"}
-    form = McpServerForm(data=base | {"url": "mcp.example.test/mcp"})
-    assert form.is_valid(), form.errors
-    assert form.cleaned_data["url"] == "https://mcp.example.test/mcp"
-    local = McpServerForm(data=base | {"url": "http://127.0.0.1:9000/mcp"})
-    assert local.is_valid() and local.cleaned_data["url"] == "http://127.0.0.1:9000/mcp"
-    refused = McpServerForm(data=base | {"url": "not a url at all"})
-    assert not refused.is_valid() and "url" in refused.errors
+    # Disabled: the address alone is checked here; an enabled server is also reached (below).
+    base = {"name": "remote", "transport": "http", "args": "[]", "env": "{}", "headers": "{}"}
+    typed = {
+        "mcp.example.test/mcp": "https://mcp.example.test/mcp",
+        # Django's own guess read the host of a host:port address as a scheme and refused it.
+        "mcp.example.test:8443/mcp": "https://mcp.example.test:8443/mcp",
+        "localhost:9000/mcp": "https://localhost:9000/mcp",
+        "http://127.0.0.1:9000/mcp": "http://127.0.0.1:9000/mcp",
+    }
+    for given, taken in typed.items():
+        form = McpServerForm(data=base | {"url": given})
+        assert form.is_valid(), (given, form.errors)
+        assert form.cleaned_data["url"] == taken
+    for bad in ("not a url at all", "https://exa mple.com/mcp", "https://[::1/mcp", "https://example.com:99999/"):
+        refused = McpServerForm(data=base | {"url": bad})
+        assert not refused.is_valid() and "url" in refused.errors, bad
     assert not McpServer.objects.exists()
+
+
+@pytest.mark.req("MC-1")
+def test_the_admin_saves_an_enabled_server_only_once_it_listed_its_tools(admin_client, tmp_path):
+    """All or nothing, as the API: a server that cannot be reached is a form error and no row."""
+    form = {
+        "name": "silent",
+        "transport": "stdio",
+        "command": "/bin/false",
+        "args": "[]",
+        "env": "{}",
+        "cwd": "",
+        "url": "",
+        "headers": "{}",
+        "enabled": "on",
+    }
+    page = admin_client.post("/admin/toolcatalog/mcpserver/add/", form)
+    assert page.status_code == 200  # the form again, with its error
+    text = page.content.decode()
+    assert "MCP server &#x27;silent&#x27;" in text and "Nothing was changed." in text and "errornote" in text
+    assert "was added successfully" not in text
+    assert not McpServer.objects.exists()
+    # The same server, reachable, is saved with its tools in one step.
+    form |= {"name": "probe", "command": sys.executable, "args": json.dumps([str(PROBE), "--without", "grow"])}
+    saved = admin_client.post("/admin/toolcatalog/mcpserver/add/", form, follow=True)
+    assert "was added successfully" in saved.content.decode()
+    assert Tool.objects.filter(server__name="probe", enabled=True).exists()

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
 from tests.support.catalog import CATALOG_PATH, reference_catalog
-from toolcatalog.models import McpServer, Tool, ToolGroup
+from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
 from toolcatalog.services import CatalogFileInvalid, catalog_export, catalog_import
 
 pytestmark = pytest.mark.django_db
@@ -165,3 +165,44 @@ def test_admin_refuses_an_invalid_schema_with_a_message_and_keeps_the_old_one(cl
     assert b"not valid JSON Schema" in response.content
     tool.refresh_from_db()
     assert tool.input_schema == before
+
+
+@pytest.mark.req("SB-5")
+@pytest.mark.parametrize(
+    ("page", "form"),
+    [
+        ("tool", {"name": "deep", "description": "d", "source": "builtin", "side_effects": "none", "enabled": "on"}),
+        ("mode", {"name": "deep", "deny": "[]"}),
+        ("mcpserver", {"name": "deep", "transport": "http", "url": "https://mcp.example.test/mcp", "args": "[]",
+                       "env": "{}"}),
+    ],
+)  # fmt: skip
+def test_every_admin_json_field_answers_deep_nesting_with_a_form_error(admin_client, page, form):
+    """Django's JSON form field recursed once per level: 3,000 nested brackets were a 500."""
+    field = {"tool": "input_schema", "mode": "allow", "mcpserver": "headers"}[page]
+    if page == "tool":
+        form["group"] = ToolGroup.objects.create(heading="G").pk
+    before = {model: model.objects.count() for model in (Tool, Mode, McpServer)}
+    for nested, reason in [
+        ("[" * 3000 + "]" * 3000, "nests deeper than 32 levels (CC_MAX_JSON_DEPTH)"),
+        (json.dumps(_nested(40)), "nests deeper than 32 levels (CC_MAX_JSON_DEPTH)"),
+    ]:
+        response = admin_client.post(f"/admin/toolcatalog/{page}/add/", {**form, field: nested})
+        assert response.status_code == 200 and reason in response.content.decode()
+    assert {model: model.objects.count() for model in (Tool, Mode, McpServer)} == before
+
+
+@pytest.mark.req("TD-1")
+def test_a_schema_nested_past_the_checkers_depth_is_refused_by_name():
+    # From an MCP server, where no form bounds it: 95 levels ended in RecursionError, a 500.
+    group = ToolGroup.objects.create(heading="G")
+    with pytest.raises(ValidationError, match="the input schema nests deeper than 32 levels"):
+        Tool.objects.create(name="deep", group=group, description="d", input_schema=_nested(95))
+    assert Tool.objects.count() == 0
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"inner": schema}}
+    return schema
