@@ -85,16 +85,19 @@ class ModeResidentAdmin(ModeAdmin):
         if request.method == "POST":
             if not self.has_change_permission(request, mode):
                 return HttpResponse(status=403)
+            given_version = request.POST.get("version", "")
             try:
+                if not given_version.isascii() or not given_version.isdigit():
+                    raise ResidentChangeRefused("The form carries no version number; reload the recommendation.")
                 version = mode_resident_apply(
                     mode_id=mode.pk,
                     make_resident=request.POST.getlist("make_resident"),
                     make_deferred=request.POST.getlist("make_deferred"),
-                    expected_version=int(request.POST.get("version", "0") or 0),
+                    expected_version=int(given_version),
                     applied_by=request.user.get_username(),
                     effect=recommendation.as_dict(),
                 )
-            except (ResidentChangeRefused, ValueError) as exc:
+            except ResidentChangeRefused as exc:
                 self.message_user(request, str(exc), messages.ERROR)
             else:
                 self.message_user(request, f"Mode {mode.name} is now at version {version.version}.", messages.SUCCESS)

@@ -162,6 +162,11 @@ def mode_resident_apply(
         raise ResidentChangeRefused(f"A tool cannot be made resident and deferred at once: {sorted(add & remove)}.")
     with transaction.atomic():
         mode = Mode.objects.select_for_update().get(pk=mode_id)
+        if not 1 <= expected_version <= mode.version:
+            raise ResidentChangeRefused(
+                f"Version {expected_version} was never a version of mode {mode.name} (it is at {mode.version}). "
+                "Reload the recommendation."
+            )
         if mode.version != expected_version:
             raise ResidentChangeRefused(
                 f"Mode {mode.name} is at version {mode.version}, not {expected_version}: someone changed it "
@@ -170,7 +175,7 @@ def mode_resident_apply(
         spec = mode_spec(mode)
         admitted = {tool.name for tool in catalog_records() if spec.admits(tool.name)}
         if unknown := sorted((add | remove) - admitted):
-            raise ResidentChangeRefused(f"Not tools of mode {mode.name}: {unknown}.")
+            raise ResidentChangeRefused(f"Not tools of mode {mode.name}: {_some_names(unknown)}.")
         changed = spec.with_resident(add, remove)
         mode.resident_add = sorted(changed.resident_add)
         mode.resident_remove = sorted(changed.resident_remove)
@@ -184,6 +189,12 @@ def mode_resident_apply(
             effect=effect or {},
             applied_by=applied_by,
         )
+
+
+def _some_names(names: list[str], shown: int = 5) -> str:
+    # Names come from a form: a 100,000-character one was echoed whole into the page.
+    listed = ", ".join(repr(name[:64] + ("…" if len(name) > 64 else "")) for name in names[:shown])
+    return listed + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def activations_record(*, run_id: int, activations: Iterable[Activation], misses: Iterable[str]) -> None:

@@ -130,18 +130,29 @@ def test_applying_makes_a_new_version_and_the_tools_prefix_changes_exactly_once(
 def test_a_stale_unknown_or_contradictory_change_is_refused_and_changes_nothing(alice):
     catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
     mode = ModeFactory(name="reader", allow=["read_*", "git_*"])
+    mode_resident_apply(mode_id=mode.pk, make_resident=["git_status"], make_deferred=[], expected_version=1)
+    mode.refresh_from_db()
+    before = (mode.version, mode.resident_add, mode.resident_remove, ModeVersion.objects.count())
+    many_unknown = [f"nope_{i}" for i in range(8)]
     bad = [
-        ({"make_resident": ["git_status"], "make_deferred": [], "expected_version": 7}, "at version 1, not 7"),
-        ({"make_resident": ["send_email"], "make_deferred": [], "expected_version": 1}, "Not tools of mode reader"),
-        ({"make_resident": ["git_log"], "make_deferred": ["git_log"], "expected_version": 1}, "resident and deferred"),
-        ({"make_resident": [], "make_deferred": [], "expected_version": 1}, "Nothing to apply"),
+        ({"make_resident": ["git_log"], "make_deferred": [], "expected_version": 1}, "at version 2, not 1: someone"),
+        ({"make_resident": ["git_log"], "make_deferred": [], "expected_version": 7}, "Version 7 was never a version"),
+        ({"make_resident": ["git_log"], "make_deferred": [], "expected_version": -1}, "Version -1 was never"),
+        ({"make_resident": ["send_email"], "make_deferred": [], "expected_version": 2}, "Not tools of mode reader"),
+        # Named, shortened, and only the first five: a 100,000-character name was echoed whole.
+        (
+            {"make_resident": many_unknown, "make_deferred": [], "expected_version": 2},
+            r"'nope_4' and 3 more\.$",
+        ),
+        ({"make_resident": ["x" * 100_000], "make_deferred": [], "expected_version": 2}, r"reader: 'x{64}…'\.$"),
+        ({"make_resident": ["git_log"], "make_deferred": ["git_log"], "expected_version": 2}, "resident and deferred"),
+        ({"make_resident": [], "make_deferred": [], "expected_version": 2}, "Nothing to apply"),
     ]
     for arguments, message in bad:
         with pytest.raises(ResidentChangeRefused, match=message):
             mode_resident_apply(mode_id=mode.pk, **arguments)
     mode.refresh_from_db()
-    assert (mode.version, mode.resident_add, mode.resident_remove) == (1, [], [])
-    assert not ModeVersion.objects.exists()
+    assert (mode.version, mode.resident_add, mode.resident_remove, ModeVersion.objects.count()) == before
 
 
 @pytest.mark.req("TS-3")
@@ -154,7 +165,10 @@ def test_the_admin_shows_the_recommendation_with_its_effect_and_applies_it(admin
     assert "changes this mode&#x27;s tools prefix once" in page or "changes this mode's tools prefix once" in page
     assert "Apply as version 2" in page
     stale = admin_client.post(url, {"version": "9", "make_resident": ["git_status"]}, follow=True)
-    assert "not 9" in stale.content.decode()
+    assert "Version 9 was never a version of mode" in stale.content.decode()
+    for version in ("abc", "", "-1", "５"):
+        typed = admin_client.post(url, {"version": version, "make_resident": ["git_status"]}, follow=True)
+        assert "The form carries no version number" in typed.content.decode(), version
     mode.refresh_from_db()
     assert mode.version == 1
     admin_client.post(url, {"version": "1", "make_resident": ["git_status"]})
