@@ -337,11 +337,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("CC_MAX_REQUEST_BYTES", 2 * 1024 * 1024, m
 CC_MAX_JSON_DEPTH = env_int("CC_MAX_JSON_DEPTH", 32, minimum=4)
 
 REST_FRAMEWORK = {
-    "DEFAULT_PARSER_CLASSES": [
-        "controlcenter.parsers.BoundedJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # JSON only: no endpoint takes a file, and DRF's form parsers turned a garbage multipart body
+    # into an empty form, so a POST created an object from defaults (201) instead of a 400/415.
+    "DEFAULT_PARSER_CLASSES": ["controlcenter.parsers.BoundedJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "controlcenter.lockout.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",

@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 from rest_framework.test import APIClient
 
 from controlcenter.errors import DomainError
+from conversations.models import Conversation
 from scratchpad import services
 from scratchpad.models import Entry
 from tests.support.scratchpad import make_run
@@ -74,6 +75,20 @@ def test_deeply_nested_json_is_a_400(alice_api, settings):
         "CC_MAX_JSON_DEPTH"
         in _error(alice_api.post(url, data=deep_enough, content_type="application/json"), 400)["message"]
     )
+
+
+def test_a_body_that_is_not_json_is_a_415_and_creates_nothing(alice_api):
+    # DRF's form parsers took a garbage multipart body for an empty form: a conversation with
+    # default values was created (201). The API speaks JSON only.
+    before = Conversation.objects.count()
+    for content_type, body in [
+        ("multipart/form-data; boundary=zz", "garbage"),
+        ("application/x-www-form-urlencoded", "title=%FF"),
+        ("text/plain", '{"title": "t"}'),
+    ]:
+        answer = alice_api.post("/api/conversations/", data=body, content_type=content_type)
+        assert "Unsupported media type" in _error(answer, 415)["message"], content_type
+    assert Conversation.objects.count() == before
 
 
 def test_catalog_import_refuses_a_long_side_effects_and_writes_nothing(tmp_path):
