@@ -84,7 +84,9 @@ def parse(text: str) -> Command:
     if name == "branch":
         match = MESSAGE_ID_PATTERN.match(args[0]) if len(args) == 1 else None
         if match is None:
-            raise CommandError(f"/branch needs one message id (a number). Usage: {USAGE[name]}")
+            raise CommandError(
+                f"/branch needs one message id (a number of at most 18 digits, as /tree shows it). Usage: {USAGE[name]}"
+            )
         return Command(name, message_id=int(match.group(1)))
     if name == "checkpoint":
         if len(args) != 1:

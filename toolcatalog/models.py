@@ -101,7 +101,10 @@ class Tool(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["server", "name"], name="tool_name_unique_per_server"),
             models.UniqueConstraint(
-                fields=["name"], condition=models.Q(server__isnull=True), name="tool_name_unique_outside_servers"
+                fields=["name"],
+                condition=models.Q(server__isnull=True),
+                name="tool_name_unique_outside_servers",
+                violation_error_message="There is already a tool with this name (outside MCP servers).",
             ),
         ]
 
@@ -128,7 +131,8 @@ class Tool(models.Model):
 
     def clean(self) -> None:
         errors = {}
-        if problem := name_problem(self.name):
+        # An empty name is the form field's own error (required, or too long and dropped).
+        if self.name and (problem := name_problem(self.name)):
             errors["name"] = problem
         if problem := schema_problem(self.input_schema):
             errors["input_schema"] = problem

@@ -43,6 +43,7 @@ def test_parser_understands_every_command(text, expected):
         ("/branch", "needs one message id"),
         ("/branch abc", "needs one message id"),
         ("/branch 1 2", "needs one message id"),
+        ("/branch 99999999999999999999999", "a number of at most 18 digits"),
         ("/checkpoint", "needs one label"),
         ("/checkpoint a b", "needs one label"),
         ("/checkpoint ../etc", "not a valid label"),

@@ -206,3 +206,23 @@ def _nested(levels: int) -> dict:
     for _ in range(levels):
         schema = {"type": "object", "properties": {"inner": schema}}
     return schema
+
+
+@pytest.mark.req("TD-1")
+def test_the_tool_form_says_plainly_what_is_wrong_with_a_name(admin_client):
+    group = ToolGroup.objects.create(heading="G")
+    Tool.objects.create(name="taken", group=group, description="d", input_schema={"type": "object"})
+    form = {
+        "group": group.pk,
+        "description": "d",
+        "input_schema": '{"type": "object"}',
+        "source": "builtin",
+        "side_effects": "none",
+        "enabled": "on",
+    }
+    too_long = admin_client.post("/admin/toolcatalog/tool/add/", {**form, "name": "n" * 65}).content.decode()
+    assert "Ensure this value has at most 64 characters" in too_long and "tool name &#x27;&#x27;" not in too_long
+    taken = admin_client.post("/admin/toolcatalog/tool/add/", {**form, "name": "taken"}).content.decode()
+    assert "There is already a tool with this name (outside MCP servers)." in taken
+    assert "tool_name_unique_outside_servers" not in taken
+    assert Tool.objects.count() == 1
