@@ -13,8 +13,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField
-from django.db.models.functions import Cast
+from django.db.models import BooleanField, Count, F, Func, OuterRef, Q, QuerySet, Subquery
 
 from agents.models import Run
 from agents.services import compaction_start, run_start
@@ -235,18 +234,46 @@ def compaction_dict(compaction: Compaction) -> dict[str, Any]:
     }
 
 
+# The text blocks of a message's content, what the page shows, not the JSON around them: the
+# stored JSON as text matched its keys ("type", "text") and missed quotes and backslashes, which
+# JSON escapes. A correlated subquery over the blocks, in each database's JSON functions.
+_TEXT_BLOCKS_CONTAIN = {
+    # A lax path, not jsonb_array_elements: content that is not an array reads as one block, not an error.
+    "postgresql": "EXISTS (SELECT 1 FROM jsonb_path_query({content}, 'lax $[*]') AS block"
+    " WHERE block ->> 'type' = 'text' AND block ->> 'text' ILIKE %s ESCAPE '\\')",
+    # LIKE ignores case for ASCII letters only, as SQLite's icontains does.
+    "sqlite": "EXISTS (SELECT 1 FROM json_each({content}) AS block WHERE json_extract(block.value, '$.type') = 'text'"
+    " AND json_extract(block.value, '$.text') LIKE %s ESCAPE '\\')",
+}
+
+
+class TextBlocksContain(Func):
+    """Whether a message's text blocks contain `search`, ignoring case: a condition to filter by."""
+
+    output_field = BooleanField()
+
+    def __init__(self, content: F, *, search: str) -> None:
+        super().__init__(content)
+        self.search = search
+
+    # Func's signature carries its template keywords, which this hand-written SQL has no use for.
+    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        content, params = compiler.compile(self.source_expressions[0])
+        pattern = f"%{connection.ops.prep_for_like_query(self.search)}%"
+        sql = _TEXT_BLOCKS_CONTAIN[connection.vendor].format(content=content)
+        return sql, [*params, pattern]
+
+
 def conversations_with_activity(*, user: User, search: str = "") -> QuerySet[Conversation]:
     """The user's conversations, most recently active first, each with its message count and
-    its latest run; `search` matches titles and the text of the user's own messages."""
+    its latest run; `search` matches titles and the text of the user's own messages (the words
+    the page shows, not their JSON)."""
     latest_run = Run.objects.filter(conversation=OuterRef("pk")).order_by("-id")
     queryset = Conversation.objects.filter(owner=user)
     if search:
-        # The stored JSON as text: portable across PostgreSQL and SQLite, and a person's
-        # conversations are few enough that a scan is fine.
         matching = (
             Message.objects.filter(conversation__owner=user, role=Message.Role.USER)
-            .annotate(as_text=Cast("content", TextField()))
-            .filter(as_text__icontains=search)
+            .filter(TextBlocksContain(F("content"), search=search))
             .values("conversation_id")
         )
         queryset = queryset.filter(Q(title__icontains=search) | Q(pk__in=matching))

@@ -221,7 +221,7 @@ def test_conversation_list_searches_message_text_and_shows_recent_activity(embed
     base, log = embedded_server
     sign_in(page, base)
     new_conversation(page, "alpha")
-    page.fill("#composer-input", "the word zebra appears here")
+    page.fill("#composer-input", 'the word "zebra" appears here')
     page.keyboard.press("Enter")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
     page.goto(base + "/")
@@ -231,8 +231,14 @@ def test_conversation_list_searches_message_text_and_shows_recent_activity(embed
     expect(items.first).to_contain_text("beta")  # most recent activity first
     expect(items.nth(1)).to_contain_text("2 messages")
     expect(items.nth(1)).to_contain_text("run succeeded")
-    page.fill("input[name=q]", "zebra")
+    page.fill("input[name=q]", 'word "zebra"')  # SQLite here: the text is matched, not its escaped JSON
     page.keyboard.press("Enter")
     expect(items).to_have_count(1)
     expect(items.first).to_contain_text("alpha")
+    page.fill("input[name=q]", "type")  # a key of the stored JSON, in no title or text
+    page.keyboard.press("Enter")
+    expect(items).to_have_text(["No conversation matches “type”."])
+    page.fill("input[name=q]", "zebra")
+    page.keyboard.press("Enter")
+    expect(items).to_have_count(1)
     screenshot(page, "conversation-list")

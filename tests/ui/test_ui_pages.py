@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client
 
+from agents.chat import conversations_with_activity
 from agents.dashboard import dashboard_snapshot
 from agents.events import publish_dashboard_update
 from agents.lifecycle import run_execute
@@ -279,6 +280,31 @@ def test_conversation_list_searches_titles_and_own_message_text_only(alice, bob)
     assert "groceries" in client.get("/?q=ZEBRA").content.decode()
     assert "zebra notes" not in client.get("/?q=zebra").content.decode()
     assert "No conversation matches" in client.get("/?q=giraffe").content.decode()
+
+
+@pytest.mark.django_db
+def test_conversation_search_matches_the_words_people_see_not_the_json_they_are_stored_in(alice):
+    said = Conversation.objects.create(owner=alice, title="one")
+    _path(said, [("user", [{"type": "text", "text": 'He said "quokka" twice, in C:\\temp at 100%_'}])])
+    tools = Conversation.objects.create(owner=alice, title="two")
+    _path(
+        tools,
+        [
+            ("user", [{"type": "text", "text": "list the files"}]),
+            ("assistant", [{"type": "tool_use", "id": "t1", "name": "list_dir", "input": {}}]),
+            ("user", [{"type": "tool_result", "tool_use_id": "t1", "content": "secret-result"}]),
+        ],
+    )
+
+    def found(search: str) -> set[str]:
+        return {c.title for c in conversations_with_activity(user=alice, search=search)}
+
+    assert found('said "QUOKKA"') == {"one"}  # JSON stores the quotes escaped
+    assert found("C:\\temp") == {"one"}  # and the backslash doubled
+    assert found("100%_") == {"one"}  # LIKE's wildcards are plain characters
+    assert found("0%x") == set()
+    for json_only in ("type", "text", '{"', "tool_use", "t1", "secret-result"):
+        assert found(json_only) == set(), json_only  # keys, syntax, ids and tool results are not what a person wrote
 
 
 @pytest.mark.django_db
