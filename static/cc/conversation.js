@@ -152,7 +152,7 @@
     for (const article of box.querySelectorAll("article.live[data-run-id]")) {
       const runId = Number(article.dataset.runId);
       runs.set(runId, { lastSeq: 0, seen: new Set(), article, text: null, tools: new Map(), working: null, catching: false, buffer: [] });
-      working(runs.get(runId), article.dataset.runStatus === "queued" ? "Queued: waiting for a worker…" : "Working…");
+      working(runs.get(runId), article.dataset.runStatus === "queued" ? "Queued: waiting for a worker" : "Working");
       catchUp(runId);
     }
     const previous = activeRun;
@@ -171,7 +171,8 @@
     }
   }
 
-  // A "working" line at the end of a live reply: thinking, running a tool, waiting for you.
+  // A "working" line at the end of a live reply: thinking, running a tool, waiting for you. Its
+  // texts end without an ellipsis: the stylesheet adds a pulsing one, the sign that it is live.
   function working(state, text) {
     if (!state.working) { state.working = el("p", "working muted"); state.working.setAttribute("aria-hidden", "true"); }
     state.working.textContent = text;
@@ -337,51 +338,53 @@
       case "run_started":
         statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}${p.mode ? `, mode ${p.mode}` : ""}.`;
         // A run resumed after an approval goes straight to the approved call.
-        working(state, state.approved ? `Running ${state.approved}…` : "Thinking…");
+        working(state, state.approved ? `Running ${state.approved}` : "Thinking");
         break;
       case "text_delta":
         // Plain text while it streams (line breaks kept); the stored reply is drawn as Markdown
         // once the run ends, so a half-open code fence never renders mid-stream.
         if (!state.text) { state.text = el("div", "text streaming"); state.article.appendChild(state.text); }
         state.text.textContent += p.text;
-        working(state, "Writing…");
+        working(state, "Writing");
         break;
       case "tool_call":
         state.text = null;
         toolCall(state, p);
-        working(state, `Running ${p.name}…`);
+        working(state, `Running ${p.name}`);
         break;
       case "tool_result":
         toolResult(state, p);
         state.approved = null;
-        working(state, "Thinking…");
+        working(state, "Thinking");
         break;
       case "subagent_status":
         subagentStatus(state, p);
         break;
       case "subagent_tool_call":
         subagentCall(state, p);
-        working(state, `Subagent ${p.subagent.index} runs ${p.name}…`);
+        working(state, `Subagent ${p.subagent.index} runs ${p.name}`);
         break;
       case "subagent_tool_result":
         subagentResult(state, p);
-        working(state, "Waiting for the subagents…");
+        working(state, "Waiting for the subagents");
         break;
-      case "approval_requested":
-        if (p.subagent) {
-          subagentStatus(state, { subagent: p.subagent, status: "waiting" });
-          const call = subagentBox(state, p.subagent).calls.get(p.tool_use_id);
-          if (call) call.querySelector(".tool-state").textContent = "waiting for approval";
-        }
+      case "approval_requested": {
+        // Nothing runs until a person decides: the call's badge says so, the agent's own and a subagent's alike.
+        if (p.subagent) subagentStatus(state, { subagent: p.subagent, status: "waiting" });
+        const call = p.subagent ? subagentBox(state, p.subagent).calls.get(p.tool_use_id) : state.tools.get(p.tool_use_id);
+        if (call) call.querySelector(".tool-state").textContent = "waiting for approval";
         approvalRequested(state, p);
-        working(state, "Waiting for your approval…");
+        if (approvals.has(p.approval_id)) approvals.get(p.approval_id).call = call;
+        working(state, "Waiting for your approval");
         break;
+      }
       case "approval_decided": {
         const prompt = approvals.get(p.approval_id);
-        const approved = ["approve", "approved"].includes(p.decision) && prompt && !prompt.dataset.subagent;
-        state.approved = approved ? prompt.querySelector("code").textContent : null;
+        const approved = ["approve", "approved"].includes(p.decision);
+        state.approved = approved && prompt && !prompt.dataset.subagent ? prompt.querySelector("code").textContent : null;
+        if (prompt && prompt.call) prompt.call.querySelector(".tool-state").textContent = approved ? "running…" : "denied";
         approvalDecided(p);
-        working(state, state.approved ? `Running ${state.approved}…` : "Working…");
+        working(state, state.approved ? `Running ${state.approved}` : "Working");
         break;
       }
       case "usage":

@@ -307,17 +307,31 @@ def _processes_with(*words: bytes) -> list[int]:
     return found
 
 
-@pytest.mark.req("UX-2", "OP-3")
+@pytest.mark.req("UX-2", "UX-3", "OP-3")
 def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embedded_server_module):
     base, _ = embedded_server_module
     conversation = _new(context, base, "stop")
     page = _open(context, base, conversation)
     _send(page, "please run `sleep 30.4417`")  # an odd length: no other process on the machine has it
+    card = page.locator("article.live")
+    badge = card.locator("details.tool .tool-state")
+    expect(card.locator(".approval")).to_be_visible(timeout=15_000)
+    expect(badge).to_have_text("waiting for approval")  # nothing runs before a person decides
+    # The live card and its prompt read at the stored messages' size: the command must be legible.
+    sizes = page.evaluate(
+        "() => ['article.user', 'article.live', 'article.live .approval', 'article.live .approval button.approve']"
+        ".map((selector) => getComputedStyle(document.querySelector(selector)).fontSize)"
+    )
+    assert len(set(sizes)) == 1, sizes
+    # One ellipsis: the stylesheet's pulsing one after the working line's text.
+    line = "(line) => line.textContent + getComputedStyle(line, '::after').content.replaceAll('\"', '')"
+    assert card.locator(".working").evaluate(line) == "Waiting for your approval…"
     page.locator(".approval button.approve").click()
+    expect(badge).to_have_text("running…")
     wait_until(lambda: _processes_with(b"sleep", b"30.4417"), timeout=15, what="the sandboxed sleep")
     stop = page.locator("#cancel")
     expect(stop).to_be_visible()
-    expect(page.locator("article.live .working")).to_have_text("Running bash…")
+    expect(card.locator(".working")).to_have_text("Running bash")
     run = page.locator("#conversation").get_attribute("data-active-run")
 
     started = time.monotonic()
