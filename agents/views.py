@@ -187,20 +187,38 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
     earlier = 0 if request.GET.get("all") == "1" else max(0, len(drawn) - PAGE_MESSAGES)
     first = drawn[earlier] if earlier < len(drawn) else len(path)
     shown = _present(path, {trigger: run.pk for trigger, run in runs.items()}, first=first)
-    # The latest run of each prompt on the path that has no stored reply yet: in flight (the page
-    # replays its event log into it) or ended without one (failed or cancelled: its card and Retry).
+    # A prompt's turn runs up to the next prompt. Its latest run (started by the prompt, or by a
+    # retry going on from where a cancelled run stopped, OP-3) gets a card after the turn's last
+    # drawn message unless the turn ends in a reply: in flight (the page replays its event log
+    # into it) or ended without one (failed, or cancelled with at most a tool call kept: its card
+    # and Retry). A cancelled run's kept tool call is part of the turn, not its answer.
+    by_id = {item["message"].pk: item for item in shown}
+    turns: list[dict[str, Any]] = []
+    for message in path[first:]:
+        item = by_id.get(message.pk)
+        if item is not None and message.role == Message.Role.USER:
+            turns.append({"last": item, "run": None})
+        if not turns:
+            continue
+        turn = turns[-1]
+        if item is not None:
+            turn["last"] = item
+        run = runs.get(message.pk)
+        if run is not None and (turn["run"] is None or run.pk > turn["run"].pk):
+            turn["run"] = run
     active_run = None
-    for index, item in enumerate(shown):
-        run = runs.get(item["message"].pk)
-        answered = index + 1 < len(shown) and shown[index + 1]["message"].role == Message.Role.ASSISTANT
+    for number, turn in enumerate(turns):
+        last, run = turn["last"], turn["run"]
+        answered = last["message"].role == Message.Role.ASSISTANT and not last["mid_turn"]
         if run is None or answered:
             continue
         if not run.is_finished:
-            item["live_run"] = run
+            last["live_run"] = run
             active_run = run
         elif run.retryable:
-            item["ended_run"] = run
-            item["retry"] = conversation.tip_id == item["message"].pk
+            last["ended_run"] = run
+            # Only the path's last turn: a retry answers at the tip.
+            last["retry"] = number == len(turns) - 1
     if active_run is None:
         # A run whose prompt is off the current path (someone branched away) can still be cancelled.
         active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()

@@ -344,9 +344,18 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
     expect(page.locator("#composer-input")).to_be_focused()
     _settled(page)
     expect(page.locator("#status")).to_contain_text("cancelled")
+    # The kept tool call is no answer: the run's red card with Retry follows it, across a reload.
+    ended = page.locator("#messages > article").last
+    expect(ended).to_have_class(re.compile("run-ended"))
+    expect(ended).to_contain_text("cancelled before it answered")
+    expect(ended.locator("button.retry")).to_be_visible()
     live = _texts(page)
     page.reload()
     assert _texts(page) == live
+    ended.locator("button.retry").click()  # goes on from the kept call's result
+    _settled(page)
+    expect(page.locator("article.run-ended")).to_have_count(0)
+    expect(page.locator("#messages > article").last).to_have_class(re.compile("assistant"))
     _send(page, "after the stop")  # the composer works at once: no 409, a reply
     expect(page.locator("article.assistant").last).to_contain_text('"after the stop"', timeout=15_000)
     expect(page.locator("#errors .error-card")).to_have_count(0)
