@@ -394,7 +394,7 @@ def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(co
     assert not page.js_errors
 
 
-@pytest.mark.req("UX-1")
+@pytest.mark.req("UX-1", "UX-5")
 def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context, embedded_server_module):
     base, _ = embedded_server_module
     page = _open(context, base, _new(context, base, "markdown"))
@@ -421,6 +421,25 @@ def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context
     assert page.evaluate("navigator.clipboard.readText()") == "def f():\n    return 1 < 2\n"
     assert page.evaluate("window.__pwned") is None
     screenshot(page, "chat-markdown")
+
+    # A wide table keeps whole words in its cells and scrolls inside its block; the page never does (UX-5).
+    header = " | ".join(f"heading{n}word" for n in range(12))
+    _send(page, f"| {header} |\n|{'---|' * 12}\n| {' | '.join(['cell'] * 12)} |")
+    _settled(page)
+    table = page.locator("article.user").last.locator("table")
+    for width in (PHONE, DESKTOP):
+        page.set_viewport_size({"width": width, "height": 800})
+        widths = page.evaluate(WIDEST)
+        assert widths[0] <= widths[1], f"at {width} px the page is {widths[0]} px wide: {widths[2]}"
+        scroll, client = table.evaluate("(t) => [t.scrollWidth, t.clientWidth]")
+        assert scroll > client, f"at {width} px the table does not scroll: {scroll} ≤ {client}"
+        lines = table.locator("th").evaluate_all(
+            "cells => cells.map((c) =>"
+            " Math.round(c.getBoundingClientRect().height / parseFloat(getComputedStyle(c).lineHeight)))"
+        )
+        assert set(lines) == {1}, f"at {width} px header cells broke into {lines} lines"
+    page.set_viewport_size({"width": 1100, "height": 800})
+
     page.emulate_media(color_scheme="dark")
     page.reload()
     expect(page.locator("html")).to_have_attribute("data-theme", "dark")  # follows the system
