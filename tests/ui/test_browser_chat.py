@@ -228,6 +228,29 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
     assert not errors
 
 
+@pytest.mark.req("UX-4")
+def test_back_to_a_conversation_shows_what_was_sent_while_the_page_was_away(context, embedded_server_module):
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "back")
+    page = _open(context, base, conversation)
+    _send(page, "before leaving")
+    _settled(page)
+    page.locator("#tree-link").click()
+    expect(page).to_have_url(re.compile(r"/tree/$"))
+    sent = context.request.post(  # another tab, or the API, while this one shows the tree
+        f"{base}/api/conversations/{conversation}/messages/",
+        data=json.dumps({"text": "sent while away"}),
+        headers={"Content-Type": "application/json", "X-CSRFToken": _csrf(context)},
+    )
+    assert sent.status == 201, sent.text()
+    run = f"{base}/api/runs/{sent.json()['run']['id']}/"
+    wait_until(lambda: context.request.get(run).json()["status"] == "succeeded", timeout=30, what="the run")
+    back = page.go_back()
+    assert back is not None and "no-store" in back.headers["cache-control"]  # asked the server again
+    expect(page.locator("#messages article.user").last).to_contain_text("sent while away")
+    expect(page.locator("#messages article.assistant").last).to_contain_text('"sent while away"')
+
+
 @pytest.mark.req("UX-1", "UX-2")
 def test_replies_follow_their_prompts_and_the_live_view_equals_the_reloaded_one(context, embedded_server_module):
     base, _ = embedded_server_module
