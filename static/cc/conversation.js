@@ -10,7 +10,6 @@
   if (!root) return;
   const conversationId = root.dataset.conversationId;
   const statusLine = document.getElementById("status");
-  const notes = document.getElementById("notes");
   const errors = document.getElementById("errors");
   const form = document.getElementById("composer");
   const input = document.getElementById("composer-input");
@@ -141,6 +140,7 @@
     const fresh = template.content.firstElementChild;
     const hadFocus = messagesBox().contains(document.activeElement);
     messagesBox().replaceWith(fresh);
+    for (const note of notes) placeNote(fresh, note);
     if (hadFocus) input.focus();
     bindFragment(fresh);
     afterChange();
@@ -597,6 +597,29 @@
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); send(); }
   });
 
+  // --- notes: what a slash command did, or that a prompt was not a command ---
+  // Drawn among the messages, after the newest card they followed, and carried into every fresh
+  // fragment: a prompt sent later is drawn below them, in the order things happened. A reload
+  // drops them (they are not stored).
+  const notes = [];
+  function addNote(note) {
+    const box = messagesBox();
+    const last = [...box.querySelectorAll(":scope > article[data-message-id], :scope > article[data-run-id]")].pop();
+    const message = [...box.querySelectorAll(":scope > article[data-message-id]")].pop();
+    note.anchors = [];
+    if (last && last.dataset.runId) note.anchors.push(`[data-run-id="${last.dataset.runId}"]`);
+    if (message) note.anchors.push(`[data-message-id="${message.dataset.messageId}"]`);
+    notes.push(note);
+    placeNote(box, note);
+  }
+  function placeNote(box, note) {
+    // After the run card it followed, else (the card gave way to the run's reply) its message.
+    let spot = note.anchors.map((anchor) => box.querySelector(`:scope > article${anchor}`)).find(Boolean);
+    if (!spot) { box.appendChild(note); return; }
+    while (spot.nextElementSibling && spot.nextElementSibling.classList.contains("note")) spot = spot.nextElementSibling;
+    spot.after(note);
+  }
+
   // --- slash command results: /tree and /context open their pages, the rest say what they did ---
   function commandNote(command) {
     const note = el("article", "message note command-result");
@@ -636,7 +659,7 @@
       window.location.reload();
       return;
     }
-    notes.appendChild(commandNote(command));
+    addNote(commandNote(command));
     statusLine.textContent = command.detail;
     afterChange();
   }
@@ -646,7 +669,7 @@
     sessionStorage.removeItem("cc-command-note");
     try {
       const command = JSON.parse(pendingNote);
-      notes.appendChild(commandNote(command));
+      addNote(commandNote(command));
       statusLine.textContent = command.detail;
     } catch { /* a stale or foreign note: ignore it */ }
   }
@@ -679,7 +702,7 @@
       const note = el("article", "message note prompt-note");
       note.setAttribute("role", "status");
       note.append(el("p", "detail", body.note));
-      notes.appendChild(note);
+      addNote(note);
       statusLine.textContent = body.note;
     }
     await refresh();

@@ -546,13 +546,21 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     expect(menu.locator("#slash-checkpoint")).to_contain_text("/checkpoint <label>")
     page.keyboard.type("shake")
     page.keyboard.press("Enter")
-    expect(page.locator("#notes article.command-result[data-command=shake]")).to_contain_text("/shake:")
+    expect(page.locator("#messages article.command-result[data-command=shake]")).to_contain_text("/shake:")
     expect(page.locator("#composer-input")).to_have_value("")
     # A leading "/" that is no command is sent as a prompt, and the page says so (CH-10).
     page.locator("#composer-input").fill("/usr/bin/python3 crashes on start")
     page.keyboard.press("Enter")
     expect(page.locator("article.user").last).to_contain_text("/usr/bin/python3 crashes on start", timeout=15_000)
-    expect(page.locator("#notes article.prompt-note")).to_contain_text("is not a command, so it was sent as a message")
+    prompt_note = page.locator("#messages article.prompt-note")
+    expect(prompt_note).to_contain_text("is not a command, so it was sent as a message")
+    _settled(page)
+    # The notes stay where they came, among the messages: the later prompt and its reply are drawn
+    # below them, not above (UX-2: messages stay in order).
+    kinds = page.locator("#messages > article").evaluate_all(
+        "cards => cards.map((c) => c.dataset.command || [...c.classList].pop())"
+    )
+    assert kinds[-4:] == ["shake", "prompt-note", "user", "assistant"], kinds
 
 
 @pytest.mark.req("UX-5")
