@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db.models import Max, Sum
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotModified, JsonResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
 from agents import chat, costs, selectors, turns
@@ -297,6 +299,14 @@ def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:
             }
 
 
+def _fragment(request: HttpRequest, conversation: Conversation) -> tuple[dict[str, Any], str, str]:
+    """The messages fragment's context, HTML and ETag: the page carries the tag of the drawing it
+    shows, so its first refetch is answered 304 when nothing changed meanwhile."""
+    page = _page_messages(request, conversation)
+    html = render_to_string("conversations/_messages.html", page, request)
+    return page, html, f'"{hashlib.blake2b(html.encode(), digest_size=16).hexdigest()}"'
+
+
 @login_required
 def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpResponse:
     try:
@@ -305,12 +315,15 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         )
     except NotFound:
         raise Http404("No such conversation.") from None
+    page, fragment, tag = _fragment(request, conversation)
     return render(
         request,
         "conversations/detail.html",
         {
             "conversation": conversation,
-            **_page_messages(request, conversation),
+            **page,
+            "fragment": fragment,
+            "fragment_tag": tag,
             "slash_commands": SLASH_COMMANDS,
             "models": conversation_selectors.models_offered(),
             # A model taken off CC_MODELS since it was picked: shown as the selection, not silently
@@ -331,7 +344,10 @@ def conversation_messages(request: HttpRequest, conversation_id: int) -> HttpRes
         )
     except NotFound:
         raise Http404("No such conversation.") from None
-    return render(request, "conversations/_messages.html", _page_messages(request, conversation))
+    _, fragment, tag = _fragment(request, conversation)
+    if request.headers.get("If-None-Match") == tag:
+        return HttpResponseNotModified(headers={"ETag": tag})
+    return HttpResponse(fragment, headers={"ETag": tag})
 
 
 @login_required

@@ -106,7 +106,8 @@
   let refreshing = null;
   let refreshAgain = false;
   let lastFragment = "";
-  function refresh() {
+  // `shown`: the ETag of the drawing on the page, to be answered 304 if it is still current.
+  function refresh(shown) {
     if (refreshing) { refreshAgain = true; return refreshing; }
     refreshing = busyWhile((async () => {
       try {
@@ -114,10 +115,13 @@
           refreshAgain = false;
           // An open edit form is not swapped away under the person's hands; it refreshes once closed.
           if (messagesBox().querySelector(".edit-inline")) { deferred = true; return; }
-          const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin" });
+          const headers = shown ? { "If-None-Match": shown } : {};
+          const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin", headers });
           if (response.redirected && new URL(response.url).pathname.startsWith("/login")) { signIn(); return; }
+          if (response.status === 304) continue;
           if (!response.ok) return;
           install(await response.text());
+          shown = undefined;
         } while (refreshAgain);
         // Drawn by a fragment fetched after their events came, or not drawn at all: off the path.
         for (const runId of unknownRuns) if (!runs.has(runId)) offPathRuns.add(runId);
@@ -444,8 +448,10 @@
     socket.onopen = () => {
       retryDelay = 500;
       root.dataset.live = "1";
-      // After a reconnect, whatever happened meanwhile is in the fragment and the logs.
-      if (opened) refresh();
+      // Whatever happened before the socket joined is in the fragment and the logs: while the page
+      // was away (a reconnect), or since the server drew it (the first connect, also after Back).
+      // The first asks with the drawing's tag: unchanged, the server answers 304 and nothing is redrawn.
+      refresh(opened ? undefined : root.dataset.fragmentTag);
       opened = true;
     };
     socket.onmessage = (message) => onEvent(JSON.parse(message.data));

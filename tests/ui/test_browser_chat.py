@@ -237,18 +237,46 @@ def test_back_to_a_conversation_shows_what_was_sent_while_the_page_was_away(cont
     _settled(page)
     page.locator("#tree-link").click()
     expect(page).to_have_url(re.compile(r"/tree/$"))
-    sent = context.request.post(  # another tab, or the API, while this one shows the tree
+    _sent_and_answered(context, base, conversation, "sent while away")  # another tab, or the API
+    back = page.go_back()
+    assert back is not None and "no-store" in back.headers["cache-control"]  # asked the server again
+    expect(page.locator("#messages article.user").last).to_contain_text("sent while away")
+    expect(page.locator("#messages article.assistant").last).to_contain_text('"sent while away"')
+
+
+@pytest.mark.req("UX-4")
+def test_a_message_sent_between_drawing_the_page_and_joining_its_socket_shows(context, embedded_server_module):
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "before the socket")
+    url = f"{base}/conversations/{conversation}/"
+
+    def sent_before_the_script_runs(route) -> None:  # the page is drawn; its socket is not open yet
+        _sent_and_answered(context, base, conversation, "sent before the socket joined")
+        route.continue_()
+
+    late = context.new_page()
+    late.route("**/static/cc/conversation.js", sent_before_the_script_runs)
+    late.goto(url)
+    expect(late.locator("#messages article.user").last).to_contain_text("sent before the socket joined")
+
+    fragments: list[int] = []  # a page drawn with nothing new since: its first refetch is answered 304
+    page = context.new_page()
+    page.on("response", lambda response: "/messages/" in response.url and fragments.append(response.status))
+    page.goto(url)
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the refetch starts with it
+    page.wait_for_function("() => !document.getElementById('conversation').dataset.busy")
+    assert fragments == [304]
+
+
+def _sent_and_answered(context, base: str, conversation: int, text: str) -> None:
+    sent = context.request.post(
         f"{base}/api/conversations/{conversation}/messages/",
-        data=json.dumps({"text": "sent while away"}),
+        data=json.dumps({"text": text}),
         headers={"Content-Type": "application/json", "X-CSRFToken": _csrf(context)},
     )
     assert sent.status == 201, sent.text()
     run = f"{base}/api/runs/{sent.json()['run']['id']}/"
     wait_until(lambda: context.request.get(run).json()["status"] == "succeeded", timeout=30, what="the run")
-    back = page.go_back()
-    assert back is not None and "no-store" in back.headers["cache-control"]  # asked the server again
-    expect(page.locator("#messages article.user").last).to_contain_text("sent while away")
-    expect(page.locator("#messages article.assistant").last).to_contain_text('"sent while away"')
 
 
 @pytest.mark.req("UX-1", "UX-2")
