@@ -18,15 +18,26 @@ def _deferral(value: str) -> str:
     return value
 
 
-def _at_least_one(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        # Celery would take 0 for "one thread per CPU", and a negative count fails deep in its pool.
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
-    return number
+def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {number}")
+        if maximum is not None and number > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, not {number}")
+        return number
+
+    return parse
+
+
+# Celery would take 0 for "one thread per CPU", and a negative count fails deep in its pool.
+_at_least_one = _whole_number(1)
+# uvicorn takes a port past 65535 modulo 65536 (it listened on another port than it logged) and a
+# negative one only after the whole app has started.
+_port = _whole_number(1, 65535)
 
 
 WEB_SHUTDOWN_GRACE_SECONDS = 5
@@ -50,6 +61,10 @@ def _serve(args: argparse.Namespace) -> int:
     # A bounded database pool per web process (see CC_DB_POOL_MAX in settings): 20 for one or two
     # processes, then 40 shared out, so several processes stay well inside PostgreSQL's 100 clients.
     os.environ.setdefault("CC_DB_POOL_MAX", str(min(20, max(5, 40 // workers))))
+    # A bad environment stops here with its one-line message, before uvicorn imports the app.
+    from django.conf import settings
+
+    settings.INSTALLED_APPS  # noqa: B018
 
     uvicorn.run(
         "controlcenter.asgi:application",
@@ -132,7 +147,8 @@ def _manage(argv: list[str]) -> int:
     # After _apply_common set DJANGO_SETTINGS_MODULE and the flags' variables.
     from django.core.management import execute_from_command_line
 
-    execute_from_command_line(["controlcenter", *argv])
+    # Django names the program in its usages and in "Type '<prog> help <subcommand>'".
+    execute_from_command_line(["controlcenter manage", *argv])
     return 0
 
 
@@ -141,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="start the web server (HTTP and websockets)")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000)
     serve.add_argument(
         "--workers", type=_at_least_one, default=None, help="web processes (default CC_WEB_WORKERS or 1)"
     )
@@ -152,23 +168,28 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--tool-deferral", type=_deferral, default=None, metavar="on|off")
     local = commands.add_parser("local-model", help="run the local model server (llama.cpp) on its own")
     local.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 for workers on other hosts)")
-    local.add_argument("--port", type=int, default=None, help="default CC_LOCAL_MODEL_PORT or 8081")
-    manage = commands.add_parser("manage", help="run a Django management command", add_help=False)
-    manage.add_argument("rest", nargs=argparse.REMAINDER)
+    local.add_argument("--port", type=_port, default=None, help="default CC_LOCAL_MODEL_PORT or 8081")
+    # Listed for --help only: main() hands everything after `manage` to Django, whose options
+    # (--help, --version, --settings before the command) argparse's REMAINDER would refuse.
+    commands.add_parser("manage", help="run a Django management command", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "manage":
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
-        return _manage(args.rest)
-    if args.command == "local-model":
-        return _local_model(args)
-    _apply_common(args)
-    return _with_local_model(_serve if args.command == "serve" else _worker, args)
+    try:
+        if argv[:1] == ["manage"]:
+            os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
+            return _manage(argv[1:])
+        args = build_parser().parse_args(argv)
+        if args.command == "local-model":
+            return _local_model(args)
+        _apply_common(args)
+        return _with_local_model(_serve if args.command == "serve" else _worker, args)
+    except ImproperEnvironment as exc:
+        # The message names the variable; a traceback through Django's settings import adds nothing.
+        print(f"controlcenter: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
 
 
 if __name__ == "__main__":

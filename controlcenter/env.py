@@ -75,6 +75,7 @@ def env_int(
     default: int,
     *,
     minimum: int | None = None,
+    maximum: int | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> int:
     value = _raw(name, environ)
@@ -86,6 +87,8 @@ def env_int(
         raise ImproperEnvironment(f"{name}={value!r} is not an integer.") from None
     if minimum is not None and parsed < minimum:
         raise ImproperEnvironment(f"{name}={parsed} is below the minimum of {minimum}.")
+    if maximum is not None and parsed > maximum:
+        raise ImproperEnvironment(f"{name}={parsed} is above the maximum of {maximum}.")
     return parsed
 
 

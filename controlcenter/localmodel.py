@@ -105,7 +105,7 @@ def config_from_env(environ: Mapping[str, str] | None = None, *, host: str = "12
         raise ImproperEnvironment(f"CC_LOCAL_MODEL_PATH is {str(path)!r}, which is not a file.")
     return LocalModelConfig(
         model_path=path,
-        port=env_int("CC_LOCAL_MODEL_PORT", DEFAULT_PORT, minimum=1, environ=environ),
+        port=env_int("CC_LOCAL_MODEL_PORT", DEFAULT_PORT, minimum=1, maximum=65535, environ=environ),
         context=env_int("CC_LOCAL_MODEL_CONTEXT", DEFAULT_CONTEXT, minimum=512, environ=environ),
         threads=env_int("CC_LOCAL_MODEL_THREADS", 0, minimum=0, environ=environ),
         host=host,

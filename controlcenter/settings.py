@@ -154,7 +154,7 @@ OPENAI_API_KEY = env_secret("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_http_url("OPENAI_BASE_URL")
 # LM-1: "local" is a llama.cpp server that `serve`/`worker` keep running on this port (controlcenter/localmodel.py),
 # or the one `controlcenter local-model` runs on another host (CC_LOCAL_MODEL_URL, then none is started here).
-CC_LOCAL_MODEL_PORT = env_int("CC_LOCAL_MODEL_PORT", 8081, minimum=1)
+CC_LOCAL_MODEL_PORT = env_int("CC_LOCAL_MODEL_PORT", 8081, minimum=1, maximum=65535)
 CC_LOCAL_MODEL_CONTEXT = env_int("CC_LOCAL_MODEL_CONTEXT", 8192, minimum=512)
 CC_LOCAL_MODEL_URL = env_http_url("CC_LOCAL_MODEL_URL") or f"http://127.0.0.1:{CC_LOCAL_MODEL_PORT}/v1"
 # The models a conversation may pick (its model picker), each served by a provider:
@@ -226,8 +226,14 @@ SCRATCHPAD_THRESHOLD_BYTES = env_int(
 )
 SCRATCHPAD_SUMMARY_CHARS = env_int("SCRATCHPAD_SUMMARY_CHARS", CC_WINDOW_BUDGET.summary_chars, minimum=16)
 # CH-2: compact proactively when a request would pass AT percent of the window, down to TO percent.
-CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", CC_WINDOW_BUDGET.compact_at_percent, minimum=1)
+# A trigger at 100 % or more never fires before the provider refuses the request.
+CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", CC_WINDOW_BUDGET.compact_at_percent, minimum=1, maximum=99)
 CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", CC_WINDOW_BUDGET.compact_to_percent, minimum=1)
+if CC_COMPACT_TO_PERCENT >= CC_COMPACT_AT_PERCENT:
+    # A target at or above the trigger leaves the history past the trigger, to be compacted again next turn.
+    raise ImproperEnvironment(
+        f"CC_COMPACT_TO_PERCENT={CC_COMPACT_TO_PERCENT} must be below CC_COMPACT_AT_PERCENT={CC_COMPACT_AT_PERCENT}."
+    )
 CC_COMPACT_TAIL_TOKENS = env_int("CC_COMPACT_TAIL_TOKENS", CC_WINDOW_BUDGET.compact_tail_tokens, minimum=256)
 # The side of a snapshot page in pixels (CH-3): one page costs at most 5 % of the window.
 CC_SNAPSHOT_PAGE_PIXELS = env_int("CC_SNAPSHOT_PAGE_PIXELS", CC_WINDOW_BUDGET.page_pixels, minimum=256)

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import django
 import pytest
 
 from controlcenter.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+CONSOLE_SCRIPT = str(Path(sys.executable).parent / "controlcenter")
 
 
 def test_serve_and_worker_accept_tool_deferral_on_or_off():
@@ -27,17 +29,23 @@ def test_tool_deferral_refuses_other_values(capsys):
     assert "must be 'on' or 'off'" in capsys.readouterr().err
 
 
-def test_manage_passthrough_runs_a_django_command():
+def test_manage_passthrough_runs_a_django_command_with_djangos_own_options():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "controlcenter.cli", "manage", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "no issues" in result.stdout
+
+    def manage(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CONSOLE_SCRIPT, "manage", *argv], cwd=ROOT, env=env, capture_output=True, text=True)
+
+    checked = manage("check", "--verbosity", "0", "--settings", "controlcenter.settings")
+    assert checked.returncode == 0, checked.stderr
+    version = manage("--version")
+    assert (version.returncode, version.stdout.strip()) == (0, django.get_version())
+    helped = manage("--help")
+    assert helped.returncode == 0, helped.stderr
+    # What the help says to type next works, and names the program as it is run.
+    assert "Type 'controlcenter manage help <subcommand>'" in helped.stdout
+    command_help = manage("help", "catalog")
+    assert command_help.returncode == 0, command_help.stderr
+    assert command_help.stdout.startswith("usage: controlcenter manage catalog")
 
 
 def test_a_process_that_never_connects_to_an_mcp_server_or_serves_mcp_does_not_load_the_mcp_sdk():
@@ -69,13 +77,28 @@ def test_a_process_that_never_connects_to_an_mcp_server_or_serves_mcp_does_not_l
         ("CC_MODELS", "a,,b", "has an empty item"),
         ("CC_TOOL_ACTION_LIMITS", "bash=\u00b2", "CC_TOOL_ACTION_LIMITS has 'bash=\u00b2'; write NAME=N"),
         ("CC_TOOL_ACTION_LIMITS", "bash=0", "write NAME=N with N at least 1"),
+        ("CC_COMPACT_AT_PERCENT", "150", "CC_COMPACT_AT_PERCENT=150 is above the maximum of 99."),
+        ("CC_COMPACT_TO_PERCENT", "90", "CC_COMPACT_TO_PERCENT=90 must be below CC_COMPACT_AT_PERCENT=80."),
+        ("CC_LOCAL_MODEL_PORT", "70000", "CC_LOCAL_MODEL_PORT=70000 is above the maximum of 65535."),
     ],
 )
 def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, value, message, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CC_VAR_DIR": str(tmp_path), variable: value}
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.returncode != 0
+    # The message alone, not after a traceback through Django's settings import.
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert message in result.stderr
+
+
+def test_the_console_script_stops_on_a_bad_environment_with_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CC_VAR_DIR": str(tmp_path), "CC_RUN_MAX_ACTIONS": "abc"}
+    for command in (["manage", "check"], ["serve", "--port", "1"], ["worker"]):
+        result = subprocess.run([CONSOLE_SCRIPT, *command], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert (result.returncode, result.stderr) == (
+            1,
+            "controlcenter: CC_RUN_MAX_ACTIONS='abc' is not an integer.\n",
+        ), command
 
 
 def test_only_one_of_database_and_redis_is_refused(tmp_path):
@@ -130,10 +153,13 @@ def test_several_web_processes_are_refused_in_embedded_mode(tmp_path):
         (["worker", "--concurrency", "-2"], "argument --concurrency: must be at least 1, not -2"),
         (["worker", "--concurrency", "four"], "argument --concurrency: 'four' is not a whole number"),
         (["serve", "--workers", "0"], "argument --workers: must be at least 1, not 0"),
+        (["serve", "--port", "99999"], "argument --port: must be at most 65535, not 99999"),
+        (["serve", "--port", "-1"], "argument --port: must be at least 1, not -1"),
+        (["local-model", "--port", "0"], "argument --port: must be at least 1, not 0"),
     ],
 )
-def test_a_count_of_zero_or_less_is_refused_by_the_command_line(argv, message, capsys):
-    """Celery took `--concurrency 0` for one thread per CPU, silently."""
+def test_a_count_below_one_or_a_port_out_of_range_is_refused_by_the_command_line(argv, message, capsys):
+    """Celery took `--concurrency 0` for one thread per CPU, silently; uvicorn took port 99999 as 34463."""
     with pytest.raises(SystemExit) as refused:
         build_parser().parse_args(argv)
     assert refused.value.code == 2
