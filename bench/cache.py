@@ -38,12 +38,16 @@ from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
 
+from bench._options import catalog_file, positive, positive_number
 from bench.session import emulated_session
 from engine.actions import result_text
 from engine.breakpoints import prefix_bytes
 from engine.emulator import Emulator, TestClock
 from engine.providers.openai_compat import to_chat_payload
 from engine.request import ModelRequestSpec
+
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
 
 PRICES = {"input": 1.0, "write_5m": 1.25, "write_1h": 2.0, "read": 0.1, "output": 5.0}
 SEARCHES = {
@@ -64,9 +68,13 @@ LAST_ENTRY = "<the entry just offloaded>"
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    parser.add_argument("--catalog", default=str(Path(__file__).resolve().parents[2] / "shared/data/toolcatalog.json"))
-    parser.add_argument("--turns", type=int, default=40)
-    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for one turn")
+    parser.add_argument(
+        "--catalog",
+        type=catalog_file,
+        default=str(Path(__file__).resolve().parents[2] / "shared/data/toolcatalog.json"),
+    )
+    parser.add_argument("--turns", type=positive, default=40)
+    parser.add_argument("--timeout", type=positive_number, default=300, help="seconds to wait for one turn")
 
 
 # --- the model: a policy keyed on the conversation so far --------------------------------

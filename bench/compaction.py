@@ -29,13 +29,13 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.test.utils import override_settings
 
 from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
 from agents.summary import SUMMARY_SYSTEM
 from agents.turns import CALIBRATION_REQUESTS
+from bench._options import positive, window_list
 from conversations.models import Compaction, Conversation, Message
 from engine.context.calibration import calibration_from
 from engine.context.transcript import COUNTED_PARTS, FORMULA_PARTS, RequestCount
@@ -43,13 +43,16 @@ from engine.emulator import Emulator
 from engine.emulator.cache import analyse
 from engine.emulator.server import EmulatorServer
 
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
+
 MODEL = "claude-sonnet-4-5"
 NOTES = "What I checked, step by step, and what I would look at next before changing the build. " * 12
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--turns", type=int, default=40)
-    parser.add_argument("--windows", default="8000,20000,200000")
+    parser.add_argument("--turns", type=positive, default=40)
+    parser.add_argument("--windows", type=window_list, default="8000,20000,200000")
 
 
 class _Script:
@@ -173,7 +176,6 @@ def _session(owner: Any, server: EmulatorServer, *, window: int, turns: int, com
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    call_command("migrate", verbosity=0)
     owner, _ = get_user_model().objects.get_or_create(username=f"bench-compaction-{uuid.uuid4().hex[:6]}")
     figures: dict[str, Any] = {"turns": options["turns"]}
     with (
@@ -190,7 +192,7 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
             "SCRATCHPAD_THRESHOLD_BYTES": 100_000,
         }
         with override_settings(**overrides):
-            for window in (int(w) for w in options["windows"].split(",")):
+            for window in options["windows"]:
                 on = _session(owner, server, window=window, turns=options["turns"], compact=True)
                 off = _session(owner, server, window=window, turns=options["turns"], compact=False)
                 on["cost_vs_off"] = round(on["cost_units"] / off["cost_units"], 4) if off["cost_units"] else None

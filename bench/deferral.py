@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench._options import catalog_file
 from engine.catalog.surface import ModeSpec, build_surface
 from engine.tokens import estimate_text_tokens
 from toolcatalog.catalogfile import records_from_catalog
@@ -14,7 +15,9 @@ from toolcatalog.selectors import surface_context
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--catalog", required=True, help="a catalog file (shared/data/toolcatalog.json)")
+    parser.add_argument(
+        "--catalog", type=catalog_file, required=True, help="a catalog file (shared/data/toolcatalog.json)"
+    )
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:

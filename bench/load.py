@@ -31,12 +31,15 @@ import httpx
 import websockets
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.db import connection
 
+from bench._options import non_negative_number, positive, positive_number
 from controlcenter.stack import Stack
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
+
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
 
 # About 120 words: a short real answer, streamed as ~120 deltas.
 ANSWER = "A steady answer that streams like a real model would, one small delta at a time: " + " ".join(
@@ -47,18 +50,27 @@ FINISHED = {"succeeded", "failed", "cancelled"}
 PASSWORD = "bench-load-password-1"
 
 
+def _phases(value: str) -> str:
+    unknown = sorted(set(value.split(",")) - set(PHASES) - {""})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)} is not one of {', '.join(PHASES)}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs", type=int, default=50, help="concurrent runs in the runs phase")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--web-workers", type=int, default=1, help="uvicorn processes (CC_WEB_WORKERS)")
-    parser.add_argument("--worker-concurrency", type=int, default=8, help="threads per worker")
-    parser.add_argument("--clients", type=int, default=200, help="concurrent API clients")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of the API phase")
-    parser.add_argument("--watchers", type=int, default=200, help="websocket clients watching one run")
-    parser.add_argument("--first-token-ms", type=float, default=400.0)
-    parser.add_argument("--delta-ms", type=float, default=25.0)
-    parser.add_argument("--list-limit", type=int, default=50, help="page size the API clients ask the list for")
-    parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated subset of runs,api,watch")
+    parser.add_argument("--runs", type=positive, default=50, help="concurrent runs in the runs phase")
+    parser.add_argument("--workers", type=positive, default=2)
+    parser.add_argument("--web-workers", type=positive, default=1, help="uvicorn processes (CC_WEB_WORKERS)")
+    parser.add_argument("--worker-concurrency", type=positive, default=8, help="threads per worker")
+    parser.add_argument("--clients", type=positive, default=200, help="concurrent API clients")
+    parser.add_argument("--duration", type=positive_number, default=60.0, help="seconds of the API phase")
+    parser.add_argument("--watchers", type=positive, default=200, help="websocket clients watching one run")
+    parser.add_argument("--first-token-ms", type=non_negative_number, default=400.0)
+    parser.add_argument("--delta-ms", type=non_negative_number, default=25.0)
+    parser.add_argument("--list-limit", type=positive, default=50, help="page size the API clients ask the list for")
+    parser.add_argument(
+        "--phases", type=_phases, default=",".join(PHASES), help="comma-separated subset of runs,api,watch"
+    )
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -84,7 +96,6 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if settings.CC_MODE != "services":
         raise SystemExit("bench load needs DATABASE_URL and REDIS_URL (PostgreSQL and a local redis-server)")
-    call_command("migrate", verbosity=0)
     workdir = Path(tempfile.mkdtemp(prefix="cc-bench-load-"))
     figures = measure(database_name=connection.settings_dict["NAME"], workdir=workdir, **options)
     figures["logs"] = str(workdir)

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench._options import positive
 from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
 from controlcenter.stack import free_port
 from engine.providers.openai_compat import OpenAICompatProvider, to_chat_payload, with_prompted_tools
@@ -42,9 +43,9 @@ TOOL = {
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=positive, default=5)
+    parser.add_argument("--max-tokens", type=positive, default=48)
+    parser.add_argument("--threads", type=positive, default=2)
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:

@@ -18,14 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench._options import positive
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.mcp_client import McpConnections, observation_of
 from toolcatalog.mcp_spec import McpServerSpec
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--repeat", type=int, default=50, help="warm calls (and built-in calls) measured")
-    parser.add_argument("--cold", type=int, default=3, help="cold starts measured")
+    parser.add_argument("--repeat", type=positive, default=50, help="warm calls (and built-in calls) measured")
+    parser.add_argument("--cold", type=positive, default=3, help="cold starts measured")
     parser.add_argument("--command", default="", help="the stdio server's executable (default: mcp-server-time)")
 
 

@@ -18,18 +18,21 @@ import uuid
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
 
 from agents.models import ModelRequest, Run, RunEvent
+from bench._options import positive
 from conversations.models import Conversation, Message
+
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--messages", type=int, default=1000, help="messages on the conversation's path")
-    parser.add_argument("--repeat", type=int, default=20, help="requests per page")
-    parser.add_argument("--events", type=int, default=400, help="events in the measured run's log")
+    parser.add_argument("--messages", type=positive, default=1000, help="messages on the conversation's path")
+    parser.add_argument("--repeat", type=positive, default=20, help="requests per page")
+    parser.add_argument("--events", type=positive, default=400, help="events in the measured run's log")
 
 
 @transaction.atomic
@@ -121,7 +124,6 @@ def _measure(client: Client, url: str, repeat: int) -> dict[str, Any]:
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
-    call_command("migrate", verbosity=0)
     user = get_user_model().objects.create_user(username=f"bench-pages-{uuid.uuid4().hex[:6]}")
     try:
         started = time.perf_counter()

@@ -19,17 +19,20 @@ import time
 from argparse import ArgumentParser
 from typing import Any
 
+from bench._options import non_negative, non_negative_number, positive
 from engine.emulator import Emulator, TestClock
 
 STRATEGIES = ("td13", "end_only", "none")
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    parser.add_argument("--turns", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=3, help="requests per turn")
-    parser.add_argument("--calls", type=int, default=12, help="tool calls per step, interleaved with text")
-    parser.add_argument("--tools", type=int, default=24, help="resident tools")
-    parser.add_argument("--seconds-per-step", type=float, default=20.0, help="test-clock time between requests")
+    parser.add_argument("--turns", type=positive, default=10)
+    parser.add_argument("--steps", type=positive, default=3, help="requests per turn")
+    parser.add_argument("--calls", type=non_negative, default=12, help="tool calls per step, interleaved with text")
+    parser.add_argument("--tools", type=positive, default=24, help="resident tools")
+    parser.add_argument(
+        "--seconds-per-step", type=non_negative_number, default=20.0, help="test-clock time between requests"
+    )
 
 
 def _marked(block: dict[str, Any], ttl: str) -> dict[str, Any]:

@@ -20,13 +20,14 @@ from typing import Any
 
 from django.test import override_settings
 
+from bench._options import non_negative, positive
 from toolcatalog import cgroups, sandbox
 from toolcatalog.builtins import WorkspaceToolBox
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--repeat", type=int, default=40, help="calls per measurement")
-    parser.add_argument("--files", type=int, default=200, help="files in the workspace")
+    parser.add_argument("--repeat", type=positive, default=40, help="calls per measurement")
+    parser.add_argument("--files", type=non_negative, default=200, help="files in the workspace")
 
 
 def _ms(call: Any) -> float:

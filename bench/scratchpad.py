@@ -21,16 +21,20 @@ from typing import Any
 
 from django.conf import settings
 
+from bench._options import positive
 from scratchpad import services
 from scratchpad.models import Entry
+
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
 
 MB = 1_000_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size-mb", type=int, default=100, help="size of the large entry (default 100)")
-    parser.add_argument("--repeats", type=int, default=21, help="repetitions of each read (default 21)")
-    parser.add_argument("--put-repeats", type=int, default=3, help="repetitions of the large put (default 3)")
+    parser.add_argument("--size-mb", type=positive, default=100, help="size of the large entry (default 100)")
+    parser.add_argument("--repeats", type=positive, default=21, help="repetitions of each read (default 21)")
+    parser.add_argument("--put-repeats", type=positive, default=3, help="repetitions of the large put (default 3)")
 
 
 def typical_log(target_bytes: int, seed: int = 7) -> str:

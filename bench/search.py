@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from rank_bm25 import BM25Okapi
 
+from bench._options import non_negative, positive
 from engine.catalog.ranking import Match, ToolIndex, parameter_text, terms
 from engine.catalog.surface import ToolRecord
 from toolcatalog.catalogfile import records_from_catalog
@@ -73,9 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--part", choices=["test", "tune", "all"], default="test", help="default: the test part")
     parser.add_argument("--catalog", help="one catalog file instead of the known sets")
     parser.add_argument("--queries", help="its queries (JSONL with gold, ToolRet queries.json, MetaTool)")
-    parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--synthetic", type=int, default=0, help="grow the catalog to this many tools (latency)")
-    parser.add_argument("--limit", type=int, default=0, help="use only the first N queries")
+    parser.add_argument("--k", type=positive, default=5)
+    parser.add_argument(
+        "--synthetic", type=non_negative, default=0, help="grow the catalog to this many tools (latency)"
+    )
+    parser.add_argument("--limit", type=non_negative, default=0, help="use only the first N queries")
     parser.add_argument(
         "--ranker",
         action="append",

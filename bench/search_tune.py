@@ -25,6 +25,7 @@ import itertools
 import json
 import random
 import statistics
+from argparse import ArgumentTypeError
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from bench._options import positive, whole_number
 from bench.search import DEFAULT_DATA, SETS, Ranker, load_queries, load_tools, split_part
 from engine.catalog import ranking, semantic
 from engine.catalog.ranking import ToolIndex
@@ -40,13 +42,30 @@ from engine.catalog.surface import ToolRecord
 MODULES = {"ranking": ranking, "semantic": semantic}
 
 
+def _grid(value: str) -> dict[str, list[Any]]:
+    """`{"MODULE.NAME": [value, ...], ...}` naming constants of MODULES, each with values to try."""
+    try:
+        grid = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ArgumentTypeError('write a JSON object of non-empty lists, e.g. {"ranking.K1": [0.9, 1.2]}')
+    for dotted in grid:
+        module_name, _, rest = dotted.partition(".")
+        if module_name not in MODULES or not hasattr(MODULES[module_name], rest.partition(".")[0]):
+            raise ArgumentTypeError(f"{dotted!r} names no constant of {', '.join(MODULES)}")
+    return grid
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder (default ../shared/data)")
     parser.add_argument("--set", action="append", help="only these sets (tune parts)")
-    parser.add_argument("--grid", default="{}", help='JSON: {"ranking.K1": [0.9, 1.2], ...}; {} runs today\'s settings')
+    parser.add_argument(
+        "--grid", type=_grid, default="{}", help='JSON: {"ranking.K1": [0.9, 1.2], ...}; {} runs today\'s settings'
+    )
     parser.add_argument("--ranker", choices=["bm25", "hybrid"], default="bm25")
-    parser.add_argument("--folds", type=int, default=5)
-    parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--folds", type=whole_number(2), default=5)
+    parser.add_argument("--k", type=positive, default=5)
 
 
 @contextmanager
@@ -127,7 +146,7 @@ def _folds(n: int, folds: int) -> list[int]:
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     data = Path(options["data"])
-    grid: dict[str, list[Any]] = json.loads(options["grid"])
+    grid: dict[str, list[Any]] = options["grid"]
     combinations = [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())] or [{}]
     k, folds = options["k"], options["folds"]
     encoder = _CachedEncoder() if options["ranker"] == "hybrid" else None

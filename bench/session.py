@@ -1,10 +1,10 @@
 """A scripted session through real runs, for the benches that need one (`cache`, `small_window`).
 
-Imports a catalog into the database the command runs against (idempotent, as `catalog
-import` is), starts an `EmulatorServer` around the bench's emulator and a Celery worker
-on a queue of its own whose Anthropic adapter points at it, and opens a conversation for
-a user made for the bench. On the way out the worker stops and the user is deleted with
-everything it owns (conversation, runs, scratchpad entries).
+Imports a catalog into the database the command runs against (the scratch database
+`manage.py bench` makes for benches that write, so never the operator's), starts an
+`EmulatorServer` around the bench's emulator and a Celery worker on a queue of its own whose
+Anthropic adapter points at it, and opens a conversation for a user made for the bench. On the
+way out the worker stops; what the session wrote goes with the scratch database.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ def emulated_session(
 
     from controlcenter.processes import WorkerProcess, services_env
     from conversations.services import conversation_create
-    from scratchpad.models import Entry
     from toolcatalog.services import catalog_import
     from toolcatalog.workspace import workspace_root
 
@@ -93,5 +92,3 @@ def emulated_session(
             yield Session(conversation, timeout)
         finally:
             worker.stop()
-            Entry.objects.filter(conversation__owner=user).delete()
-            user.delete()

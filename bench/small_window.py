@@ -28,12 +28,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench._options import catalog_file, positive, positive_number, window_tokens
 from bench.session import emulated_session
 from engine.actions import result_text
 from engine.context.transcript import request_tokens, transcript_tokens
 from engine.emulator import Emulator, TestClock
 from engine.request import referenced_tools
 from engine.tokens import estimate_json_tokens, estimate_text_tokens, tool_prompt_tokens
+
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
 
 LOG_TURN = 5
 SEARCHES = {3: "show the commit history of the repository", 13: "run a SQL query", 23: "assign a ticket"}
@@ -42,11 +46,13 @@ LAST_ENTRY = "<the entry just offloaded>"
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    parser.add_argument("--catalog", default=str(Path(__file__).resolve().parents[1] / "tests/data/toolcatalog.json"))
-    parser.add_argument("--turns", type=int, default=30)
-    parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument(
+        "--catalog", type=catalog_file, default=str(Path(__file__).resolve().parents[1] / "tests/data/toolcatalog.json")
+    )
+    parser.add_argument("--turns", type=positive, default=30)
+    parser.add_argument("--window", type=window_tokens, default=8192)
     parser.add_argument("--detail", action="store_true", help="every request: counted, estimated, what took the room")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for one turn")
+    parser.add_argument("--timeout", type=positive_number, default=300, help="seconds to wait for one turn")
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

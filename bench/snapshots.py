@@ -26,6 +26,7 @@ from typing import Any
 
 from PIL import Image
 
+from bench._options import positive
 from engine.context import snapshots
 from engine.context.transcript import image_tokens
 from engine.tokens import estimate_text_tokens
@@ -48,9 +49,9 @@ _MULTILINGUAL = (
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--pages", type=int, default=3, help="pages rendered per shape for timing")
-    parser.add_argument("--upscale", type=int, default=3, help="upscale factor before OCR")
-    parser.add_argument("--ocr-rows", type=int, default=16, help="rows of the first page read back by OCR")
+    parser.add_argument("--pages", type=positive, default=3, help="pages rendered per shape for timing")
+    parser.add_argument("--upscale", type=positive, default=3, help="upscale factor before OCR")
+    parser.add_argument("--ocr-rows", type=positive, default=16, help="rows of the first page read back by OCR")
 
 
 def _messages(chars: int) -> list[dict[str, Any]]:

@@ -27,28 +27,30 @@ from typing import Any
 import httpx
 import websockets
 from django.conf import settings
-from django.core.management import call_command
 from django.db import connection
 
+from bench._options import non_negative, non_negative_number, positive, positive_number
 from bench.load import _bench_user, _session_cookie, _token, summary
 from controlcenter.stack import Stack
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
 
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--idle", type=int, default=20, help="idle websockets")
-    parser.add_argument("--watchers", type=int, default=20, help="websockets watching the streaming runs")
-    parser.add_argument("--words", type=int, default=400, help="text deltas per streaming run")
-    parser.add_argument("--delta-ms", type=float, default=25.0)
+    parser.add_argument("--minutes", type=positive_number, default=10.0)
+    parser.add_argument("--idle", type=non_negative, default=20, help="idle websockets")
+    parser.add_argument("--watchers", type=non_negative, default=20, help="websockets watching the streaming runs")
+    parser.add_argument("--words", type=positive, default=400, help="text deltas per streaming run")
+    parser.add_argument("--delta-ms", type=non_negative_number, default=25.0)
 
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if settings.CC_MODE != "services":
         raise SystemExit("bench soak needs DATABASE_URL and REDIS_URL (PostgreSQL and a local redis-server)")
-    call_command("migrate", verbosity=0)
     workdir = Path(tempfile.mkdtemp(prefix="cc-bench-soak-"))
     answer = " ".join(f"w{i}" for i in range(options["words"]))
     emulator = EmulatorServer(

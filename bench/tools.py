@@ -13,14 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._options import catalog_file, non_negative, positive
 from toolcatalog.builtins import WorkspaceToolBox
 from toolcatalog.mcp_server import mcp_tool_list, rank_tools
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--files", type=int, default=500, help="files in the synthetic workspace")
-    parser.add_argument("--repeat", type=int, default=50, help="calls per measurement")
-    parser.add_argument("--catalog", default="", help="a toolcatalog.json to rank with search_tool_bm25")
+    parser.add_argument("--files", type=non_negative, default=500, help="files in the synthetic workspace")
+    parser.add_argument("--repeat", type=positive, default=50, help="calls per measurement")
+    parser.add_argument(
+        "--catalog", type=catalog_file, default=None, help="a toolcatalog.json to rank with search_tool_bm25"
+    )
 
 
 def _timed(call: Callable[[], Any], repeat: int) -> dict[str, float]:

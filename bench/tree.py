@@ -22,15 +22,25 @@ from django.core.management.color import no_style
 from django.db import connection, transaction
 from django.db.models import Max
 
+from bench._options import positive
 from conversations import selectors, services
 from conversations.models import Conversation, Message
 
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
+
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--depth", type=int, default=10_000)
-    parser.add_argument("--fork-depth", type=int, default=1_000)
-    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--messages", type=positive, default=100_000)
+    parser.add_argument("--depth", type=positive, default=10_000)
+    parser.add_argument("--fork-depth", type=positive, default=1_000)
+    parser.add_argument("--repeat", type=positive, default=9)
+
+
+def check(options: dict[str, Any]) -> str | None:
+    if options["depth"] > options["messages"]:
+        return f"argument --depth: must be at most --messages ({options['messages']}), not {options['depth']}"
+    return None
 
 
 def _chains(conversation: Conversation, total: int, depth: int) -> list[int]:

@@ -22,18 +22,21 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.db import connection
 
 from agents.chat import message_send
 from agents.events import conversation_group
+from bench._options import non_negative, positive
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.services import conversation_create
 
+# `manage.py bench` runs it in a scratch database (NAME_bench) and drops that afterwards.
+WRITES_DATABASE = True
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--turns", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--turns", type=positive, default=100)
+    parser.add_argument("--warmup", type=non_negative, default=5)
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -70,7 +73,6 @@ async def _measure(conversation: Any, turns: int, warmup: int) -> tuple[list[flo
 def run(options: dict[str, Any]) -> dict[str, Any]:
     if settings.CC_MODE != "services" or settings.CC_PROVIDER != "offline":
         raise SystemExit("bench turn needs DATABASE_URL, REDIS_URL and the offline provider")
-    call_command("migrate", verbosity=0)
     user, _ = get_user_model().objects.get_or_create(username="bench-turn")
     conversation = conversation_create(owner=user, title=f"bench turn {uuid.uuid4().hex[:6]}")
     log_dir = Path(tempfile.mkdtemp(prefix="cc-bench-turn-"))

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from bench._options import positive
 from controlcenter.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ PROBE = """() => {
 
 
 def add_arguments(parser: ArgumentParser) -> None:
-    parser.add_argument("--sends", type=int, default=20, help="messages sent, one after the other")
+    parser.add_argument("--sends", type=positive, default=20, help="messages sent, one after the other")
 
 
 def _serve(folder: Path) -> tuple[subprocess.Popen, str]:

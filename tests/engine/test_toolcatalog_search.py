@@ -213,7 +213,7 @@ def test_the_tuning_bench_sees_only_tune_queries_and_restores_the_settings(tmp_p
         {
             "data": str(data),
             "set": ["tool-queries-dev"],
-            "grid": '{"ranking.K1": [0.5, 3.0], "ranking.FIELD_WEIGHTS.name": [0.0]}',
+            "grid": {"ranking.K1": [0.5, 3.0], "ranking.FIELD_WEIGHTS.name": [0.0]},
             "ranker": "bm25",
             "folds": 2,
             "k": 5,

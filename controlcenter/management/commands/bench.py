@@ -4,9 +4,12 @@ import argparse
 import importlib
 import json
 import pkgutil
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
 
 import bench
 
@@ -15,8 +18,37 @@ def _available() -> list[str]:
     return sorted(module.name for module in pkgutil.iter_modules(bench.__path__) if not module.name.startswith("_"))
 
 
+class _BenchParser(argparse.ArgumentParser):
+    """A bad option is a CommandError naming it; --help still prints and exits 0."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CommandError(f"{self.prog}: {message}")
+
+
+@contextmanager
+def _scratch_database() -> Iterator[str]:
+    """A migrated database of its own beside the configured one, dropped afterwards.
+
+    A bench makes users, conversations and runs, imports catalogs and fills the scratchpad;
+    none of that belongs in an operator's database, and a bench that fails half-way would
+    leave it there. Its workers and servers are pointed at this one (`connection.settings_dict`).
+    """
+    test = connection.settings_dict.setdefault("TEST", {})
+    name = connection.settings_dict["NAME"]
+    # Not Django's default test_<name>: that is the test suite's, and autoclobber would drop it.
+    test["NAME"] = f"{name}-bench" if connection.vendor == "sqlite" else f"{name}_bench"
+    configured = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        yield connection.settings_dict["NAME"]
+    finally:
+        connection.creation.destroy_test_db(configured, verbosity=0)
+
+
 class Command(BaseCommand):
-    help = "Run a benchmark from bench/ and print its figures (one JSON object with --json)."
+    help = (
+        "Run a benchmark from bench/ and print its figures (one JSON object with --json). "
+        "Benchmarks that write run in a scratch database (NAME_bench), created and dropped for the run."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", choices=_available(), help="which benchmark to run")
@@ -25,19 +57,24 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         module = importlib.import_module(f"bench.{options['name']}")
-        own = argparse.ArgumentParser(prog=f"bench {options['name']}")
+        own = _BenchParser(prog=f"bench {options['name']}")
         if hasattr(module, "add_arguments"):
             module.add_arguments(own)
         rest = list(options["rest"])
         # `--json` may come after the benchmark's own options; it is ours either way.
         as_json = options["json"] or "--json" in rest
         rest = [arg for arg in rest if arg != "--json"]
+        bench_options = vars(own.parse_args(rest))
+        # Rules between options, checked like the rest before anything starts.
+        problem = module.check(bench_options) if hasattr(module, "check") else None
+        if problem:
+            own.error(problem)
         try:
-            bench_options = vars(own.parse_args(rest))
-        except SystemExit as exc:
-            raise CommandError(f"bad options for bench {options['name']}") from exc
-        try:
-            figures = module.run(bench_options)
+            if getattr(module, "WRITES_DATABASE", False):
+                with _scratch_database():
+                    figures = module.run(bench_options)
+            else:
+                figures = module.run(bench_options)
         except (OSError, json.JSONDecodeError) as exc:
             # A data file named on the command line that is missing, unreadable or not JSON.
             raise CommandError(f"bench {options['name']}: {exc}") from exc
