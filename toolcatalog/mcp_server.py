@@ -249,6 +249,15 @@ class McpEndpoint:
             await sync_to_async(_end_session, thread_sensitive=False)(user_id, session_key)
             await _plain_response(send, 204, "")
             return
+        if method == "POST":
+            body = await _read_body(receive)
+            if body is None:
+                return  # the client left
+            problem = _not_one_request(body)
+            if problem:
+                await _plain_response(send, 400, problem)
+                return
+            receive = _replaying(body, receive)
         scope[SESSION_SCOPE_KEY] = session_key
         if session_key is None:
             send = _offering_session(send)
@@ -334,8 +343,54 @@ def _end_session(user_id: int, session_key: str) -> None:
         connections.close_all()
 
 
+async def _read_body(receive: Any) -> bytes | None:
+    """The whole body (BodySizeLimit has bounded it), or None when the client disconnects."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _not_one_request(body: bytes) -> str:
+    """Why the body is not one JSON-RPC message, or "" when the SDK should have it.
+
+    The SDK answers these with -32602 and a kilobyte of pydantic's validation text; JSON-RPC
+    calls them an Invalid Request (-32600). What does not parse is left to the SDK's -32700.
+    """
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    if isinstance(message, list):
+        return "Batches are not supported: send one JSON-RPC message per request."
+    if not isinstance(message, dict):
+        return "The body must be one JSON-RPC message, a JSON object."
+    if message.get("jsonrpc") != "2.0":
+        return 'A JSON-RPC message needs "jsonrpc": "2.0".'
+    return ""
+
+
+def _replaying(body: bytes, receive: Any) -> Any:
+    """`receive` for the SDK: the body already read, then the client's own (its disconnect)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> dict:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def jsonrpc_error_body(code: int, message: str) -> bytes:
+    """A JSON-RPC error that answers no request in particular: what /mcp clients parse."""
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}).encode()
+
+
 async def _plain_response(send: Any, status: int, message: str) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}).encode()
+    body = jsonrpc_error_body(-32600, message)
     body = body if status != 204 else b""
     headers = [(b"content-length", str(len(body)).encode())]
     if body:
@@ -388,7 +443,7 @@ def _check_token(scope: dict, key: str) -> tuple[int | None, str]:
 
 
 async def _unauthorized(send: Any, message: str) -> None:
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": message}}).encode()
+    body = jsonrpc_error_body(-32001, message)
     await send(
         {
             "type": "http.response.start",

@@ -177,3 +177,32 @@ def test_a_foreign_host_header_and_an_oversized_body_are_refused(server_url, ali
     assert rebound.status_code in (400, 421)
     huge = httpx.post(server_url, content=b"[" + b" " * (5 * 1024 * 1024) + b"]", headers=headers, timeout=30)
     assert huge.status_code == 413
+    # A JSON-RPC error like the endpoint's others, not the REST API's shape.
+    assert huge.json()["jsonrpc"] == "2.0" and huge.json()["error"]["code"] == -32600
+    assert "CC_MAX_REQUEST_BYTES" in huge.json()["error"]["message"]
+
+
+@pytest.mark.req("MC-5")
+def test_a_batch_or_a_body_that_is_not_one_json_rpc_message_is_an_invalid_request(server_url, alice_token):
+    headers = {
+        "Authorization": f"Bearer {alice_token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    for body, said in [
+        ([listing, {**listing, "id": 2}], "Batches are not supported"),
+        ([1, 2, 3], "Batches are not supported"),
+        ("tools/list", "one JSON-RPC message, a JSON object"),
+        ({**listing, "jsonrpc": "1.0"}, '"jsonrpc": "2.0"'),
+    ]:
+        response = httpx.post(server_url, json=body, headers=headers, timeout=10)
+        assert response.status_code == 400, body
+        error = response.json()["error"]
+        assert error["code"] == -32600, body
+        assert said in error["message"] and len(error["message"]) < 100, error
+    unparsable = httpx.post(server_url, content=b"{not json", headers=headers, timeout=10)
+    assert unparsable.json()["error"]["code"] == -32700
+    # The body read for the check still reaches the SDK whole.
+    listed = httpx.post(server_url, json=listing, headers=headers, timeout=10)
+    assert listed.status_code == 200 and SEARCH_TOOL in listed.text
