@@ -167,9 +167,17 @@ class _Connection:
             with suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(self._task), STOP_GRACE_SECONDS * 4)
 
-    def stderr_tail(self) -> str:
-        lines = list(self._stdio[-1].stderr_lines) if self._stdio else []
-        return " | ".join(lines[-3:])
+    def stderr_count(self) -> int:
+        return self._stdio[-1].stderr_count if self._stdio else 0
+
+    def stderr_tail(self, since: int) -> str:
+        """The last lines of stderr written after the first `since` lines."""
+        if not self._stdio:
+            return ""
+        process = self._stdio[-1]
+        kept = list(process.stderr_lines)
+        fresh = kept[len(kept) - min(len(kept), process.stderr_count - since) :]
+        return " | ".join(fresh[-3:])
 
 
 # --- the process's connections ----------------------------------------------------------------
@@ -256,14 +264,14 @@ class McpConnections:
                 await conn.close()
                 raise McpCallError(
                     f"MCP server {spec.name!r} did not start within {start_timeout:g} s "
-                    "(CC_MCP_START_TIMEOUT_SECONDS)." + _stderr_note(conn, spec),
+                    "(CC_MCP_START_TIMEOUT_SECONDS)." + _stderr_note(conn, spec, since=0),
                     unavailable=True,
                 ) from None
             if conn.client is None:
                 self._connections.pop(key, None)
                 raise McpCallError(
                     f"MCP server {spec.name!r} could not be started or reached: {describe(conn.failure, spec)}."
-                    + _stderr_note(conn, spec),
+                    + _stderr_note(conn, spec, since=0),
                     unavailable=True,
                 )
             return conn
@@ -273,6 +281,9 @@ class McpConnections:
     ) -> types.CallToolResult:
         for attempt in (1, 2):
             conn = await self._connection(spec, workspace)
+            # A failure quotes only what the server wrote during this call: an earlier call's
+            # error on stderr would point at the wrong cause.
+            stderr_before = conn.stderr_count()
             conn.in_flight += 1
             try:
                 assert conn.client is not None
@@ -311,7 +322,7 @@ class McpConnections:
                 continue
             raise McpCallError(
                 f"MCP server {spec.name!r} stopped during the call of {tool!r}: {describe(failure, spec)}. "
-                "It will be started again on the next call." + _stderr_note(conn, spec)
+                "It will be started again on the next call." + _stderr_note(conn, spec, since=stderr_before)
             )
         raise AssertionError("unreachable")
 
@@ -330,9 +341,9 @@ class McpConnections:
                     await conn.close()
 
 
-def _stderr_note(conn: _Connection, spec: McpServerSpec) -> str:
-    tail = conn.stderr_tail()
-    return f" Its last output: {redact_text(tail, secrets_of(spec))[:500]}" if tail else ""
+def _stderr_note(conn: _Connection, spec: McpServerSpec, *, since: int) -> str:
+    tail = conn.stderr_tail(since)
+    return f" Its stderr meanwhile: {redact_text(tail, secrets_of(spec))[:500]}" if tail else ""
 
 
 def secrets_of(spec: McpServerSpec) -> list[str]:

@@ -104,10 +104,14 @@ def _installation(path: Path, depth: int = 0) -> list[Path]:
 
 
 def resolve_command(spec: McpServerSpec) -> Path:
-    """The server's executable, looked up like a shell would in the worker's PATH."""
+    """The server's executable, looked up like a shell would in the PATH of the process starting it."""
     found = shutil.which(spec.command) if "/" not in spec.command else spec.command
     if not found or not Path(found).exists():
-        raise FileNotFoundError(2, f"{spec.command!r} is not installed (not found in the worker's PATH)")
+        raise FileNotFoundError(
+            2,
+            f"{spec.command!r} is not installed (not found in the PATH of the process starting it: "
+            "a worker for runs, the web process for /mcp and imports)",
+        )
     # Its directory resolved (a symlinked venv), the file itself not: a venv's `python` link must
     # stay a link for Python to find its pyvenv.cfg.
     return Path(found).absolute().parent.resolve() / Path(found).name
@@ -174,6 +178,8 @@ class ServerProcess:
     stdout: _ReadPipe
     stderr: _ReadPipe
     stderr_lines: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
+    # Lines written so far, those no longer kept included: what a call's failure may quote begins here.
+    stderr_count: int = 0
 
     @property
     def pid(self) -> int:
@@ -276,7 +282,9 @@ async def transport(spec: McpServerSpec, workspace: Path, started: list[ServerPr
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             async for chunk in process.stderr:
                 *lines, buffer = (buffer + chunk).split(b"\n")
-                process.stderr_lines.extend(line.decode("utf-8", "replace") for line in lines if line.strip())
+                written = [line.decode("utf-8", "replace") for line in lines if line.strip()]
+                process.stderr_lines.extend(written)
+                process.stderr_count += len(written)
 
     async def write_stdin() -> None:
         async with write_reader:

@@ -321,7 +321,12 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
     assert [toolbox.execute("probe__echo", {"text": str(n)})["ok"] for n in range(3)] == [True, True, False]
     assert len([call for call in _calls(call_log) if call["tool"] == "echo"]) == 2
 
-    assert "stopped during the call" in toolbox.execute("probe__crash", {})["error"]
+    assert toolbox.execute("probe__fail", {"reason": "an earlier, unrelated refusal"})["ok"] is False
+    toolbox.execute("probe__whoami", {})  # a round trip more: that stderr line has been read by now
+    crashed = toolbox.execute("probe__crash", {})["error"]
+    assert "stopped during the call" in crashed
+    # The error quotes what the server wrote during this call only, not the earlier refusal.
+    assert "unrelated refusal" not in crashed
     restarted = json.loads(toolbox.execute("probe__whoami", {})["text"])
     assert restarted["instance"] != json.loads(first)["instance"]
 
@@ -353,6 +358,8 @@ def test_a_server_that_never_starts_is_a_clear_error_and_its_schema_is_not_loade
     assert "time__get_current_time" in toolbox.surface.deferred_names
     failed = toolbox.execute("time__get_current_time", {"timezone": "UTC"})
     assert failed["ok"] is False and "MCP server 'time' could not be started" in failed["error"]
+    # A run's worker, the web process (/mcp) or an import may be the one that looked.
+    assert "not found in the PATH of the process starting it: a worker for runs, the web process" in failed["error"]
     assert "_loads_tools" not in failed and "time__get_current_time" not in toolbox.activated
 
 

@@ -106,6 +106,9 @@ def picture() -> Image:
 def fail(reason: str) -> str:
     """Always fails with the given reason."""
     _log("fail", {"reason": reason})
+    # As real servers log their errors: a later failure must not quote this one.
+    sys.stderr.write(f"fail: {reason}\n")
+    sys.stderr.flush()
     raise ToolError(f"refused on purpose: {reason}")
 
 
