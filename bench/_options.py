@@ -11,23 +11,11 @@ from argparse import ArgumentTypeError
 from collections.abc import Callable
 from pathlib import Path
 
+from controlcenter.cli import whole_number
 from toolcatalog.catalogfile import parse_catalog
 
 # CC_CONTEXT_WINDOW_TOKENS's own minimum in controlcenter/settings.py.
 MIN_WINDOW_TOKENS = 1024
-
-
-def whole_number(minimum: int) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise ArgumentTypeError(f"{value!r} is not a whole number") from None
-        if number < minimum:
-            raise ArgumentTypeError(f"must be at least {minimum}, not {number}")
-        return number
-
-    return parse
 
 
 positive = whole_number(1)

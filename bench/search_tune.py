@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from bench._options import positive, whole_number
+from bench._options import positive
 from bench.search import DEFAULT_DATA, SETS, Ranker, load_queries, load_tools, split_part
+from controlcenter.cli import whole_number
 from engine.catalog import ranking, semantic
 from engine.catalog.ranking import ToolIndex
 from engine.catalog.surface import ToolRecord

@@ -18,7 +18,9 @@ def _deferral(value: str) -> str:
     return value
 
 
-def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type for a whole number in a range (the benches' options use it too)."""
+
     def parse(value: str) -> int:
         try:
             number = int(value)
@@ -34,10 +36,10 @@ def _whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], i
 
 
 # Celery would take 0 for "one thread per CPU", and a negative count fails deep in its pool.
-_at_least_one = _whole_number(1)
+_at_least_one = whole_number(1)
 # uvicorn takes a port past 65535 modulo 65536 (it listened on another port than it logged) and a
 # negative one only after the whole app has started.
-_port = _whole_number(1, 65535)
+_port = whole_number(1, 65535)
 
 
 WEB_SHUTDOWN_GRACE_SECONDS = 5
@@ -169,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     local = commands.add_parser("local-model", help="run the local model server (llama.cpp) on its own")
     local.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 for workers on other hosts)")
     local.add_argument("--port", type=_port, default=None, help="default CC_LOCAL_MODEL_PORT or 8081")
-    # Listed for --help only: main() hands everything after `manage` to Django, whose options
-    # (--help, --version, --settings before the command) argparse's REMAINDER would refuse.
+    # Listed for --help only: main() hands everything after `manage` to Django, whose own options
+    # given before any command (--help, -h, --version) argparse's REMAINDER would refuse.
     commands.add_parser("manage", help="run a Django management command", add_help=False)
     return parser
 
