@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._options import catalog_file, positive, positive_number
-from bench.session import emulated_session
+from bench._session import emulated_session
 from engine.actions import result_text
 from engine.breakpoints import prefix_bytes
 from engine.emulator import Emulator, TestClock

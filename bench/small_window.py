@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._options import catalog_file, positive, positive_number, window_tokens
-from bench.session import emulated_session
+from bench._session import emulated_session
 from engine.actions import result_text
 from engine.context.transcript import request_tokens, transcript_tokens
 from engine.emulator import Emulator, TestClock
