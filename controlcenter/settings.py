@@ -228,7 +228,13 @@ SCRATCHPAD_SUMMARY_CHARS = env_int("SCRATCHPAD_SUMMARY_CHARS", CC_WINDOW_BUDGET.
 # CH-2: compact proactively when a request would pass AT percent of the window, down to TO percent.
 # A trigger at 100 % or more never fires before the provider refuses the request.
 CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", CC_WINDOW_BUDGET.compact_at_percent, minimum=1, maximum=99)
-CC_COMPACT_TO_PERCENT = env_int("CC_COMPACT_TO_PERCENT", CC_WINDOW_BUDGET.compact_to_percent, minimum=1)
+# Unset, the target keeps its default's proportion to the trigger, so setting the trigger alone
+# (say 40, under the default target of 50) is enough.
+CC_COMPACT_TO_PERCENT = env_int(
+    "CC_COMPACT_TO_PERCENT",
+    max(1, CC_COMPACT_AT_PERCENT * CC_WINDOW_BUDGET.compact_to_percent // CC_WINDOW_BUDGET.compact_at_percent),
+    minimum=1,
+)
 if CC_COMPACT_TO_PERCENT >= CC_COMPACT_AT_PERCENT:
     # A target at or above the trigger leaves the history past the trigger, to be compacted again next turn.
     raise ImproperEnvironment(

@@ -91,6 +91,17 @@ def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, valu
     assert message in result.stderr
 
 
+def test_a_compaction_trigger_set_alone_brings_its_target_below_it(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CC_VAR_DIR": str(tmp_path), "CC_COMPACT_AT_PERCENT": "40"}
+    env.pop("CC_COMPACT_TO_PERCENT", None)
+    code = "from django.conf import settings; print(settings.CC_COMPACT_AT_PERCENT, settings.CC_COMPACT_TO_PERCENT)"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    # The default's proportion (80 -> 50): 40 -> 25, where a fixed 50 refused the trigger alone.
+    assert result.stdout.strip().splitlines()[-1] == "40 25", result.stderr
+
+
 def test_the_console_script_stops_on_a_bad_environment_with_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CC_VAR_DIR": str(tmp_path), "CC_RUN_MAX_ACTIONS": "abc"}
     for command in (["manage", "check"], ["serve", "--port", "1"], ["worker"]):
