@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -104,13 +105,16 @@ def _installation(path: Path, depth: int = 0) -> list[Path]:
 
 
 def resolve_command(spec: McpServerSpec) -> Path:
-    """The server's executable, looked up like a shell would in the PATH of the process starting it."""
-    found = shutil.which(spec.command) if "/" not in spec.command else spec.command
+    """The server's executable, looked up like a shell would in the PATH of the process starting it,
+    then beside this Python: `.venv/bin/controlcenter worker` run without activating its venv did
+    not find `mcp-server-time` installed in that same venv."""
+    search = os.pathsep.join(part for part in (os.environ.get("PATH", ""), str(Path(sys.executable).parent)) if part)
+    found = shutil.which(spec.command, path=search) if "/" not in spec.command else spec.command
     if not found or not Path(found).exists():
         raise FileNotFoundError(
             2,
             f"{spec.command!r} is not installed (not found in the PATH of the process starting it: "
-            "a worker for runs, the web process for /mcp and imports)",
+            "a worker for runs, the web process for /mcp and imports; nor beside its Python)",
         )
     # Its directory resolved (a symlinked venv), the file itself not: a venv's `python` link must
     # stay a link for Python to find its pyvenv.cfg.

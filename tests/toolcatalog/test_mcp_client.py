@@ -9,6 +9,7 @@ sandbox (SB-1): it sees the calling workspace at /workspace, where the probe wri
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -347,6 +348,18 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
     while "probe" in connections.running():
         assert time.monotonic() < deadline, "an idle server was not stopped"
         time.sleep(0.2)
+
+
+@pytest.mark.req("MC-1")
+def test_a_server_installed_beside_control_center_starts_without_its_venv_on_the_path(tmp_path, monkeypatch):
+    # An operator runs `.venv/bin/controlcenter worker` without activating the venv: the PATH has
+    # no .venv/bin, and `mcp-server-time` was "not installed" although pip had put it there.
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    assert shutil.which("mcp-server-time") is None
+    call_command(
+        "catalog", "import-mcp", "--config", str(_servers_file(tmp_path, {"time": {"command": "mcp-server-time"}}))
+    )
+    assert Tool.objects.filter(server__name="time", name="get_current_time").exists()
 
 
 @pytest.mark.req("MC-2")
