@@ -36,7 +36,7 @@ class ConversationSerializer(serializers.ModelSerializer):
 class ConversationUpdateSerializer(serializers.Serializer):
     """The pickers (what the next run uses, checked against CC_MODELS and the catalog) and the title."""
 
-    model = serializers.CharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
+    model = StrictCharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
     mode = serializers.IntegerField(required=False, allow_null=True, min_value=1, help_text="null: the default mode")
     title = StrictCharField(required=False, max_length=200, help_text="a rename")
 
@@ -87,7 +87,7 @@ class ForkSerializer(serializers.Serializer):
 
 
 class CheckpointCreateSerializer(serializers.Serializer):
-    label = serializers.CharField(max_length=64, trim_whitespace=False)  # type: ignore[assignment]  # as `parent`
+    label = StrictCharField(max_length=64, trim_whitespace=False)  # type: ignore[assignment]  # as `parent`
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
@@ -97,7 +97,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
 
 class RewindSerializer(serializers.Serializer):
-    label = serializers.CharField(required=False, allow_null=True, max_length=64, default=None)  # type: ignore[assignment]
+    label = StrictCharField(required=False, allow_null=True, max_length=64, default=None)  # type: ignore[assignment]
 
 
 class RewindDigestSerializer(serializers.ModelSerializer):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlcenter.api import StrictCharField
 from controlcenter.redact import redact_text
 from toolcatalog.mcp_config import hidden
 from toolcatalog.models import McpServer, Mode, Tool, ToolGroup
@@ -86,14 +87,14 @@ class McpServerConfigSerializer(serializers.ModelSerializer):
 class McpServerInputSerializer(serializers.Serializer):
     """A server's configuration, as in an `mcpServers` entry; checked again by the service."""
 
-    name = serializers.CharField(max_length=40, required=False)
+    name = StrictCharField(max_length=40, required=False)
     transport = serializers.ChoiceField(choices=McpServer.Transport.choices, required=False)
-    command = serializers.CharField(required=False, allow_blank=True)
-    args = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
-    env = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
-    cwd = serializers.CharField(max_length=500, required=False, allow_blank=True)
-    url = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    headers = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False)
+    command = StrictCharField(required=False, allow_blank=True)
+    args = serializers.ListField(child=StrictCharField(allow_blank=True), required=False)
+    env = serializers.DictField(child=StrictCharField(allow_blank=True), required=False)
+    cwd = StrictCharField(max_length=500, required=False, allow_blank=True)
+    url = StrictCharField(max_length=200, required=False, allow_blank=True)
+    headers = serializers.DictField(child=StrictCharField(allow_blank=True), required=False)
     network = serializers.BooleanField(required=False)
     enabled = serializers.BooleanField(required=False)
 

@@ -106,6 +106,9 @@ def test_retry_over_the_api_says_which_empty_case_it_is(alice_api, alice, explor
         ("post", "branch/", {}, "message"),
         ("post", "checkpoints/", {"label": "no spaces allowed"}, "not a valid label"),
         ("post", "checkpoints/", {}, "label"),
+        # A number is no label: DRF's CharField stored 42 as "42".
+        ("post", "checkpoints/", {"label": 42}, "Must be a string, not int"),
+        ("post", "rewind/", {"label": 42}, "Must be a string, not int"),
         ("post", "compact/", {"rungs": ["summarise"]}, "rungs"),
         ("post", "compact/", {"rungs": []}, "rungs"),
         ("post", "messages/", {"text": "/rewind a b"}, "at most one label"),

@@ -284,6 +284,8 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
             ("url", "https://exa mple.com/mcp", "not a valid http(s) URL"),
             ("url", "https://[::1/mcp", "not a valid http(s) URL"),
             ("url", "https://example.com:99999/mcp", "not a valid http(s) URL"),
+            # Numbers are no strings: DRF's CharField stored [1, 2] as ["1", "2"].
+            ("headers", {"Authorization": 42}, "Must be a string, not int"),
         ]:
             refused = api.patch(f"/api/mcp-servers/{server_id}/", {field: value}, format="json")
             assert refused.status_code == 400 and reason in refused.json()["error"]["message"], refused.content
