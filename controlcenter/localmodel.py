@@ -76,7 +76,9 @@ class LocalModelConfig:
         # thousands of tokens); with it, a 2,565-token prompt took 0.92 of the time, alternating
         # requests between two servers in one run.
         return [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path), "--model_alias", self.alias,
+            # llama-cpp-python's server, its prompts rendered as text (controlcenter/llama_server.py).
+            sys.executable, "-m", "controlcenter.llama_server",
+            "--model", str(self.model_path), "--model_alias", self.alias,
             "--host", self.host, "--port", str(self.port), "--n_ctx", str(self.context),
             "--chat_format", CHAT_FORMAT, "--interrupt_requests", "false", "--flash_attn", "true",
             *(["--n_threads", str(self.threads)] if self.threads else []),

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agents.chat import message_send
@@ -27,7 +28,12 @@ from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, def
 from controlcenter.stack import free_port
 from conversations.services import conversation_create
 from engine.loop import run_turn
-from engine.providers.openai_compat import OpenAICompatProvider
+from engine.providers.openai_compat import (
+    OpenAICompatProvider,
+    ServerTokenizer,
+    _rendered_prompt,
+    with_prompted_tools,
+)
 from engine.providers.protocol import MessageDone, StreamInterrupted, TextDelta
 from engine.providers.retry import RetryingProvider
 from engine.request import ModelRequestSpec
@@ -241,3 +247,28 @@ def test_killing_the_server_mid_stream_is_a_retryable_failure_and_it_is_restarte
 def test_the_server_s_threads_sleep_when_they_wait_so_they_leave_the_cpu_to_web_and_workers(local_model):
     environ = Path(f"/proc/{local_model.process.pid}/environ").read_bytes().split(b"\0")
     assert b"OMP_WAIT_POLICY=PASSIVE" in environ
+
+
+@pytest.mark.req("LM-1")
+def test_the_server_reads_quotes_and_brackets_as_text_so_our_count_is_what_it_evaluates(local_model):
+    """llama-cpp-python's chat format escaped the prompt as HTML: `"` reached the model as `&#34;`,
+    and it evaluated 2,658 tokens where the text (and our count of it) held 978."""
+    base_url = local_model.config.base_url
+    schema = {"type": "object", "properties": {"expr": {"type": "string", "description": 'like "a < b" or <tag>'}}}
+    tools = [{"type": "function", "function": {"name": "check", "description": 'Checks "expr"', "parameters": schema}}]
+    # What the runtime sends this server: the tools written into the system prompt (prompted tools).
+    payload = with_prompted_tools(
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": 'Answer "yes" or "no"; quote <code> as it is.'},
+                {"role": "user", "content": 'Is "a" < "b" && "c" > "d"? Say it in "quotes".'},
+            ],
+            "tools": tools,
+            "tool_choice": "auto",
+        }
+    )
+    answer = httpx.post(f"{base_url}/chat/completions", json={**payload, "max_tokens": 1}, timeout=240)
+    served = answer.json()["usage"]["prompt_tokens"]
+    counted = ServerTokenizer(base_url, None).count(_rendered_prompt(payload))
+    assert counted is not None and abs(served - counted) <= 0.05 * served, (served, counted)
