@@ -78,7 +78,7 @@ async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
     except TimeoutError as exc:
         raise McpImportError(f"MCP server {spec.name!r} did not answer tools/list in time.") from exc
     except Exception as exc:
-        raise McpImportError(f"MCP server {spec.name!r}: {_describe(exc)}") from exc
+        raise McpImportError(f"MCP server {spec.name!r}: {_describe(exc, spec.name)}") from exc
     finally:
         if http is not None:
             await http.aclose()
@@ -90,13 +90,14 @@ def list_server_tools(spec: McpServerSpec) -> list[ImportedTool]:
     return anyio.run(list_server_tools_async, spec)
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, name: str) -> str:
     # Task groups wrap the real failure; name the innermost one.
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     if isinstance(exc, FileNotFoundError | PermissionError):
         return f"cannot start the server command: {exc.strerror or exc}"
     if isinstance(exc, mcp_stdio.ServerMountRefused | SandboxUnavailable):
-        return str(exc)
+        # These name the server themselves; the caller's prefix would say it twice.
+        return str(exc).removeprefix(f"MCP server {name!r}: ")
     # httpx puts the whole URL in its errors, and an MCP server's URL may carry a token.
     return f"{type(exc).__name__}: {redact_text(str(exc))}" if str(exc) else type(exc).__name__

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from rest_framework.test import APIClient
 
 from toolcatalog.mcp_client import connections
 from toolcatalog.models import McpServer
@@ -175,7 +176,6 @@ time.sleep(600)
 
 @pytest.mark.req("MC-1")
 def test_network_is_a_stdio_setting_and_a_clear_error_anywhere_else(django_user_model):
-    from rest_framework.test import APIClient
 
     from toolcatalog.mcp_config import parse_servers_file
 
@@ -197,4 +197,20 @@ def test_network_is_a_stdio_setting_and_a_clear_error_anywhere_else(django_user_
     config = {"name": "remote", "transport": "http", "url": "https://example.com/mcp", "network": True}
     refused = api.post("/api/mcp-servers/", config, format="json")
     assert refused.status_code == 400 and "network" in refused.content.decode()
+    assert not McpServer.objects.exists()
+
+
+@pytest.mark.req("MC-1")
+def test_a_server_whose_folder_holds_the_workspaces_is_refused_naming_it_once(django_user_model, tmp_path, settings):
+    settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+    script = tmp_path / "server.py"
+    script.write_text("print('never started')\n")
+    staff = django_user_model.objects.create_user(username="op", password="op-password-1", is_staff=True)
+    api = APIClient()
+    api.force_authenticate(staff)
+    config = {"name": "nosy", "transport": "stdio", "command": sys.executable, "args": [str(script)]}
+    refused = api.post("/api/mcp-servers/", config, format="json")
+    message = refused.json()["error"]["message"]
+    assert refused.status_code == 400 and "would show the sandboxed server" in message, message
+    assert message.count("MCP server 'nosy'") == 1, message
     assert not McpServer.objects.exists()
