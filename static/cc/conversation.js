@@ -48,11 +48,20 @@
   }
   const api = (url, options = {}) => busyWhile(request(url, options));
   async function request(url, options) {
-    const response = await fetch(url, {
-      credentials: "same-origin",
-      ...options,
-      headers: { "X-CSRFToken": csrf, ...(options.body ? { "Content-Type": "application/json" } : {}), ...(options.headers || {}) },
-    });
+    let response;
+    try {
+      response = await fetch(url, {
+        credentials: "same-origin",
+        ...options,
+        headers: { "X-CSRFToken": csrf, ...(options.body ? { "Content-Type": "application/json" } : {}), ...(options.headers || {}) },
+      });
+    } catch {
+      // fetch rejects only when no answer came at all (the server down, the network gone). Every
+      // caller is a person's action, and their catch is for the sign-in redirect: say it here, or
+      // a Send or an Approve looked ignored.
+      showError("The server could not be reached.", "Nothing came back, so it may not have been done: check the connection and try again. A message you were sending is still in the box.");
+      throw new Error("unreachable");
+    }
     const body = await response.json().catch(() => ({}));
     const code = body.error && body.error.code;
     if (response.status === 401 || code === "not_authenticated" || code === "authentication_failed") {

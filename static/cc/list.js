@@ -8,11 +8,18 @@
   let target = null;
 
   async function api(url, method, body) {
-    const response = await fetch(url, {
-      method, credentials: "same-origin",
-      headers: { "X-CSRFToken": csrf, ...(body ? { "Content-Type": "application/json" } : {}) },
-      body: body ? JSON.stringify(body) : undefined,
-    });
+    let response;
+    try {
+      response = await fetch(url, {
+        method, credentials: "same-origin",
+        headers: { "X-CSRFToken": csrf, ...(body ? { "Content-Type": "application/json" } : {}) },
+        body: body ? JSON.stringify(body) : undefined,
+      });
+    } catch {
+      // No answer at all (the server down, the network gone): a rename or delete must not look ignored.
+      showError("The server could not be reached: nothing came back, so it may not have been done. Check the connection and try again.");
+      throw new Error("unreachable");
+    }
     const answer = await response.json().catch(() => ({}));
     const code = answer.error && answer.error.code;
     if (code === "not_authenticated" || response.status === 401) {

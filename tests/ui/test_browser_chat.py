@@ -279,6 +279,26 @@ def _sent_and_answered(context, base: str, conversation: int, text: str) -> None
     wait_until(lambda: context.request.get(run).json()["status"] == "succeeded", timeout=30, what="the run")
 
 
+@pytest.mark.req("UX-5")
+def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, embedded_server_module):
+    # Seen with the web server stopped: Send did nothing visible at all, the error only in the console.
+    base, _ = embedded_server_module
+    page = _open(context, base, _new(context, base, "unreachable"))
+    messages = f"{base}/api/conversations/*/messages/"
+    page.route(messages, lambda route: route.abort("connectionrefused"))
+    _send(page, "are you there?")
+    expect(page.locator(".error-card")).to_contain_text("The server could not be reached.")
+    expect(page.locator("#composer-input")).to_have_value("are you there?")
+    expect(page.locator("#send")).to_be_enabled()
+    page.unroute(messages)
+    page.locator("#composer-input").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#messages article.user").last).to_contain_text("are you there?")
+    expect(page.locator(".error-card")).to_have_count(0)
+    _settled(page)
+    assert not page.js_errors
+
+
 @pytest.mark.req("UX-1", "UX-2")
 def test_replies_follow_their_prompts_and_the_live_view_equals_the_reloaded_one(context, embedded_server_module):
     base, _ = embedded_server_module
