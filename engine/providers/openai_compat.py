@@ -123,12 +123,20 @@ class OpenAICompatProvider:
         except transport_errors() as exc:
             raise StreamInterrupted(f"the model server at {self._base_url} broke off the response: {exc}") from exc
 
-    def _create(self, payload: dict[str, Any]) -> Any:
+    def _create(self, payload: dict[str, Any]) -> openai.Stream[Any]:
         options = {"stream_options": {"include_usage": True}} if self._stream_options else {}
         # The payload is built as a plain dict; the SDK's overloads type each keyword separately.
-        return self._client.chat.completions.create(**payload, stream=True, **options)  # type: ignore[call-overload]
+        stream: openai.Stream[Any] = self._client.chat.completions.create(**payload, stream=True, **options)  # type: ignore[call-overload]
+        return stream
 
-    def _read(self, chunks: Any, payload: dict[str, Any]) -> Iterator[ProviderEvent]:
+    def _read(self, chunks: openai.Stream[Any], payload: dict[str, Any]) -> Iterator[ProviderEvent]:
+        # Closed when the reader stops, whatever stops it (a retry that gives up, a cancel): an
+        # open connection kept llama.cpp's server generating an abandoned answer to its limit for
+        # two minutes, every later request waiting behind it.
+        with chunks:
+            yield from self._events(chunks, payload)
+
+    def _events(self, chunks: openai.Stream[Any], payload: dict[str, Any]) -> Iterator[ProviderEvent]:
         text = ""
         calls: dict[int, dict[str, str]] = {}
         finish_reason = ""

@@ -101,7 +101,11 @@ class RetryingProvider:
                 start, position = position, position + len(event.text)
                 overlap = streamed[start:position]
                 if event.text[: len(overlap)] != overlap:
-                    raise ProviderError("the retried response differs from the text already streamed")
+                    raise ProviderError(
+                        "the model server broke off its answer, and asked again it answered differently: the "
+                        "retried response differs from the text already streamed (a sampled answer does not "
+                        "repeat). Retry the run."
+                    )
                 fresh = event.text[len(overlap) :]
                 if fresh:
                     seen.text += fresh

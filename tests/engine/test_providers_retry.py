@@ -158,3 +158,18 @@ def test_retry_refuses_a_replay_that_differs_from_the_streamed_text(emulator, se
             if isinstance(event, TextDelta):
                 streamed.append(event.text)
     assert "".join(streamed) == "First "
+
+
+def test_a_replay_given_up_has_its_connection_closed_at_once(emulator, server, sleeps, monkeypatch):
+    # Seen with llama.cpp's server restarted mid-answer: the differing replay was given up with its
+    # connection open, and the server generated it to its limit (2 minutes), every request waiting.
+    answers = iter(["First answer, long enough to be cut.", "A different answer altogether."])
+    emulator.policy = lambda payload: [{"type": "text", "text": next(answers)}]
+    emulator.inject(Fault("stream_cut", after_chars=12))
+    provider = gpt(server, sleeps)
+    opened = []
+    create = provider.inner._create
+    monkeypatch.setattr(provider.inner, "_create", lambda payload: opened.append(create(payload)) or opened[-1])
+    with pytest.raises(ProviderError, match="differs from the text already streamed"):
+        list(provider.stream(request()))
+    assert len(opened) == 2 and all(stream.response.is_closed for stream in opened)
