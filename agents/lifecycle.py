@@ -64,6 +64,9 @@ WORKER_LOST = (
     "The worker running this turn stopped before the turn ended ({worker}); nothing of the turn was stored, "
     "so the conversation's messages are exactly as they were before. Retry the run."
 )
+WORKER_LOST_CANCELLED = (
+    "Cancelled. Its worker ({worker}) had stopped before it could end the run; nothing of the turn was stored."
+)
 # OP-4: a tool that was running is killed with its worker, but what it did until then stays.
 WORKER_LOST_MID_TOOL = (
     " It stopped during the tool call {name} ({tool_use_id}); that call's processes were killed with the worker, "
@@ -710,8 +713,12 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
         interrupted = interrupted_call(run.pk)
         if interrupted is not None:
             error += WORKER_LOST_MID_TOOL.format(name=interrupted["name"], tool_use_id=interrupted["id"])
+        # A person asked to stop it while (or after) its worker died: that is what they see, not a failure.
+        status = Run.Status.CANCELLED if run.cancel_requested else Run.Status.FAILED
+        if run.cancel_requested:
+            error = WORKER_LOST_CANCELLED.format(worker=run.worker or "unknown worker")
         # Conditional: another worker's reaper, or the run itself finishing, may win the race.
-        if run_finish(run, Run.Status.FAILED, error):
+        if run_finish(run, status, error):
             subagents.subagents_cancel(parent_id=run.pk)
             reaped.append(run.pk)
     if reaped:

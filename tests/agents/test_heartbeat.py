@@ -5,11 +5,17 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 import redis
+from django.utils import timezone
 
 from agents import heartbeat
+from agents.lifecycle import runs_reap_orphans
+from agents.models import Run
+from agents.services import run_cancel
+from tests.support.factories import RunFactory
 from tests.support.waiting import wait_until
 
 
@@ -38,3 +44,19 @@ def test_a_reap_pass_stuck_on_the_database_never_delays_the_beat(settings):
         released.set()
         stop.set()
         client.delete(heartbeat.KEY_PREFIX + name)
+
+
+@pytest.mark.django_db
+@pytest.mark.req("OP-2", "OP-3")
+def test_a_run_cancelled_while_its_worker_was_dead_ends_cancelled_not_failed():
+    # QA: Stop pressed after the worker was killed answered 200, then the reaper failed the run as
+    # "worker stopped … Retry", and the person's cancel was recorded nowhere.
+    started = timezone.now() - timedelta(minutes=5)
+    cancelled = RunFactory(status=Run.Status.RUNNING, worker="gone@host", started_at=started)
+    run_cancel(run=cancelled)
+    crashed = RunFactory(status=Run.Status.RUNNING, worker="gone@host", started_at=started)
+    assert sorted(runs_reap_orphans(live=[], grace_seconds=0)) == sorted([cancelled.pk, crashed.pk])
+    cancelled.refresh_from_db()
+    crashed.refresh_from_db()
+    assert cancelled.status == Run.Status.CANCELLED and "Cancelled. Its worker (gone@host)" in cancelled.error
+    assert crashed.status == Run.Status.FAILED and crashed.retryable
