@@ -68,7 +68,7 @@ def test_patch_sets_model_and_mode_and_blank_or_null_go_back_to_the_defaults(ali
          {"model": ["offline-1", "offline-2"]}),
         ({"mode": 999_999, "model": "offline-2"}, "Mode 999999 does not exist", {"mode": ["MODE"]}),
         ({"mode": "fast"}, "mode: A valid integer is required.", None),
-        ({"model": ["offline-2"]}, "model: Not a valid string.", None),
+        ({"model": ["offline-2"]}, "model: Must be a string, not list.", None),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_400_that_says_what_is_offered_and_stores_nothing(
