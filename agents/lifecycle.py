@@ -45,6 +45,7 @@ from agents.providers import get_provider
 from controlcenter.db import reconnecting
 from controlcenter.errors import ServiceUnavailable
 from conversations.models import Compaction, Conversation, Message
+from conversations.services import tip_back_to_latest_answer
 from engine.actions import ActionLimits, ApprovalNeeded, tool_result, tool_uses_of
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context.transcript import RequestCount, overhead_count
@@ -280,6 +281,8 @@ def run_cancel_now(run: Run) -> bool:
         if paused is not None and paused.messages:
             results = {"role": "user", "content": [tool_result(call["id"], CANCELLED_WAITING_CALL) for call in closed]}
             kept = _append_turn(locked, [*paused.messages, *([results] if closed else [])])
+        else:
+            tip_back_to_latest_answer(conversation_id=locked.conversation_id, prompt_id=locked.trigger_id)
     publisher = RunEventPublisher(run)
     step = paused.step if paused is not None else 0
     for call in closed:
@@ -459,6 +462,8 @@ def _finish_cancelled(
     the transcript stays valid for the provider."""
     kept = reconnecting(lambda: _persist_turn(run, outcome, catalog, status=Run.Status.CANCELLED))
     if kept is not None:  # None: failed meanwhile (reaped), and that verdict was announced
+        if kept.pk == run.trigger_id:
+            tip_back_to_latest_answer(conversation_id=run.conversation_id, prompt_id=run.trigger_id)
         publisher.publish("run_finished", _cancelled_payload(run, kept))
 
 

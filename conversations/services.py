@@ -287,6 +287,26 @@ def message_delete(*, message: Message) -> Conversation:
     return locked
 
 
+def tip_back_to_latest_answer(*, conversation_id: int, prompt_id: int) -> int | None:
+    """After a run stopped before it stored anything (a Regenerate stopped), the tip, left at the
+    prompt, goes back to where the prompt's latest answer leads: the page shows that answer again
+    instead of a bare prompt, with the earlier answer reachable only from the tree. Only if the tip
+    is still at the prompt and the prompt has an answer; the new tip, or None."""
+    latest = (
+        Message.objects.filter(conversation_id=conversation_id, parent_id=prompt_id, role=Message.Role.ASSISTANT)
+        .order_by("-id")
+        .first()
+    )
+    if latest is None:
+        return None
+    # The newest message of that answer's subtree is a leaf (a child would be newer): its latest end.
+    leaf = max(_subtree_ids(latest))
+    moved = Conversation.objects.filter(pk=conversation_id, tip_id=prompt_id).update(
+        tip_id=leaf, updated_at=timezone.now()
+    )
+    return leaf if moved else None
+
+
 def _subtree_ids(message: Message) -> set[int]:
     # Ids and parents of the conversation only: a cheap walk even for 10,000 messages.
     children: dict[int | None, list[int]] = {}

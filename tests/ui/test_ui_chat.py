@@ -8,6 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client, override_settings
 
 from agents import costs
+from agents.lifecycle import run_execute
 from agents.models import ModelRequest, Run
 from agents.rendering import markdown_html
 from conversations.models import Conversation, Message
@@ -97,6 +98,34 @@ def test_regenerate_answers_the_same_prompt_as_a_sibling(alice, django_capture_o
     refused = client.post(f"/api/conversations/{conversation.pk}/messages/{question.pk}/regenerate/")
     assert refused.status_code in (400, 409)  # a run is in progress, or not a reply: nothing changes
     assert Run.objects.filter(conversation=conversation).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("UX-2")
+def test_a_regenerate_stopped_before_it_wrote_anything_shows_the_earlier_answer_again(alice, inprocess_runs):
+    # QA with the real model: Regenerate, then Stop, left the tip at the prompt; the page showed the
+    # prompt and a cancelled card, and the earlier answer only in the tree view.
+    conversation = Conversation.objects.create(owner=alice, title="r")
+    question, first = _turn(conversation, None, "q", "a")
+    follow_up, latest = _turn(conversation, first, "q2", "a2")
+    conversation.tip = latest
+    conversation.save()
+    client = _client(alice)
+    for stop_while in ("queued", "running"):
+        response = client.post(f"/api/conversations/{conversation.pk}/messages/{latest.pk}/regenerate/")
+        assert response.status_code == 201, response.content
+        run = Run.objects.get(pk=response.json()["run"]["id"])
+        if stop_while == "running":
+            # Stop pressed as the worker takes it: the loop sees it before its first step.
+            Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+            run_execute(run_id=run.pk, worker="test")
+        assert client.post(f"/api/runs/{run.pk}/cancel/").status_code in (200, 202, 409)
+        run.refresh_from_db()
+        conversation.refresh_from_db()
+        assert run.status == Run.Status.CANCELLED, (stop_while, run.status)
+        assert conversation.tip_id == latest.pk, stop_while
+        fragment = client.get(f"/conversations/{conversation.pk}/messages/").content.decode()
+        assert "a2" in fragment and f'data-retry="{run.pk}"' not in fragment
 
 
 @pytest.mark.req("UX-2", "UX-8")
