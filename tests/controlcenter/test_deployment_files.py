@@ -29,6 +29,8 @@ def test_compose_has_web_worker_postgres_redis_with_healthchecks_and_a_database_
     for name in ("web", "worker"):
         depends = services[name]["depends_on"]
         assert depends["postgres"]["condition"] == depends["redis"]["condition"] == "service_healthy"
+    # A worker restarted as compose does it (SIGTERM, then SIGKILL) gets time to finish its tool calls.
+    assert services["worker"]["stop_grace_period"] == "2m"
 
 
 def test_compose_commands_are_real_cli_commands():
