@@ -9,6 +9,7 @@ Two modes:
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from datetime import timedelta
@@ -53,13 +54,21 @@ if SECRET_KEY is None:
     # Embedded use needs no configuration: keep a generated key under var/ so
     # sessions survive restarts without anyone choosing a secret.
     _key_file = VAR_DIR / "secret_key"
-    if _key_file.exists():
-        SECRET_KEY = _key_file.read_text(encoding="utf-8").strip()
-    else:
+    if not _key_file.exists():
+        # Processes start side by side on a fresh install (web and worker, mypy's workers in CI):
+        # one read the file another had created but not yet written, and Django refused the empty
+        # key. The key is written aside and linked into place, so it appears whole, and only once.
         VAR_DIR.mkdir(parents=True, exist_ok=True)
-        SECRET_KEY = secrets.token_urlsafe(50)
-        _key_file.write_text(SECRET_KEY, encoding="utf-8")
-        _key_file.chmod(0o600)
+        _fresh = VAR_DIR / f".secret_key.{os.getpid()}"
+        _fresh.write_text(secrets.token_urlsafe(50), encoding="utf-8")
+        _fresh.chmod(0o600)
+        try:
+            os.link(_fresh, _key_file)
+        except FileExistsError:
+            pass  # another process's key won; this one uses it too
+        finally:
+            _fresh.unlink()
+    SECRET_KEY = _key_file.read_text(encoding="utf-8").strip()
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import django
@@ -89,6 +90,29 @@ def test_a_bad_environment_stops_the_process_with_a_clear_message(variable, valu
     # The message alone, not after a traceback through Django's settings import.
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert message in result.stderr
+
+
+def test_processes_starting_together_on_a_fresh_install_share_one_whole_secret_key(tmp_path):
+    # CI's fresh clone: mypy's parallel workers each load the settings, and one read the generated
+    # key file after another process had created it but before it was written ("The SECRET_KEY
+    # setting must not be empty"). Eight processes released at the same instant; without the fix
+    # one in three such starts failed here.
+    start = time.time() + 3
+    code = (
+        f"import time\nwhile time.time() < {start}: pass\nfrom django.conf import settings\nprint(settings.SECRET_KEY)"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "SECRET_KEY_FILE")}
+    env.update(PYTHONPATH=str(ROOT), CC_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="controlcenter.settings")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(8)
+    ]
+    answers = [process.communicate(timeout=60) for process in processes]
+    keys = {out.strip() for out, _ in answers}
+    assert len(keys) == 1 and len(next(iter(keys))) > 50, [err[-300:] for _, err in answers]
+    assert not list(tmp_path.glob(".secret_key.*"))  # each process's draft is gone
 
 
 def test_a_compaction_trigger_set_alone_brings_its_target_below_it(tmp_path):
