@@ -166,6 +166,18 @@ def inprocess_runs(settings):
     settings.CC_RUN_QUEUE = f"in-process-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.fixture
+def live_worker_name():
+    """A worker name with a heartbeat: turns this test runs in-process are seen alive by the
+    session's real worker, which would otherwise reap them."""
+    from agents import heartbeat
+
+    name = f"test-inprocess-{uuid.uuid4().hex[:8]}"
+    stop = heartbeat.start_heartbeat(name, on_complete=lambda live: None)
+    yield name
+    stop.set()
+
+
 # --- the embedded server ----------------------------------------------------------
 
 

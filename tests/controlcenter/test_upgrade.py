@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import shlex
 import sys
-import uuid
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from agents import heartbeat
 from agents.chat import message_send
 from agents.lifecycle import run_execute
 from agents.models import Run
@@ -41,15 +39,6 @@ FIRST_RELEASE = [
 TIME_SERVER_LINE = shlex.join([sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"])
 UNSPLITTABLE_LINE = 'python -m "server with an unclosed quote'
 MODEL = "claude-sonnet-4-5"
-
-
-@pytest.fixture
-def live_worker_name():
-    # The turn runs in this process; the session's real worker must see it alive, or it reaps it.
-    name = f"test-upgrade-{uuid.uuid4().hex[:8]}"
-    stop = heartbeat.start_heartbeat(name, on_complete=lambda live: None)
-    yield name
-    stop.set()
 
 
 def _first_release_rows() -> int:

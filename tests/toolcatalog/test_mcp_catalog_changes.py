@@ -10,14 +10,12 @@ from __future__ import annotations
 import copy
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 
-from agents import heartbeat
 from agents.chat import message_send
 from agents.lifecycle import run_execute
 from agents.models import Run, RunEvent
@@ -28,15 +26,6 @@ from toolcatalog.mcp_client import connections
 from toolcatalog.models import Tool
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("inprocess_runs")]
-
-
-@pytest.fixture
-def live_worker_name():
-    # Turns run in this process; a real worker of the session must see it alive, or it reaps them.
-    name = f"test-mc4-{uuid.uuid4().hex[:8]}"
-    stop = heartbeat.start_heartbeat(name, on_complete=lambda live: None)
-    yield name
-    stop.set()
 
 
 PROBE = Path(__file__).parents[1] / "support" / "mcp_servers" / "probe_server.py"
