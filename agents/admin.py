@@ -25,6 +25,7 @@ class ModelRequestInline(admin.TabularInline):
         "input_tokens",
         "cache_creation_input_tokens",
         "cache_read_input_tokens",
+        "cache_reported",
         "output_tokens",
         "breakpoints",
         "stop_reason",

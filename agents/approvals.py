@@ -80,6 +80,7 @@ def model_request_rows(run: Run, steps: list[StepRecord], *, subagent: Subagent 
             cache_creation_1h_input_tokens=step.usage.cache_creation_1h_input_tokens,
             output_tokens=step.usage.output_tokens,
             usage_source=step.usage.source,
+            cache_reported=step.usage.cache_reported,
             request_id=step.request_id,
             breakpoints=step.breakpoints,
             tools_loaded=step.tools_loaded,

@@ -12,6 +12,8 @@ from typing import Any
 
 from django.conf import settings
 
+from agents.usage import summed_ratio
+
 # Public list prices (anthropic.com/pricing), USD per million tokens: (input, output).
 DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "claude-opus-4-5": (5.0, 25.0),
@@ -56,8 +58,9 @@ def usage_cost(model: str, usage: Mapping[str, int]) -> float | None:
 
 
 def usage_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Tokens by kind, the cache ratio (reads / prompt; None without a prompt) and the money of
-    rows of usage that each name their `model`; money is None if any priced-less model spent tokens."""
+    """Tokens by kind, the cache ratio and the money of rows of usage that each name their `model`
+    and carry `agents.usage.ratio_sums()`; money is None if any priced-less model spent tokens."""
+    rows = list(rows)
     totals = dict.fromkeys(USAGE_FIELDS, 0)
     cost: float | None = 0.0
     for row in rows:
@@ -72,6 +75,6 @@ def usage_summary(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         **totals,
         "prompt_tokens": prompt,
-        "cache_ratio": totals["cache_read_input_tokens"] / prompt if prompt else None,
+        "cache_ratio": summed_ratio(rows),
         "cost": cost,
     }

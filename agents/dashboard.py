@@ -1,11 +1,9 @@
 """Observability dashboard: the aggregates it shows, read from recorded usage (RN-2, TD-15).
 
 Everything here is a read. Cache ratio = cache-read tokens / all prompt tokens processed
-(uncached input + cache writes + cache reads), as TD-15 defines it; a window with no
-prompt tokens has no ratio (None), never a flattering 0 or 1.
-
-The runtime helper builds similar cache-ratio selectors; these are kept in this one
-module so they can be unified at merge.
+(uncached input + cache writes + cache reads), as TD-15 defines it, over the requests whose
+server reported its cache (`agents.usage`); a window with no such prompt tokens has no ratio
+(None), never a flattering 0 or 1.
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from agents.models import ModelRequest, Run
+from agents.usage import RATIO_PARTS, ratio_of, ratio_sums
 from conversations.models import Compaction
-from engine.tokens import cache_ratio
 from toolcatalog.models import RetrievalMiss, ToolActivation
 from toolcatalog.selectors import run_surface, surface_context
 
@@ -34,15 +32,19 @@ CATEGORIES = (
 
 
 def _sums(prefix: str = "") -> dict[str, Any]:
-    """Sum of each token category over the grouped requests (0 when there are none)."""
-    return {key: Coalesce(Sum(f"{prefix}{field}"), Value(0)) for key, field, _ in CATEGORIES}
+    """Sum of each token category over the grouped requests (0 when there are none), and the cache
+    ratio's inputs."""
+    return {
+        **{key: Coalesce(Sum(f"{prefix}{field}"), Value(0)) for key, field, _ in CATEGORIES},
+        **ratio_sums(prefix),
+    }
 
 
 def _with_ratio(row: dict[str, Any]) -> dict[str, Any]:
     row["prompt"] = row["uncached"] + row["cache_write"] + row["cache_read"]
-    row["cache_ratio"] = cache_ratio(
-        uncached=row["uncached"], cache_write=row["cache_write"], cache_read=row["cache_read"]
-    )
+    row["cache_ratio"] = ratio_of(row)
+    for key, _ in RATIO_PARTS:
+        del row[key]
     return row
 
 
@@ -84,6 +86,7 @@ def usage_by_conversation(*, user: User, since: Any, limit: int = 10) -> list[di
                 "runs": row["runs"],
                 # The stubs type the row without the `**_sums()` annotated above.
                 **{key: row[key] for key, _, _ in CATEGORIES},  # type: ignore[literal-required]
+                **{key: row[key] for key, _ in RATIO_PARTS},  # type: ignore[literal-required]
             }
         )
         for row in rows

@@ -98,6 +98,9 @@ class ModelRequest(models.Model):
     # Where the figures come from (LM-1): "reported" by the provider, or counted when it sent none,
     # with the model server's "tokenizer" or our "estimate"; the last two are shown as estimated.
     usage_source = models.CharField(max_length=16, default="reported")
+    # False when the server reported no cache figures (llama.cpp's): the request counts in token
+    # totals but in no cache ratio, which would otherwise read as a measured 0 % (`agents.usage`).
+    cache_reported = models.BooleanField(default=True)
     request_id = models.CharField(max_length=128, blank=True)
     # "<fan-out id>/<child index>" for a subagent's request, recorded under its parent run (TD-14).
     subagent = models.CharField(max_length=64, blank=True)

@@ -8,10 +8,10 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from agents.models import Approval, ModelRequest, Run, RunEvent
+from agents.usage import ratio_of, ratio_sums, requests_ratio
 from controlcenter.errors import NotFound
 from conversations.models import Conversation
 from engine.loop import TOOL_ACTIVATION_MISS
-from engine.tokens import cache_ratio
 from toolcatalog.models import RetrievalMiss, ToolActivation
 
 
@@ -65,11 +65,7 @@ def run_model_requests(*, run: Run) -> list[dict[str, Any]]:
                 "request": request,
                 "prompt": prompt,
                 "verdict": cache_verdict(request),
-                "cache_ratio": cache_ratio(
-                    uncached=request.input_tokens,
-                    cache_write=request.cache_creation_input_tokens,
-                    cache_read=request.cache_read_input_tokens,
-                ),
+                "cache_ratio": requests_ratio([request]),
             }
         )
     return rows
@@ -181,6 +177,8 @@ def cache_metrics(*, user: User, group: str, run_id: int | None = None) -> list[
     rows = (
         requests.values(field)
         .annotate(
+            # First: the sums below take these fields' names.
+            **ratio_sums(),
             requests=Count("id"),
             input_tokens=Sum("input_tokens"),
             cache_creation_input_tokens=Sum("cache_creation_input_tokens"),
@@ -206,13 +204,7 @@ def cache_metrics(*, user: User, group: str, run_id: int | None = None) -> list[
                 # Requests that could not read the previous prefix because tools were loaded
                 # on a provider without deferred loading (TD-11): a cost counted, not hidden.
                 "activation_misses": row["activation_misses"],
-                "cache_ratio": _rounded(
-                    cache_ratio(
-                        uncached=tokens["input_tokens"],
-                        cache_write=tokens["cache_creation_input_tokens"],
-                        cache_read=tokens["cache_read_input_tokens"],
-                    )
-                ),
+                "cache_ratio": _rounded(ratio_of(row)),
             }
         )
     return result

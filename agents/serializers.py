@@ -24,6 +24,7 @@ class ModelRequestSerializer(serializers.ModelSerializer):
             "output_tokens",
             "usage_source",
             "usage_estimated",
+            "cache_reported",
             "request_id",
             "breakpoints",
             "tools_loaded",
@@ -104,5 +105,5 @@ class CacheMetricSerializer(serializers.Serializer):
     output_tokens = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
     activation_misses = serializers.IntegerField()
-    # Undefined (null) for a group whose requests processed no prompt token.
+    # Undefined (null) for a group none of whose requests reported its cache over some prompt token.
     cache_ratio = serializers.FloatField(allow_null=True)

@@ -58,6 +58,8 @@ def run_summarizer(run: Run, provider: Provider) -> Callable[[str], str]:
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
             cache_read_input_tokens=usage.cache_read_input_tokens,
             output_tokens=usage.output_tokens,
+            usage_source=usage.source,
+            cache_reported=usage.cache_reported,
             request_id=done.request_id,
             stop_reason=done.stop_reason,
         )

@@ -18,6 +18,7 @@ from agents import chat, costs, selectors, turns
 from agents.dashboard import dashboard_snapshot
 from agents.models import ModelRequest, Run
 from agents.rendering import markdown_html, messages_html
+from agents.usage import ratio_sums, requests_ratio
 from controlcenter.api import request_user
 from controlcenter.errors import DomainError, NotFound
 from conversations import selectors as conversation_selectors
@@ -25,7 +26,6 @@ from conversations import services as conversation_services
 from conversations.models import Conversation, Message
 from conversations.views import owned_conversation
 from engine.actions import result_as_text
-from engine.tokens import cache_ratio
 from toolcatalog.selectors import modes_list
 
 
@@ -46,9 +46,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             ("duration_ms", "duration_ms"),
         )
     }
-    totals["cache_ratio"] = cache_ratio(
-        uncached=totals["uncached"], cache_write=totals["cache_write"], cache_read=totals["cache_read"]
-    )
+    totals["cache_ratio"] = requests_ratio(row["request"] for row in requests)
     return render(
         request,
         "agents/run_detail.html",
@@ -235,7 +233,8 @@ def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str,
     rows = list(
         ModelRequest.objects.filter(run__conversation=conversation)
         .values("run_id", "model")
-        .annotate(**{field: Sum(field) for field in costs.USAGE_FIELDS}, last=Max("id"))
+        # The ratio's sums first: the others take their fields' names.
+        .annotate(**ratio_sums(), **{field: Sum(field) for field in costs.USAGE_FIELDS}, last=Max("id"))
         .order_by()
     )
     by_run: dict[int, list[dict[str, Any]]] = {}

@@ -271,7 +271,15 @@ def run_turn(
             if miss:
                 # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
                 emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
-            emit("usage", {"step": step, **_usage_dict(done.usage), "usage_source": done.usage.source})
+            emit(
+                "usage",
+                {
+                    "step": step,
+                    **_usage_dict(done.usage),
+                    "usage_source": done.usage.source,
+                    "cache_reported": done.usage.cache_reported,
+                },
+            )
             content = done.content
             if continuing:
                 # The continuation of a reply cut by max_tokens: one assistant message, as if never cut.

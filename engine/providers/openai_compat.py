@@ -214,9 +214,14 @@ class OpenAICompatProvider:
         if self._tokenizer is not None:
             counted = self._tokenizer.count(prompt), self._tokenizer.count(output) if output else 0
             if counted[0] is not None and counted[1] is not None:
-                return Usage(input_tokens=counted[0], output_tokens=counted[1], source="tokenizer")
+                return Usage(
+                    input_tokens=counted[0], output_tokens=counted[1], source="tokenizer", cache_reported=False
+                )
         return Usage(
-            input_tokens=estimate_text_tokens(prompt), output_tokens=estimate_text_tokens(output), source="estimate"
+            input_tokens=estimate_text_tokens(prompt),
+            output_tokens=estimate_text_tokens(output),
+            source="estimate",
+            cache_reported=False,
         )
 
 
@@ -384,13 +389,15 @@ def _arguments(raw: str) -> dict[str, Any]:
 
 
 def _usage(usage: Any) -> Usage:
+    # OpenAI reports `prompt_tokens_details.cached_tokens` (0 included); llama.cpp's server omits it.
     details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", None) or 0) if details is not None else 0
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
     prompt = usage.prompt_tokens or 0
     return Usage(
-        input_tokens=max(0, prompt - cached),
-        cache_read_input_tokens=min(cached, prompt),
+        input_tokens=max(0, prompt - (cached or 0)),
+        cache_read_input_tokens=min(cached or 0, prompt),
         output_tokens=usage.completion_tokens or 0,
+        cache_reported=cached is not None,
     )
 
 

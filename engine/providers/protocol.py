@@ -31,6 +31,9 @@ class Usage:
     # Where the figures come from: "reported" by the provider, counted with the model server's own
     # "tokenizer" (it sent none), or our "estimate" (neither); the last two are shown as estimated.
     source: str = "reported"
+    # False when the provider said nothing of its cache (no `cached_tokens`): the cache fields are
+    # then unknown, not zero, and the request stays out of every cache ratio.
+    cache_reported: bool = True
 
     @property
     def prompt_tokens(self) -> int:

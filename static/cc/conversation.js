@@ -401,7 +401,9 @@
         break;
       }
       case "usage":
-        statusLine.textContent = `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
+        statusLine.textContent = p.cache_reported === false
+          ? `Step ${p.step}: ${p.input_tokens} input, ${p.output_tokens} output tokens (the server reports no cache figures).`
+          : `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
         break;
       case "run_finished":
         working(state, "");

@@ -95,6 +95,8 @@ def test_a_conversation_gets_a_reply_with_the_servers_usage_recorded(local_setti
     # than the 87 tokens of the bare question the first attempt sent.
     assert request.prompt_tokens > 1000
     assert request.usage_source == "tokenizer" and request.usage_estimated
+    # Nor does it say what it cached: no cache ratio, rather than a measured-looking 0 %.
+    assert request.cache_reported is False
 
 
 @pytest.mark.django_db(transaction=True)

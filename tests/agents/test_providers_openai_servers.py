@@ -191,6 +191,17 @@ def test_cached_tokens_are_a_subset_of_prompt_tokens(replay):
 
 
 @pytest.mark.req("LM-1")
+@pytest.mark.req("RN-2")
+def test_usage_without_cached_tokens_says_the_cache_is_unknown_not_empty(replay):
+    # llama.cpp's server when it sends usage: prompt and completion counts, no prompt_tokens_details.
+    usage = {"prompt_tokens": 1000, "completion_tokens": 5}
+    provider = replay([[chunk({"content": "ok"}), chunk(finish="stop"), chunk(usage=usage)]])
+    _, done = events(provider, request("hi"))
+    assert (done.usage.input_tokens, done.usage.cache_read_input_tokens) == (1000, 0)
+    assert done.usage.source == "reported" and done.usage.cache_reported is False
+
+
+@pytest.mark.req("LM-1")
 def test_a_server_without_usage_is_counted_with_its_tokenizer_else_estimated_never_zero(replay):
     stream = [chunk({"content": "three word reply"}), chunk(finish="stop")]
     with_tokenizer = replay([stream], tokenizer=True)

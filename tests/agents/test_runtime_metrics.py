@@ -48,7 +48,16 @@ def test_a_run_records_the_ttl_split_of_cache_writes_the_breakpoints_and_the_pro
     assert first.request_id.startswith("msg_emu_") and first.request_id != second.request_id
 
 
-def add_usage(run: Run, *, step: int, uncached: int, written: int, read: int, day: dt.date | None = None):
+def add_usage(
+    run: Run,
+    *,
+    step: int,
+    uncached: int,
+    written: int,
+    read: int,
+    day: dt.date | None = None,
+    cache_reported: bool = True,
+):
     row = ModelRequest.objects.create(
         run=run,
         step=step,
@@ -57,6 +66,7 @@ def add_usage(run: Run, *, step: int, uncached: int, written: int, read: int, da
         cache_creation_input_tokens=written,
         cache_read_input_tokens=read,
         output_tokens=10,
+        cache_reported=cache_reported,
     )
     if day is not None:
         ModelRequest.objects.filter(pk=row.pk).update(created_at=dt.datetime.combine(day, dt.time(12), dt.UTC))
@@ -89,6 +99,38 @@ def test_cache_metrics_aggregate_reads_over_all_prompt_tokens_per_run_conversati
     assert by_day == {"2026-12-01": 0.0, "2026-12-02": round(1700 / 2000, 4)}
     only = alice_api.get(f"/api/metrics/cache/?group=model&run={two.pk}").json()
     assert [(r["key"], r["requests"]) for r in only] == [("model-b", 1)]
+
+
+@pytest.mark.django_db
+@pytest.mark.req("RN-2")
+@pytest.mark.req("TD-15")
+def test_requests_whose_server_reported_no_cache_count_in_token_totals_and_in_no_cache_ratio(alice, alice_api, client):
+    hosted = make_run(alice, model="shared-model", title="hosted")
+    local = make_run(alice, model="shared-model", provider="local", title="local")
+    add_usage(hosted, step=1, uncached=100, written=0, read=300)
+    # llama.cpp's server: its 1,000 prompt tokens are known, what it cached is not.
+    add_usage(local, step=1, uncached=1000, written=0, read=0, cache_reported=False)
+
+    by_model = {row["key"]: row for row in alice_api.get("/api/metrics/cache/?group=model").json()}
+    assert by_model["shared-model"]["prompt_tokens"] == 1400
+    assert by_model["shared-model"]["cache_ratio"] == 0.75  # 300 / 400, not 300 / 1400
+    by_run = {row["key"]: row["cache_ratio"] for row in alice_api.get("/api/metrics/cache/?group=run").json()}
+    assert by_run == {str(hosted.pk): 0.75, str(local.pk): None}
+    (served,) = alice_api.get(f"/api/runs/{local.pk}/").json()["model_requests"]
+    assert served["cache_reported"] is False
+
+    client.force_login(alice)
+    snapshot = client.get("/dashboard/data/").json()
+    assert snapshot["totals"]["prompt"] == 1400 and snapshot["totals"]["cache_ratio"] == 0.75
+    by_conversation = {row["title"]: row["cache_ratio"] for row in snapshot["by_conversation"]}
+    assert by_conversation == {"hosted": 0.75, "local": None}
+    assert {row["id"]: row["cache_ratio"] for row in snapshot["recent_runs"]} == {hosted.pk: 0.75, local.pk: None}
+
+    page = client.get(f"/conversations/{local.conversation_id}/").content.decode()
+    assert "cache not reported" in page and "0.0% from cache" not in page
+    assert "75.0% from cache" in client.get(f"/conversations/{hosted.conversation_id}/").content.decode()
+    run_page = client.get(f"/runs/{local.pk}/").content.decode()
+    assert "not reported" in run_page and "0.0%" not in run_page
 
 
 @pytest.mark.django_db

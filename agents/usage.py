@@ -1,0 +1,53 @@
+"""The cache ratio of recorded requests, counted only where the model server reported its cache (RN-2, TD-15).
+
+A server that sends no cache figures (llama.cpp's) did not say "nothing was cached": its requests
+count in every token total, never in a ratio, so a window of them alone has no ratio ("—"),
+never a measured-looking 0 %.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.db.models import Q, Sum, Value
+from django.db.models.functions import Coalesce
+
+from agents.models import ModelRequest
+from engine.tokens import cache_ratio
+
+# Ratio inputs: (key in a row, ModelRequest field).
+RATIO_PARTS = (
+    ("ratio_uncached", "input_tokens"),
+    ("ratio_cache_write", "cache_creation_input_tokens"),
+    ("ratio_cache_read", "cache_read_input_tokens"),
+)
+
+
+def requests_ratio(requests: Iterable[ModelRequest]) -> float | None:
+    """The cache ratio of ModelRequest rows already loaded."""
+    reported = [request for request in requests if request.cache_reported]
+    return ratio_of({key: sum(getattr(request, field) for request in reported) for key, field in RATIO_PARTS})
+
+
+def ratio_sums(prefix: str = "") -> dict[str, Any]:
+    """Aggregates of the ratio inputs over the grouped requests that reported their cache; `prefix`
+    reaches ModelRequest from another model (`"model_requests__"` from Run)."""
+    reported = Q(**{f"{prefix}cache_reported": True})
+    return {key: Coalesce(Sum(f"{prefix}{field}", filter=reported), Value(0)) for key, field in RATIO_PARTS}
+
+
+def ratio_of(row: Mapping[str, Any]) -> float | None:
+    """The cache ratio of a row annotated with `ratio_sums()`, or of summed such rows."""
+    return cache_ratio(
+        uncached=row["ratio_uncached"], cache_write=row["ratio_cache_write"], cache_read=row["ratio_cache_read"]
+    )
+
+
+def summed_ratio(rows: Iterable[Mapping[str, Any]]) -> float | None:
+    """The cache ratio of several rows annotated with `ratio_sums()` taken together."""
+    totals = dict.fromkeys((key for key, _ in RATIO_PARTS), 0)
+    for row in rows:
+        for key in totals:
+            totals[key] += row[key]
+    return ratio_of(totals)
