@@ -1,4 +1,5 @@
-"""Worker liveness: each Celery worker refreshes a short-lived Redis key."""
+"""Worker liveness: each Celery worker refreshes a short-lived Redis key, and vouches in the
+database for the runs it holds (`agents.lifecycle.runs_vouch`)."""
 
 from __future__ import annotations
 
@@ -53,13 +54,21 @@ def beat_forever(hostname: str, stop: threading.Event, reap_due: threading.Event
         stop.wait(interval_seconds())
 
 
-def reap_when_due(stop: threading.Event, reap_due: threading.Event, on_complete: Callable[[list[str]], object]) -> None:
-    """Hand the live set to `on_complete` (the reaper and the sweep) each time a beat says it is due."""
+def reap_when_due(
+    stop: threading.Event,
+    reap_due: threading.Event,
+    on_complete: Callable[[list[str]], object],
+    on_tick: Callable[[], object],
+) -> None:
+    """Each interval `on_tick` (the worker vouches for its runs in the database); and each time a
+    beat says it is due, hand the live set to `on_complete` (the reaper and the sweep)."""
     while not stop.is_set():
-        if not reap_due.wait(interval_seconds()):
-            continue
-        reap_due.clear()
+        due = reap_due.wait(interval_seconds())
         try:
+            on_tick()
+            if not due:
+                continue
+            reap_due.clear()
             on_complete(live_workers())
         except redis.RedisError:
             pass
@@ -77,10 +86,14 @@ def beat(client: redis.Redis, hostname: str) -> bool:
     return now - float(client.get(EPOCH_KEY) or now) >= ttl_seconds()
 
 
-def start_heartbeat(hostname: str, on_complete: Callable[[list[str]], object]) -> threading.Event:
+def start_heartbeat(
+    hostname: str, on_complete: Callable[[list[str]], object], on_tick: Callable[[], object] = lambda: None
+) -> threading.Event:
     stop, reap_due = threading.Event(), threading.Event()
     threading.Thread(target=beat_forever, args=(hostname, stop, reap_due), daemon=True, name="cc-heartbeat").start()
-    threading.Thread(target=reap_when_due, args=(stop, reap_due, on_complete), daemon=True, name="cc-reaper").start()
+    threading.Thread(
+        target=reap_when_due, args=(stop, reap_due, on_complete, on_tick), daemon=True, name="cc-reaper"
+    ).start()
     return stop
 
 

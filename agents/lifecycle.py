@@ -34,7 +34,7 @@ from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models import DateTimeField, Max, QuerySet
+from django.db.models import DateTimeField, Max, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -197,16 +197,18 @@ def embedded_recover() -> None:
 
 def run_claim(*, run_id: int, worker: str) -> bool:
     """Exactly one worker moves a run from queued to running."""
+    now = timezone.now()
     claimed = Run.objects.filter(pk=run_id, status=Run.Status.QUEUED).update(
-        status=Run.Status.RUNNING, started_at=timezone.now(), worker=worker
+        status=Run.Status.RUNNING, started_at=now, vouched_at=now, worker=worker
     )
     return claimed == 1
 
 
 def subagent_claim(*, subagent_id: int, worker: str) -> bool:
     with subagents.db_turn():
+        now = timezone.now()
         claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
-            status=Run.Status.RUNNING, worker=worker, started_at=timezone.now()
+            status=Run.Status.RUNNING, worker=worker, started_at=now, vouched_at=now
         )
     return claimed == 1
 
@@ -707,11 +709,24 @@ def approval_decide(*, approval_id: int, user: User, decision: str) -> Approval:
 # --- the reaper ---------------------------------------------------------------------
 
 
+def unvouched_since(settled: datetime) -> Q:
+    """Not vouched for since `settled` (rows claimed before `vouched_at` existed: not started since)."""
+    return Q(vouched_at__lt=settled) | Q(vouched_at__isnull=True, started_at__lt=settled)
+
+
+def runs_vouch(worker: str) -> None:
+    """The worker's own word, in PostgreSQL, that the runs and subagents it holds are still running."""
+    now = timezone.now()
+    Run.objects.filter(worker=worker, status=Run.Status.RUNNING).update(vouched_at=now)
+    with subagents.db_turn():
+        Subagent.objects.filter(worker=worker, status=Run.Status.RUNNING).update(vouched_at=now)
+
+
 def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = None) -> list[int]:
     """Fail, as retryable, the runs (and subagents) whose worker is gone; no turn was half-written (CH-5)."""
     grace = heartbeat.ttl_seconds() if grace_seconds is None else grace_seconds
     settled = timezone.now() - timedelta(seconds=grace)
-    candidates = Run.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled).exclude(worker__in=live)
+    candidates = Run.objects.filter(unvouched_since(settled), status=Run.Status.RUNNING).exclude(worker__in=live)
     reaped = []
     for run in candidates.select_related("conversation"):
         error = WORKER_LOST.format(worker=run.worker or "unknown worker")
@@ -759,7 +774,7 @@ def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
     """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
     with subagents.db_turn():
         lost = (
-            Subagent.objects.filter(status=Run.Status.RUNNING, started_at__lt=settled)
+            Subagent.objects.filter(unvouched_since(settled), status=Run.Status.RUNNING)
             .exclude(worker__in=live)
             .update(status=Run.Status.FAILED, finished_at=timezone.now(), error=SUBAGENT_WORKER_LOST)
         )
@@ -785,4 +800,5 @@ def _on_complete_live_set(live: list[str]) -> None:
 
 def worker_started(hostname: str) -> threading.Event:
     """A Celery worker is up: beat for it; once the live set is complete, reap and sweep for everyone."""
-    return heartbeat.start_heartbeat(worker_identity(hostname), on_complete=_on_complete_live_set)
+    identity = worker_identity(hostname)
+    return heartbeat.start_heartbeat(identity, on_complete=_on_complete_live_set, on_tick=lambda: runs_vouch(identity))

@@ -34,6 +34,10 @@ class Run(models.Model):
     worker = models.CharField(max_length=255, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # Refreshed by the run's own worker each heartbeat (CH-5): the reaper fails a run only when its
+    # worker is missing from the Redis live set AND this is a TTL old, so a live set that is wrong
+    # (Redis unreachable from that one worker, another deployment's Redis) never fails a live run.
+    vouched_at = models.DateTimeField(null=True, blank=True)
     first_event_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -203,6 +207,8 @@ class Subagent(models.Model):
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # As Run.vouched_at.
+    vouched_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

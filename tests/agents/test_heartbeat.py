@@ -60,3 +60,20 @@ def test_a_run_cancelled_while_its_worker_was_dead_ends_cancelled_not_failed():
     crashed.refresh_from_db()
     assert cancelled.status == Run.Status.CANCELLED and "Cancelled. Its worker (gone@host)" in cancelled.error
     assert crashed.status == Run.Status.FAILED and crashed.retryable
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-5")
+def test_a_run_its_worker_vouched_for_within_the_ttl_is_not_reaped_whatever_the_live_set_says():
+    from agents.lifecycle import runs_vouch
+
+    long_ago = timezone.now() - timedelta(minutes=5)
+    vouched = RunFactory(status=Run.Status.RUNNING, worker="cut-off@host", started_at=long_ago)
+    silent = RunFactory(status=Run.Status.RUNNING, worker="gone@host", started_at=long_ago)
+    before_vouching = RunFactory(status=Run.Status.RUNNING, worker="gone@host", started_at=long_ago)
+    Run.objects.filter(pk=before_vouching.pk).update(vouched_at=None)  # claimed by a release without it
+    Run.objects.filter(pk__in=[vouched.pk, silent.pk]).update(vouched_at=long_ago)
+    runs_vouch("cut-off@host")  # its Redis key is missing, its database word is fresh
+    assert sorted(runs_reap_orphans(live=[], grace_seconds=60)) == sorted([silent.pk, before_vouching.pk])
+    vouched.refresh_from_db()
+    assert vouched.status == Run.Status.RUNNING

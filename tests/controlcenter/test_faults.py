@@ -283,6 +283,30 @@ def test_after_a_redis_restart_no_worker_reaps_until_every_live_worker_could_bea
 
 
 @pytest.mark.req("CH-5")
+@pytest.mark.req("OP-2")
+def test_a_worker_on_another_redis_with_the_same_database_never_fails_a_turn_that_is_alive(stack, api, alice, tmp_path):
+    # An operator moving to a new Redis starts the new workers while the old ones finish their turns.
+    # The new worker's live set holds only itself; the old worker's runs must not look dead to it.
+    (tmp_path / "moved").mkdir()
+    moved = Stack(connection.settings_dict["NAME"], tmp_path / "moved")
+    try:
+        moved.start_worker()
+        time.sleep(3.5)  # its registry is a TTL old (3 × 1 s): its reaper passes every second from now on
+        web = stack.start_web()
+        stack.start_worker()
+        client = api(web)
+        conversation = client.post("/api/conversations/", json={"title": "moving"}).json()
+        messages_url = f"/api/conversations/{conversation['id']}/messages/"
+        run_id = client.post(messages_url, json={"text": "please run `sleep 6; echo done`"}).json()["run"]["id"]
+        run = finished(run_id, timeout=90)
+    finally:
+        moved.stop()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    messages = assert_one_clean_turn_per_run(conversation["id"])
+    assert "done" in messages[2].content[0]["content"]
+
+
+@pytest.mark.req("CH-5")
 def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings, tmp_path):
     import threading
 
