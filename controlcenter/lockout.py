@@ -76,7 +76,8 @@ class ThrottledTokenAuthentication(TokenAuthentication):
             return None
         django_request = request._request
         if token_locked_out(django_request):
-            raise Throttled(detail=lockout_message())
+            # The code the attempt that locked the address out got, not DRF's generic "throttled".
+            raise Throttled(detail=lockout_message(), code="locked_out")
         try:
             return super().authenticate(request)
         except AuthenticationFailed:
