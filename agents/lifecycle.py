@@ -26,6 +26,7 @@ import threading
 import uuid
 from collections.abc import Callable, Collection, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
@@ -49,7 +50,14 @@ from conversations.services import tip_back_to_latest_answer
 from engine.actions import ActionLimits, ApprovalNeeded, tool_result, tool_uses_of
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context.transcript import RequestCount, overhead_count
-from engine.loop import CANCEL_POLL_SECONDS, TurnCancelled, TurnOutcome, polled_at_most_every, run_turn
+from engine.loop import (
+    CANCEL_POLL_SECONDS,
+    TurnCancelled,
+    TurnHandedOff,
+    TurnOutcome,
+    polled_at_most_every,
+    run_turn,
+)
 from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.tokens import estimate_json_tokens, tool_prompt_tokens
 from scratchpad import services as scratchpad_services
@@ -326,10 +334,20 @@ def _drive(
     failure: Callable[[Exception], str],
     cancelled_error: str = "",
     cancelled: Callable[[TurnCancelled], None] | None = None,
+    handed_off: Callable[[TurnHandedOff], None] | None = None,
 ) -> TurnOutcome | None:
     """Run the turn; every way it can end without an outcome to store ends here, for runs and subagents alike."""
     try:
         return turn()
+    except TurnHandedOff as stopping:
+        # Only runs hand off (a subagent's turn is never given `hand_off`).
+        assert handed_off is not None
+        try:
+            handed_off(stopping)
+        except Exception as exc:
+            logger.exception("could not hand the turn off")
+            finish(Run.Status.FAILED, f"internal error while handing the turn off: {type(exc).__name__}: {exc}")
+        return None
     except ApprovalNeeded as waiting_for:
         try:
             waiting = pause(waiting_for)
@@ -416,6 +434,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
                 on_prompt_too_long=turns.reactive_compaction_hook(run, emit, overhead=overhead),
                 max_tokens=settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
                 make_room=turns.room_making_hook(run, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
+                hand_off=_draining.is_set,
             )
 
     def failure(exc: Exception) -> str:
@@ -436,6 +455,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
         cancelled=lambda stopped: _finish_cancelled(
             run, TurnOutcome(stopped.messages, stopped.steps), catalog, publisher
         ),
+        handed_off=lambda stopping: _hand_off(run, stopping, catalog, publisher, worker=worker),
     )
     if outcome is None or catalog is None:
         return
@@ -454,6 +474,29 @@ def run_execute(run_id: int, *, worker: str) -> None:
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
     )
+
+
+def _hand_off(
+    run: Run, stopping: TurnHandedOff, catalog: CatalogToolBox | None, publisher: RunEventPublisher, *, worker: str
+) -> None:
+    """The worker is stopping (OP-4): the run goes back to the queue with its turn so far, and the
+    next worker to claim it resumes after the last step, as after an approval. Asked to stop
+    meanwhile: it ends cancelled, its turn kept as for any cancel."""
+    with transaction.atomic():
+        queued = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, cancel_requested=False).update(
+            status=Run.Status.QUEUED, pending_turn=asdict(stopping.paused)
+        )
+        if queued:
+            ModelRequest.objects.bulk_create(approvals.model_request_rows(run, stopping.steps))
+            if catalog is not None:
+                activations_record(run_id=run.pk, activations=catalog.activations, misses=catalog.misses)
+            transaction.on_commit(lambda: enqueue_run(run.pk))
+    if not queued:
+        if reconnecting(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).exists()):
+            _finish_cancelled(run, TurnOutcome(stopping.paused.messages, stopping.steps), catalog, publisher)
+        return
+    logger.info("run %s handed off after step %s: %s is stopping", run.pk, stopping.paused.step, worker)
+    publisher.publish("run_handed_off", {"step": stopping.paused.step, "worker": worker})
 
 
 def _finish_cancelled(
@@ -796,6 +839,16 @@ def worker_identity(hostname: str | None) -> str:
 def _on_complete_live_set(live: list[str]) -> None:
     runs_reap_orphans(live=live)
     sweep_lost_work()
+
+
+# Set once this worker process begins a warm shutdown (OP-4): its runs hand off at their next step.
+_draining = threading.Event()
+
+
+def worker_draining() -> None:
+    """The worker was asked to stop: its running turns go back to the queue between two steps
+    instead of holding the shutdown for the rest of the turn (Celery waits for running tasks)."""
+    _draining.set()
 
 
 def worker_started(hostname: str) -> threading.Event:

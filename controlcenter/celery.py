@@ -6,7 +6,7 @@ import os
 import uuid
 
 from celery import Celery
-from celery.signals import worker_init, worker_ready
+from celery.signals import worker_init, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlcenter.settings")
 
@@ -31,3 +31,12 @@ def _announce_worker(sender, **kwargs) -> None:  # noqa: ANN001
 
     log_mode()
     worker_started(sender.hostname)
+
+
+@worker_shutting_down.connect
+def _hand_off_running_turns(sig, how, exitcode, **kwargs) -> None:  # noqa: ANN001, ANN003
+    # A warm shutdown (SIGTERM) waits for running tasks: without this, for the rest of each turn.
+    # Deferred as above.
+    from agents.lifecycle import worker_draining
+
+    worker_draining()

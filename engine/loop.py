@@ -66,6 +66,16 @@ def polled_at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[
     return throttled
 
 
+class TurnHandedOff(Exception):
+    """The worker is stopping (OP-4): the turn stopped between two steps, every call answered, to
+    be resumed by another worker from `paused`, as after an approval; `steps` are its requests."""
+
+    def __init__(self, paused: PausedTurn, steps: list[StepRecord]) -> None:
+        super().__init__(f"the turn was handed off after step {paused.step}")
+        self.paused = paused
+        self.steps = steps
+
+
 class TurnCancelled(Exception):
     """Someone asked the run to stop (OP-3).
 
@@ -101,7 +111,8 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class PausedTurn:
-    """A turn stopped for approval, as stored on the run (`Run.pending_turn`), never in the transcript (CH-5)."""
+    """A turn stopped for approval or handed off, as stored on the run (`Run.pending_turn`), never in
+    the transcript (CH-5)."""
 
     messages: list[dict[str, Any]]
     step: int
@@ -184,8 +195,10 @@ def run_turn(
     max_tokens: int = 4096,
     tool_choice: dict[str, Any] | None = None,
     make_room: MakeRoom | None = None,
+    hand_off: Callable[[], bool] = lambda: False,
 ) -> TurnOutcome:
-    """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person.
+    """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person,
+    and `TurnHandedOff` between two steps once `hand_off()` says the worker is stopping.
 
     `tool_choice` (Anthropic's shape) applies to the turn's first request only: forcing a
     call on every step would never let the model answer after it.
@@ -221,11 +234,17 @@ def run_turn(
             previous_end, first_step = resume.previous_end, resume.step + 1
             executor.counts = dict(resume.counts)
             toolbox.restore_observations(turn_observations(outcome.messages))
-            _run_tools(executor, outcome, resume.step, tool_uses_of(outcome.messages[-1]), previous_end)
+            waiting = tool_uses_of(outcome.messages[-1])
+            if waiting:  # paused for approval; a turn handed off has run its calls already
+                _run_tools(executor, outcome, resume.step, waiting, previous_end)
         continuing, continuations = False, 0
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
+            if step > first_step and not continuing and hand_off():
+                # Only after a step of this worker's own: a turn handed off makes progress each time.
+                paused = PausedTurn(list(outcome.messages), step - 1, previous_end, dict(executor.counts))
+                raise TurnHandedOff(paused, list(outcome.steps))
             choice = tool_choice if step == first_step else None
             tool_prompt = tool_prompt_tokens(provider.name, model, forced=_forced(choice))
             # Only tool calls unload (a fresh turn's first request follows the check above).

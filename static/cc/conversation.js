@@ -353,6 +353,11 @@
         // A run resumed after an approval goes straight to the approved call.
         working(state, state.approved ? `Running ${state.approved}` : "Thinking");
         break;
+      case "run_handed_off":
+        // Its worker is stopping (OP-4): the next worker resumes after this step.
+        working(state, "Waiting for a worker");
+        statusLine.textContent = `Step ${p.step} done; its worker is stopping, so the next worker goes on from here.`;
+        break;
       case "text_delta":
         // Plain text while it streams (line breaks kept); the stored reply is drawn as Markdown
         // once the run ends, so a half-open code fence never renders mid-stream.

@@ -21,11 +21,13 @@ import websockets
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from agents.models import Run, RunEvent
+from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.cli import WEB_SHUTDOWN_GRACE_SECONDS
 from controlcenter.processes import WorkerProcess
 from controlcenter.stack import Stack
 from conversations.models import Message
+from engine.emulator import Emulator, ScriptedPolicy
+from engine.emulator.server import EmulatorServer
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -116,6 +118,59 @@ def test_a_worker_killed_and_restarted_under_the_same_name_reaps_its_run_and_its
     assert "ticks.txt" in started.payload["retry_of"]["interrupted_call"]["input"]["command"]
     assert client.post(f"/api/runs/{retry_id}/cancel/").status_code == 200
     worker.stop()
+
+
+def _bash(command: str) -> dict:
+    return {"type": "tool_use", "name": "bash", "input": {"command": command}}
+
+
+@pytest.mark.req("OP-4")
+@pytest.mark.req("CH-5")
+def test_a_worker_stopped_mid_turn_hands_the_turn_on_at_the_next_step_and_its_restart_finishes_it(tmp_path, api):
+    # Three steps: a 4-second call, then one that would hold the stopping worker 15 s more, then the answer.
+    steps = [[_bash("sleep 4; echo first >> calls.txt")], [_bash("sleep 15; echo second >> calls.txt")], "Done."]
+    with EmulatorServer(Emulator(policy=ScriptedPolicy(steps))) as server:
+        emulated = {
+            "CC_PROVIDER": "anthropic",
+            "CC_MODEL": "claude-sonnet-4-5",
+            "ANTHROPIC_API_KEY": "sk-test-not-a-real-key",
+            "ANTHROPIC_BASE_URL": server.base_url,
+        }
+        stack = Stack(connection.settings_dict["NAME"], tmp_path, emulated)
+        try:
+            client = api(stack.start_web())
+            worker = stack.start_worker()
+            conversation = client.post("/api/conversations/", json={"title": "restart"}).json()
+            sent = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": "go"}).json()
+            run_id = sent["run"]["id"]
+            wait_until(lambda: RunEvent.objects.filter(run_id=run_id, type="tool_call").exists(), 30, "the first call")
+
+            worker.process.send_signal(signal.SIGTERM)  # as `docker compose stop worker` does
+            worker.process.wait(timeout=12)  # the first call's 4 s, not the second call's 15 too
+
+            handed = RunEvent.objects.get(run_id=run_id, type="run_handed_off")
+            assert handed.payload["step"] == 1
+            calls = RunEvent.objects.filter(run_id=run_id, type="tool_call").values_list("payload__input", flat=True)
+            assert [call["command"] for call in calls] == ["sleep 4; echo first >> calls.txt"]
+            assert Run.objects.get(pk=run_id).status == Run.Status.QUEUED
+
+            worker.start()  # the same command line, the same --hostname
+            worker.wait_ready()
+            run = wait_until(
+                lambda: Run.objects.filter(pk=run_id, status__in=["succeeded", "failed"]).first(), 90, "the run"
+            )
+        finally:
+            stack.stop()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    path = Message.objects.filter(conversation_id=conversation["id"]).order_by("id")
+    assert [m.role for m in path] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [m.parent_id for m in path][1:] == [m.pk for m in path][:-1]  # one path, nothing twice
+    assert path.last().content == [{"type": "text", "text": "Done."}]
+    (calls_file,) = Path(stack.env["CC_WORKSPACE_ROOT"]).glob("**/calls.txt")
+    assert calls_file.read_text().split() == ["first", "second"]  # each call ran once
+    assert ModelRequest.objects.filter(run_id=run_id).count() == 3
+    started = RunEvent.objects.filter(run_id=run_id, type="run_started").order_by("seq")
+    assert len({event.payload["worker"] for event in started}) == 2  # the restarted worker is a new instance
 
 
 @pytest.mark.req("OP-2")

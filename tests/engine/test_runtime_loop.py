@@ -11,7 +11,7 @@ import pytest
 from engine.actions import ActionLimits, ApprovalNeeded
 from engine.context.transcript import request_tokens
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
-from engine.loop import PausedTurn, RequestSize, Room, TurnCancelled, run_turn
+from engine.loop import PausedTurn, RequestSize, Room, TurnCancelled, TurnHandedOff, run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block
@@ -121,6 +121,26 @@ def test_a_call_that_needs_approval_pauses_the_step_before_anything_runs_and_res
     assert (tmp_path / "a.txt").exists() and not (tmp_path / "b.txt").exists()
     assert outcome.messages[-1]["content"] == [text_block("finished")]
     assert [s.step for s in outcome.steps] == [2]  # the resumed turn continues the step count
+
+
+@pytest.mark.req("OP-4")
+def test_a_turn_told_to_hand_off_stops_after_a_step_and_resumes_without_running_a_call_again(tmp_path):
+    model = provider([call("bash", command="echo x >> calls.txt")], [call("list_dir", path=".")], "finished")
+    box = WorkspaceToolBox(tmp_path, approve=lambda name, arguments: True)
+    asked: list[int] = []  # the loop asks only once it has done a step of its own: before step 2
+    with pytest.raises(TurnHandedOff) as handed:
+        turn(model, box, hand_off=lambda: asked.append(1) or True)
+    assert asked == [1]
+    paused = handed.value.paused
+    assert paused.step == 1 and [m["role"] for m in paused.messages] == ["assistant", "user"]
+    assert [s.step for s in handed.value.steps] == [1]
+    assert (tmp_path / "calls.txt").read_text() == "x\n"
+
+    outcome, _ = turn(model, box, resume=paused)
+    assert (tmp_path / "calls.txt").read_text() == "x\n"  # the handed-off step's call is not run again
+    assert [m["role"] for m in outcome.messages] == ["assistant", "user", "assistant", "user", "assistant"]
+    assert outcome.messages[-1]["content"] == [text_block("finished")]
+    assert [s.step for s in outcome.steps] == [2, 3]
 
 
 @pytest.mark.req("RN-4")
