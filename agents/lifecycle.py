@@ -409,7 +409,9 @@ def run_execute(run_id: int, *, worker: str) -> None:
             conversation_id=run.conversation_id,
             owner_id=run.conversation.owner_id,
             mode=run.mode,
-            enqueue_subagent=enqueue_subagent,
+            children=subagents.ChildDispatch(
+                enqueue=enqueue_subagent, run_here=lambda child_id: subagent_execute(child_id, worker=worker)
+            ),
         )
         system = turns.turn_system(catalog)
 

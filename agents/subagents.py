@@ -56,6 +56,22 @@ _SHAPE_PATTERN = "^[a-z][a-z0-9_-]{0,31}$"
 ANSWER_HEAD_CHARS = 200
 ANSWER_TAIL_CHARS = 100
 _POLL_SECONDS = 0.1
+# A child no worker has claimed after this long is run on its parent's own thread.
+RUN_HERE_AFTER_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class ChildDispatch:
+    """How a parent's children run: sent to the workers (`enqueue`), and run on the parent's own
+    thread (`run_here`) when none has claimed one for `RUN_HERE_AFTER_SECONDS`. A waiting parent
+    holds a worker thread; with every thread of every worker held by waiting parents, nobody else
+    would ever run their children, and each fan-out would wait out its whole timeout. The claim is
+    a conditional UPDATE, so a child is run once whoever gets there first."""
+
+    enqueue: Callable[[int], None]
+    run_here: Callable[[int], None]
+
+
 STOPPED_WAITING = "cancelled: its parent run stopped waiting for it."
 
 SPAWN_AGENTS_SCHEMA = {
@@ -269,7 +285,7 @@ def subagent_status_event(publisher: RunEventPublisher, child: Subagent, status:
 # --- the parent side ----------------------------------------------------------------
 
 
-def spawn_agents(*, run_id: int, arguments: dict[str, Any], enqueue_subagent: Callable[[int], None]) -> dict[str, Any]:
+def spawn_agents(*, run_id: int, arguments: dict[str, Any], children: ChildDispatch) -> dict[str, Any]:
     """Fan out one child per task and return their answers in task order (the tool's observation)."""
     try:
         shape, specs = parse_spawn(
@@ -280,27 +296,29 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any], enqueue_subagent: Ca
     parent = Run.objects.get(pk=run_id)
     fanout_id = uuid.uuid4().hex
     with db_turn(), transaction.atomic():
-        children = Subagent.objects.bulk_create(
+        created = Subagent.objects.bulk_create(
             Subagent(parent=parent, fanout_id=fanout_id, index=index, count=len(specs), shape=shape,
                      profile=spec.profile, task=spec.task)
             for index, spec in enumerate(specs)
         )  # fmt: skip
     with db_turn():
         publisher = RunEventPublisher(parent)
-    for child in children:
+    for child in created:
         subagent_status_event(publisher, child, Run.Status.QUEUED)
-    for child in children:
-        enqueue_subagent(child.pk)
-    children, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id)
-    observation = fanout_observation(parent=parent, shape=shape, children=children, waited_out=waited_out)
+    for child in created:
+        children.enqueue(child.pk)
+    finished, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id, run_here=children.run_here)
+    observation = fanout_observation(parent=parent, shape=shape, children=finished, waited_out=waited_out)
     if Run.objects.filter(pk=run_id, cancel_requested=True).exists():
         observation["cancelled"] = True  # the parent run was cancelled: its turn ends here (OP-3)
     return observation
 
 
-def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]:
-    """Poll the children's rows until all have finished, the parent is cancelled, or the wait runs out."""
+def _await_children(*, parent_id: int, fanout_id: str, run_here: Callable[[int], None]) -> tuple[list[Any], bool]:
+    """Poll the children's rows until all have finished, the parent is cancelled, or the wait runs
+    out; run here, lowest index first, a child left queued for `RUN_HERE_AFTER_SECONDS`."""
     deadline = time.monotonic() + settings.CC_SUBAGENT_TIMEOUT_SECONDS
+    queued_since: dict[int, float] = {}
     while True:
         children = list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index"))
         if all(child.is_finished for child in children):
@@ -310,6 +328,13 @@ def _await_children(*, parent_id: int, fanout_id: str) -> tuple[list[Any], bool]
         if timed_out or parent_gone.exists():
             subagents_cancel(parent_id=parent_id, fanout_id=fanout_id)
             return list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index")), timed_out
+        now = time.monotonic()
+        # Queued again after an approval counts from then: the row's status is what is watched.
+        queued_since = {c.pk: queued_since.get(c.pk, now) for c in children if c.status == Run.Status.QUEUED}
+        unclaimed = [pk for pk, since in queued_since.items() if now - since >= RUN_HERE_AFTER_SECONDS]
+        if unclaimed:
+            run_here(unclaimed[0])
+            continue
         time.sleep(_POLL_SECONDS)
 
 
@@ -397,20 +422,20 @@ def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
 class SpawningToolBox(ToolBoxLayer):
     """Adds `spawn_agents` after the inner toolbox's tools (the parent run only)."""
 
-    def __init__(self, inner: ToolBox, *, run_id: int, enqueue_subagent: Callable[[int], None] | None) -> None:
+    def __init__(self, inner: ToolBox, *, run_id: int, children: ChildDispatch | None) -> None:
         super().__init__(inner)
         self.run_id = run_id
         # None where the stack is only described (the Context view), never executed.
-        self.enqueue_subagent = enqueue_subagent
+        self.children = children
 
     def schemas(self) -> list[dict[str, Any]]:
         return [*self.inner.schemas(), SPAWN_AGENTS_SCHEMA]
 
     def execute(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         if name == SPAWN_AGENTS:
-            if self.enqueue_subagent is None:
+            if self.children is None:
                 raise RuntimeError("this toolbox describes the tools of a turn; it does not run them")
-            return spawn_agents(run_id=self.run_id, arguments=arguments, enqueue_subagent=self.enqueue_subagent)
+            return spawn_agents(run_id=self.run_id, arguments=arguments, children=self.children)
         return self.inner.execute(name, arguments)
 
     def execute_step(self, step: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:

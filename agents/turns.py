@@ -17,7 +17,7 @@ from django.conf import settings
 from agents import approvals
 from agents.models import ConversationToolPins, ModelRequest, Run, RunEvent
 from agents.providers import get_provider
-from agents.subagents import SPAWN_AGENTS, SpawningToolBox
+from agents.subagents import SPAWN_AGENTS, ChildDispatch, SpawningToolBox
 from agents.summary import run_summarizer
 from conversations import export, selectors
 from conversations.compaction import CompactionPass, compaction_pass
@@ -76,7 +76,7 @@ def turn_toolboxes(
     conversation_id: int,
     owner_id: int | None,
     mode: Mode | None = None,
-    enqueue_subagent: Callable[[int], None] | None = None,
+    children: ChildDispatch | None = None,
     take_pins: bool = True,
 ) -> tuple[CatalogToolBox, approvals.GatedToolBox]:
     """The run's catalog toolbox, and the stack the loop talks to, outermost first:
@@ -84,7 +84,7 @@ def turn_toolboxes(
     approvals (RN-4: which calls wait for a person) -> scratchpad (SP-1, SP-7, SP-9:
     offload, `scratchpad_read`, references) -> subagents (TD-14: `spawn_agents`) ->
     catalog (TD-2..TD-8: resident set, deferred activation, built-in implementations).
-    A run passes how its subagents are queued; without it the stack is only described (Context view),
+    A run passes how its subagents are run; without it the stack is only described (Context view),
     and `take_pins=False` describes it without pinning the catalog for a conversation that never ran.
     `owner_id` is the conversation's owner: whose memories and task list the tools touch.
     """
@@ -100,7 +100,7 @@ def turn_toolboxes(
     )
     # spawn_agents is a tool like any other to the mode: a mode that denies it never offers it (TD-8).
     spawning = (
-        SpawningToolBox(catalog, run_id=run_id, enqueue_subagent=enqueue_subagent)
+        SpawningToolBox(catalog, run_id=run_id, children=children)
         if catalog.surface.mode.admits(SPAWN_AGENTS)
         else catalog
     )

@@ -79,7 +79,7 @@ def fanout(settings, tmp_path):
     """
     started = []
 
-    def start(chosen_policy=policy, concurrency: int = 5):
+    def start(chosen_policy=policy, concurrency: int = 5, **extra_env: str):
         server = EmulatorServer(Emulator(policy=chosen_policy)).start()
         started.append(server)
         settings.CC_RUN_QUEUE = f"runtime-test-{uuid.uuid4().hex[:8]}"
@@ -100,6 +100,7 @@ def fanout(settings, tmp_path):
             CC_RUN_QUEUE=settings.CC_RUN_QUEUE,
             CC_TOOL_AUTO_APPROVE="",
             CC_SUBAGENT_RELEASE_WAIT_SECONDS=str(settings.CC_SUBAGENT_RELEASE_WAIT_SECONDS),
+            **extra_env,
         )
         worker = WorkerProcess(
             env, f"children-{uuid.uuid4().hex[:6]}@%h", tmp_path / "children.log",
@@ -112,6 +113,33 @@ def fanout(settings, tmp_path):
     yield start
     for process in reversed(started):
         process.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("TD-14")
+def test_a_worker_with_one_thread_runs_a_parent_and_its_five_children_to_the_end(fanout, alice):
+    # `controlcenter worker --concurrency 1`, as deployed: the parent's turn holds the only thread
+    # while it waits, and the children are queued behind it. They must not wait for the timeout.
+    from agents.lifecycle import enqueue_run
+
+    worker = fanout(concurrency=1, CC_SUBAGENT_TIMEOUT_SECONDS="60")
+    if worker is None:
+        pytest.fail("this test needs services mode (the README's test command sets it)")
+    run = make_run(alice)
+    enqueue_run(run.pk)
+    started = time.monotonic()
+    run = wait_until(lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(), 120, "the run")
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert time.monotonic() - started < 50, "the children waited for the parent's timeout"
+    observation = observation_of(run)
+    assert observation["ok"] is True, observation
+    assert [r["text"] for r in observation["results"]] == [f"answer to: {task}" for task in TASKS]
+    # All of them ran on the one worker (its parent's thread), each exactly once.
+    children = Subagent.objects.filter(parent=run)
+    assert {child.worker for child in children} == {run.worker}
+    for child in children:
+        statuses = RunEvent.objects.filter(run=run, type="subagent_status", payload__subagent__index=child.index)
+        assert list(statuses.values_list("payload__status", flat=True)) == ["queued", "running", "succeeded"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -302,10 +330,11 @@ def test_a_large_child_answer_goes_to_the_scratchpad_and_the_parent_reads_it_who
 )
 def test_bad_spawn_arguments_are_a_tool_error_and_spawn_nothing(alice, arguments, message):
     from agents.lifecycle import enqueue_subagent
-    from agents.subagents import spawn_agents
+    from agents.subagents import ChildDispatch, spawn_agents
 
     run = make_run(alice)
-    observation = spawn_agents(run_id=run.pk, arguments=arguments, enqueue_subagent=enqueue_subagent)
+    children = ChildDispatch(enqueue=enqueue_subagent, run_here=enqueue_subagent)
+    observation = spawn_agents(run_id=run.pk, arguments=arguments, children=children)
     assert observation["ok"] is False
     assert observation["error"].startswith("spawn_agents did not start any subagent: ")
     assert message in observation["error"], observation["error"]
