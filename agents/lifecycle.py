@@ -451,7 +451,9 @@ def run_execute(run_id: int, *, worker: str) -> None:
 
     outcome = _drive(
         turn,
-        pause=lambda waiting_for: approvals.approval_pause(run=run, pause=waiting_for, publisher=publisher),
+        pause=lambda waiting_for: _recorded_pause(
+            catalog, run.pk, lambda: approvals.approval_pause(run=run, pause=waiting_for, publisher=publisher)
+        ),
         finish=lambda status, error: run_finish(run, status, error, publisher),
         failure=failure,
         cancelled=lambda stopped: _finish_cancelled(
@@ -476,6 +478,18 @@ def run_execute(run_id: int, *, worker: str) -> None:
         "run_finished",
         {"status": Run.Status.SUCCEEDED, "error": "", "message_id": reply.pk, "stop_reason": outcome.stop_reason},
     )
+
+
+def _recorded_pause(
+    catalog: CatalogToolBox | None, run_id: int, pause: Callable[[], list[Approval] | None]
+) -> list[Approval] | None:
+    """Pause for approval; once paused, record what the turn loaded so far (TD-15, TS-3): the
+    resumed turn offers those tools again from the transcript, and records only its own loads."""
+    with transaction.atomic():
+        waiting = pause()
+        if waiting is not None and catalog is not None:
+            activations_record(run_id=run_id, activations=catalog.activations, misses=catalog.misses)
+    return waiting
 
 
 def _hand_off(
@@ -651,8 +665,10 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
             subagents.subagent_event(publisher, child, f"subagent_{kind}", payload)
 
     turn_id = f"subagent-{child.pk}"
+    catalog: CatalogToolBox | None = None
 
     def turn() -> TurnOutcome:
+        nonlocal catalog
         # Inside the turn: a claimed child whose first write fails ends failed, instead of staying
         # "running" (its worker alive, so no reaper) until its parent gives up on it.
         subagents.subagent_status_event(publisher, child, Run.Status.RUNNING)
@@ -687,7 +703,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
 
     def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
         with subagents.db_turn():
-            return approvals.approval_pause(run=parent, pause=waiting_for, subagent=child)
+            return _recorded_pause(
+                catalog, parent.pk, lambda: approvals.approval_pause(run=parent, pause=waiting_for, subagent=child)
+            )
 
     def failure(exc: Exception) -> str:
         logger.exception("subagent %s failed", child)
@@ -709,6 +727,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
     with subagents.db_turn(), transaction.atomic():
         ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
+        if catalog is not None:
+            # A child's loads count as its parent run's (TS-3): the run is what a mode serves.
+            activations_record(run_id=parent.pk, activations=catalog.activations, misses=catalog.misses)
         subagent_finish(child, Run.Status.SUCCEEDED, answer=answer, publisher=publisher)
 
 

@@ -14,7 +14,10 @@ from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator, ScriptedPolicy
 from engine.emulator.server import EmulatorServer
+from tests.support.catalog import CATALOG_PATH
 from tests.support.waiting import run_in
+from toolcatalog.models import ToolActivation
+from toolcatalog.services import catalog_import
 from toolcatalog.workspace import workspace_root
 
 MODEL = "claude-sonnet-4-5"
@@ -104,6 +107,32 @@ def test_a_call_that_requires_approval_pauses_the_run_outside_the_transcript_and
     result = json.loads(messages[2].content[0]["content"])
     assert result["denied"] is True and "denied" in result["error"]
     assert not (workspace_root(run.conversation_id) / "proof.txt").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("TD-15")
+@pytest.mark.req("TS-3")
+def test_a_deferred_tool_loaded_before_an_approval_pause_is_recorded_once(settings, tmp_path, alice, alice_api):
+    # What the resident-set recommendation counts: a load before a pause used to be lost.
+    catalog_import(text=CATALOG_PATH.read_text())
+    remember = {"type": "tool_use", "name": "save_memory", "input": {"content": "The proof goes in proof.txt."}}
+    with EmulatorServer(Emulator(policy=ScriptedPolicy([[remember], [BASH], "Done."]))) as server:
+        settings.CC_RUN_QUEUE = f"runtime-test-{uuid.uuid4().hex[:8]}"
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        settings.CC_TOOL_AUTO_APPROVE = []
+        run = make_run(alice)
+        run_execute(run_id=run.pk, worker="test")
+        run.refresh_from_db()
+        assert run.status == Run.Status.WAITING
+        loaded = ToolActivation.objects.filter(run=run)
+        assert list(loaded.values_list("tool_name", "trigger")) == [("save_memory", "direct")]
+        approval = Approval.objects.get(run=run)
+        assert alice_api.post(f"/api/approvals/{approval.pk}/approve/").status_code == 200
+        run_execute(run_id=run.pk, worker="test")
+        run = wait_for(run, {Run.Status.SUCCEEDED, Run.Status.FAILED})
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert list(loaded.values_list("tool_name", "trigger")) == [("save_memory", "direct")]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,8 +18,10 @@ from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
+from tests.support.catalog import CATALOG_PATH
 from tests.support.waiting import wait_until as shared_wait_until
-from toolcatalog.models import Mode
+from toolcatalog.models import Mode, ToolActivation
+from toolcatalog.services import catalog_import
 from toolcatalog.toolbox import run_toolbox
 from toolcatalog.workspace import workspace_root
 
@@ -140,6 +142,33 @@ def test_a_worker_with_one_thread_runs_a_parent_and_its_five_children_to_the_end
     for child in children:
         statuses = RunEvent.objects.filter(run=run, type="subagent_status", payload__subagent__index=child.index)
         assert list(statuses.values_list("payload__status", flat=True)) == ["queued", "running", "succeeded"]
+
+
+def remembering_policy(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    if is_child(payload):
+        last = payload["messages"][-1]["content"]
+        if not any(block.get("type") == "tool_result" for block in last):
+            return [{"type": "tool_use", "name": "save_memory", "input": {"content": "Part 1 is done."}}]
+        return [{"type": "text", "text": "remembered"}]
+    if last_tool_result(payload) is not None:
+        return [{"type": "text", "text": "All remembered."}]
+    return [{"type": "tool_use", "name": "spawn_agents", "input": {"tasks": ["Remember that part 1 is done."]}}]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("TD-15")
+@pytest.mark.req("TS-3")
+def test_a_deferred_tool_a_child_loads_is_recorded_under_its_parent_run(fanout, alice, parent_worker):
+    catalog_import(text=CATALOG_PATH.read_text())  # save_memory is deferred in the reference catalog
+    fanout(remembering_policy)
+    run = make_run(alice)
+    run_execute(run_id=run.pk, worker=parent_worker)
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert observation_of(run)["results"][0].get("text") == "remembered", observation_of(run)
+    assert list(ToolActivation.objects.filter(run=run).values_list("tool_name", "trigger")) == [
+        ("save_memory", "direct")
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
