@@ -506,13 +506,14 @@ def _hand_off(
             ModelRequest.objects.bulk_create(approvals.model_request_rows(run, stopping.steps))
             if catalog is not None:
                 activations_record(run_id=run.pk, activations=catalog.activations, misses=catalog.misses)
+            # Stored before the run is sent: the next worker's run_started comes after it in the log.
+            publisher.publish("run_handed_off", {"step": stopping.paused.step, "worker": worker})
             transaction.on_commit(lambda: enqueue_run(run.pk))
     if not queued:
         if reconnecting(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).exists()):
             _finish_cancelled(run, TurnOutcome(stopping.paused.messages, stopping.steps), catalog, publisher)
         return
     logger.info("run %s handed off after step %s: %s is stopping", run.pk, stopping.paused.step, worker)
-    publisher.publish("run_handed_off", {"step": stopping.paused.step, "worker": worker})
 
 
 def _finish_cancelled(

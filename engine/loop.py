@@ -228,6 +228,9 @@ def run_turn(
     loaded = set(referenced) - unoffered
     # Results of this turn sent shortened (Room.results); `outcome.messages` keeps them whole.
     shortened: dict[str, Any] = {}
+    # Whether this call of the loop did anything yet: a turn is handed off only after it did, so it
+    # makes progress each time (the approved calls a resumed turn ran count).
+    worked = False
     try:
         if resume is not None:
             outcome.messages = list(resume.messages)
@@ -237,12 +240,12 @@ def run_turn(
             waiting = tool_uses_of(outcome.messages[-1])
             if waiting:  # paused for approval; a turn handed off has run its calls already
                 _run_tools(executor, outcome, resume.step, waiting, previous_end)
+                worked = True
         continuing, continuations = False, 0
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
-            if step > first_step and not continuing and hand_off():
-                # Only after a step of this worker's own: a turn handed off makes progress each time.
+            if (worked or step > first_step) and not continuing and hand_off():
                 paused = PausedTurn(list(outcome.messages), step - 1, previous_end, dict(executor.counts))
                 raise TurnHandedOff(paused, list(outcome.steps))
             choice = tool_choice if step == first_step else None

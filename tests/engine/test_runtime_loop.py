@@ -143,6 +143,21 @@ def test_a_turn_told_to_hand_off_stops_after_a_step_and_resumes_without_running_
     assert [s.step for s in outcome.steps] == [2, 3]
 
 
+@pytest.mark.req("OP-4")
+def test_a_turn_resumed_after_an_approval_hands_off_right_after_the_approved_calls(tmp_path):
+    model = provider([call("bash", command="echo x >> calls.txt")], [call("list_dir", path=".")], "finished")
+    box = ApprovingBox(tmp_path, needs={"bash"})
+    with pytest.raises(ApprovalNeeded) as paused:
+        turn(model, box)
+    pause = paused.value
+    resume = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
+    with pytest.raises(TurnHandedOff) as handed:  # the worker was asked to stop while the call ran
+        turn(model, box, resume=resume, decisions={pause.pending[0]["id"]: "approved"}, hand_off=lambda: True)
+    assert (tmp_path / "calls.txt").read_text() == "x\n"
+    assert handed.value.paused.step == 1 and handed.value.steps == []  # no model request after the call
+    assert [m["role"] for m in handed.value.paused.messages] == ["assistant", "user"]
+
+
 @pytest.mark.req("RN-4")
 def test_only_an_explicit_approval_runs_a_call_that_needs_one(tmp_path):
     model = provider([call("bash", command="echo hi > b.txt")], "finished")
