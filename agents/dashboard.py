@@ -43,8 +43,8 @@ def _sums(prefix: str = "") -> dict[str, Any]:
 def _with_ratio(row: dict[str, Any]) -> dict[str, Any]:
     row["prompt"] = row["uncached"] + row["cache_write"] + row["cache_read"]
     row["cache_ratio"] = ratio_of(row)
-    for key, _ in RATIO_PARTS:
-        del row[key]
+    # The ratio's base: the prompt tokens of the requests whose server reported its cache.
+    row["ratio_prompt"] = sum(row.pop(key) for key, _ in RATIO_PARTS)
     return row
 
 
@@ -160,7 +160,10 @@ CACHE_READ_PRICE = 0.1
 
 
 def cache_savings(totals: dict[str, Any]) -> dict[str, Any]:
-    """Input-token equivalents the cache saved: each cache read billed at 0.1x instead of 1x."""
+    """Input-token equivalents the cache saved: each cache read billed at 0.1x instead of 1x;
+    unknown (None) when no server reported its cache."""
+    if totals["prompt"] and not totals["ratio_prompt"]:
+        return {"cache_read": None, "saved_tokens": None}
     read = totals["cache_read"]
     return {"cache_read": read, "saved_tokens": round(read * (1 - CACHE_READ_PRICE))}
 

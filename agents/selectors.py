@@ -48,7 +48,10 @@ def run_for_user(*, user: User, run_id: int) -> Run:
 def cache_verdict(request: ModelRequest) -> str:
     """'hit' when the provider read from its cache (unless the runtime knows loading tools broke the
     prefix: `cache_miss`, TD-11); 'miss' when a breakpoint was set but the prefix was not read;
-    'uncached' when the request marked no breakpoint and read nothing."""
+    'uncached' when the request marked no breakpoint and read nothing; 'unreported' when the server
+    said nothing of its cache (`agents.usage`)."""
+    if not request.cache_reported:
+        return "unreported"
     if request.cache_read_input_tokens > 0 and not request.cache_miss:
         return "hit"
     if request.breakpoints or request.cache_creation_input_tokens > 0:
@@ -80,6 +83,11 @@ def _event_summary(event_type: str, payload: dict[str, Any]) -> str:
         output = payload.get("output") or {}
         outcome = "failed" if isinstance(output, dict) and output.get("ok") is False else "ok"
         return f"{payload.get('name')} {outcome}"
+    if event_type == "usage" and payload.get("cache_reported") is False:
+        return (
+            f"step {payload.get('step')}: {payload.get('input_tokens', 0)} input, "
+            f"{payload.get('output_tokens', 0)} output (the server reports no cache figures)"
+        )
     if event_type == "usage":
         return (
             f"step {payload.get('step')}: {payload.get('input_tokens', 0)} uncached, "

@@ -53,7 +53,9 @@
 
   function render(snapshot) {
     document.getElementById("cache-ratio").textContent = percent(snapshot.totals.cache_ratio);
-    document.getElementById("prompt-total").textContent = `${tokens(snapshot.totals.prompt)} prompt tokens`;
+    const base = snapshot.totals.ratio_prompt === snapshot.totals.prompt
+      ? "" : `; the ratio is over the ${tokens(snapshot.totals.ratio_prompt)} whose server reports its cache`;
+    document.getElementById("prompt-total").textContent = `${tokens(snapshot.totals.prompt)} prompt tokens${base}`;
     for (const category of snapshot.categories) {
       root.querySelector(`[data-total="${category.key}"]`).textContent = tokens(category.total);
     }

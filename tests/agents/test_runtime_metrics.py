@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from agents.lifecycle import run_execute
-from agents.models import ModelRequest, Run
+from agents.models import ModelRequest, Run, RunEvent
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator, ScriptedPolicy
 from engine.emulator.server import EmulatorServer
@@ -104,7 +104,9 @@ def test_cache_metrics_aggregate_reads_over_all_prompt_tokens_per_run_conversati
 @pytest.mark.django_db
 @pytest.mark.req("RN-2")
 @pytest.mark.req("TD-15")
-def test_requests_whose_server_reported_no_cache_count_in_token_totals_and_in_no_cache_ratio(alice, alice_api, client):
+def test_requests_whose_server_reported_no_cache_count_in_token_totals_and_in_no_cache_ratio(
+    alice, bob, alice_api, client
+):
     hosted = make_run(alice, model="shared-model", title="hosted")
     local = make_run(alice, model="shared-model", provider="local", title="local")
     add_usage(hosted, step=1, uncached=100, written=0, read=300)
@@ -122,15 +124,35 @@ def test_requests_whose_server_reported_no_cache_count_in_token_totals_and_in_no
     client.force_login(alice)
     snapshot = client.get("/dashboard/data/").json()
     assert snapshot["totals"]["prompt"] == 1400 and snapshot["totals"]["cache_ratio"] == 0.75
+    assert snapshot["totals"]["ratio_prompt"] == 400  # the base the page names beside the ratio
+    assert "the ratio is over the 400 whose server reports its cache" in client.get("/dashboard/").content.decode()
     by_conversation = {row["title"]: row["cache_ratio"] for row in snapshot["by_conversation"]}
     assert by_conversation == {"hosted": 0.75, "local": None}
     assert {row["id"]: row["cache_ratio"] for row in snapshot["recent_runs"]} == {hosted.pk: 0.75, local.pk: None}
 
     page = client.get(f"/conversations/{local.conversation_id}/").content.decode()
     assert "cache not reported" in page and "0.0% from cache" not in page
+    assert "cache read" not in page and "0 read" not in page  # unknown, never shown as 0
     assert "75.0% from cache" in client.get(f"/conversations/{hosted.conversation_id}/").content.decode()
     run_page = client.get(f"/runs/{local.pk}/").content.decode()
     assert "not reported" in run_page and "0.0%" not in run_page
+    assert "verdict-unreported" in run_page and "verdict-miss" not in run_page
+    RunEvent.objects.create(
+        run=local,
+        seq=1,
+        type="usage",
+        payload={"step": 1, "input_tokens": 1000, "output_tokens": 10, "cache_reported": False},
+    )
+    assert "step 1: 1000 input, 10 output (the server reports no cache figures)" in (
+        client.get(f"/runs/{local.pk}/").content.decode()
+    )
+
+    local_only = make_run(bob, title="bob's local", provider="local")
+    add_usage(local_only, step=1, uncached=500, written=0, read=0, cache_reported=False)
+    client.force_login(bob)
+    theirs = client.get("/dashboard/data/").json()
+    assert theirs["totals"]["cache_ratio"] is None
+    assert theirs["savings"]["cache"] == {"cache_read": None, "saved_tokens": None}
 
 
 @pytest.mark.django_db
