@@ -81,6 +81,12 @@ WORKER_LOST_MID_TOOL = (
     " It stopped during the tool call {name} ({tool_use_id}); that call's processes were killed with the worker, "
     "but what it changed in the workspace before then is still there."
 )
+# A step's results are recorded when all its calls have ended: which of them had ended is unknown.
+WORKER_LOST_MID_STEP = (
+    " It stopped during a step of {count} tool calls run together: {calls}; any of them may have been cut off "
+    "(their processes were killed with the worker), and what they changed in the workspace before then is "
+    "still there."
+)
 SUBAGENT_WORKER_LOST = "the worker running this subagent stopped before it finished."
 SUBAGENT_CANCELLED = "cancelled before it finished."
 
@@ -797,9 +803,12 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
     reaped = []
     for run in candidates.select_related("conversation"):
         error = WORKER_LOST.format(worker=run.worker or "unknown worker")
-        interrupted = interrupted_call(run.pk)
-        if interrupted is not None:
-            error += WORKER_LOST_MID_TOOL.format(name=interrupted["name"], tool_use_id=interrupted["id"])
+        interrupted = interrupted_calls(run.pk)
+        if len(interrupted) == 1:
+            error += WORKER_LOST_MID_TOOL.format(name=interrupted[0]["name"], tool_use_id=interrupted[0]["id"])
+        elif interrupted:
+            calls = ", ".join(f"{call['name']} ({call['id']})" for call in interrupted)
+            error += WORKER_LOST_MID_STEP.format(count=len(interrupted), calls=calls)
         # A person asked to stop it while (or after) its worker died: that is what they see, not a failure.
         status = Run.Status.CANCELLED if run.cancel_requested else Run.Status.FAILED
         if run.cancel_requested:
@@ -814,8 +823,11 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
     return reaped
 
 
-def interrupted_call(run_id: int) -> dict[str, Any] | None:
-    """The run's last tool call that has no result in its event log: the one running when it stopped."""
+def interrupted_calls(run_id: int) -> list[dict[str, Any]]:
+    """The run's tool calls that have no result in its event log, in call order: the calls of the
+    step it stopped in. A step's results are logged when all its calls have ended, so with several
+    calls any of them may be the one that was cut off (QA: blaming the last named a call that had
+    ended, not the one still running)."""
     events = RunEvent.objects.filter(run_id=run_id, type__in=["tool_call", "tool_result"]).order_by("seq")
     open_calls: dict[str, dict[str, Any]] = {}
     for kind, payload in events.values_list("type", "payload"):
@@ -823,10 +835,10 @@ def interrupted_call(run_id: int) -> dict[str, Any] | None:
             open_calls[payload.get("id", "")] = payload
         else:
             open_calls.pop(payload.get("id", payload.get("tool_use_id", "")), None)
-    if not open_calls:
-        return None
-    call = list(open_calls.values())[-1]
-    return {"id": call.get("id", ""), "name": call.get("name", ""), "input": call.get("input", {})}
+    return [
+        {"id": call.get("id", ""), "name": call.get("name", ""), "input": call.get("input", {})}
+        for call in open_calls.values()
+    ]
 
 
 def _retry_of(run: Run) -> dict[str, Any] | None:
@@ -834,7 +846,7 @@ def _retry_of(run: Run) -> dict[str, Any] | None:
     earlier = Run.objects.filter(trigger_id=run.trigger_id, pk__lt=run.pk).order_by("-pk").first()
     if earlier is None or not earlier.retryable:
         return None
-    return {"run": earlier.pk, "status": earlier.status, "interrupted_call": interrupted_call(earlier.pk)}
+    return {"run": earlier.pk, "status": earlier.status, "interrupted_calls": interrupted_calls(earlier.pk)}
 
 
 def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:

@@ -12,8 +12,8 @@ import redis
 from django.utils import timezone
 
 from agents import heartbeat
-from agents.lifecycle import runs_reap_orphans
-from agents.models import Run
+from agents.lifecycle import interrupted_calls, runs_reap_orphans
+from agents.models import Run, RunEvent
 from agents.services import run_cancel
 from tests.support.factories import RunFactory
 from tests.support.waiting import wait_until
@@ -77,3 +77,22 @@ def test_a_run_its_worker_vouched_for_within_the_ttl_is_not_reaped_whatever_the_
     assert sorted(runs_reap_orphans(live=[], grace_seconds=60)) == sorted([silent.pk, before_vouching.pk])
     vouched.refresh_from_db()
     assert vouched.status == Run.Status.RUNNING
+
+
+@pytest.mark.django_db
+@pytest.mark.req("OP-4")
+def test_a_run_reaped_in_a_step_of_several_calls_names_every_call_without_a_result():
+    # QA: a step's results are logged when all its calls have ended; the reaper blamed the last call
+    # listed (a time lookup that had ended in milliseconds), not the git log still running.
+    run = RunFactory(status=Run.Status.RUNNING, worker="gone@host", started_at=timezone.now() - timedelta(minutes=5))
+    calls = [("toolu_a", "list_dir"), ("toolu_b", "git__git_log"), ("toolu_c", "time__get_current_time")]
+    for seq, (tool_use_id, name) in enumerate(calls, start=1):
+        RunEvent.objects.create(run=run, seq=seq, type="tool_call", payload={"id": tool_use_id, "name": name})
+    RunEvent.objects.create(run=run, seq=4, type="tool_result", payload={"id": "toolu_a", "name": "list_dir"})
+    assert [call["name"] for call in interrupted_calls(run.pk)] == ["git__git_log", "time__get_current_time"]
+    assert runs_reap_orphans(live=[], grace_seconds=0) == [run.pk]
+    run.refresh_from_db()
+    assert "a step of 2 tool calls run together: git__git_log (toolu_b), time__get_current_time (toolu_c)" in (
+        run.error
+    )
+    assert "any of them may have been cut off" in run.error

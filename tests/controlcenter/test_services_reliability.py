@@ -114,8 +114,8 @@ def test_a_worker_killed_and_restarted_under_the_same_name_reaps_its_run_and_its
     )
     assert started.seq == 1
     assert started.payload["retry_of"]["run"] == run_id
-    assert started.payload["retry_of"]["interrupted_call"]["name"] == "bash"
-    assert "ticks.txt" in started.payload["retry_of"]["interrupted_call"]["input"]["command"]
+    (interrupted,) = started.payload["retry_of"]["interrupted_calls"]
+    assert interrupted["name"] == "bash" and "ticks.txt" in interrupted["input"]["command"]
     assert client.post(f"/api/runs/{retry_id}/cancel/").status_code == 200
     worker.stop()
 
