@@ -102,6 +102,20 @@ def test_bash_refuses_an_empty_command_and_a_timeout_out_of_range(box):
 
 
 @pytest.mark.req("RN-5")
+@pytest.mark.req("SP-9")
+def test_a_command_too_long_for_one_argument_is_refused_clearly_and_one_just_short_runs(box, tmp_path):
+    # QA: `echo {{step1.text}}` with a 4.5 MB result reached the kernel, which refused it, and the
+    # call failed as "bash failed unexpectedly: OSError: [Errno 7] Argument list too long".
+    refused = box.execute("bash", {"command": "echo " + "x" * 200_000})
+    assert refused["ok"] is False
+    assert "command is 200,005 bytes; a command line takes at most 131,071" in refused["error"]
+    assert "write_file" in refused["error"] and "unexpectedly" not in refused["error"]
+    longest = "echo " + "x" * (131_071 - len("echo ") - len(" > long.txt")) + " > long.txt"
+    assert box.execute("bash", {"command": longest})["ok"] is True
+    assert len((tmp_path / "long.txt").read_text()) == 131_071 - len("echo ") - len(" > long.txt") + 1
+
+
+@pytest.mark.req("RN-5")
 def test_a_background_child_holding_the_pipes_does_not_hang_the_call(box, tmp_path):
     started = time.monotonic()
     observation = box.execute("bash", {"command": "echo hi; (sleep 30; touch late.txt) &"})

@@ -30,6 +30,8 @@ _SIGNALS = {
     signal.SIGXCPU: "it used more than its CPU-time limit of {cpu} s (CC_SANDBOX_CPU_SECONDS)",
     signal.SIGXFSZ: "it wrote a file past the file-size limit ({fsize} bytes)",
 }
+# Linux's MAX_ARG_STRLEN: the most bytes one argument of a program may have, its NUL included.
+MAX_ARGUMENT_BYTES = 131_072
 # bash's own words for a limit it hit; a command that shrugged them off still failed at something.
 _BASH_LIMIT_WORDS = ("fork: retry", "fork: Resource temporarily unavailable", "File size limit exceeded")
 _STDERR_HINTS = {
@@ -50,6 +52,14 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         raise ToolFailure("command is empty.")
     if "\x00" in command:
         raise ToolFailure("command contains a NUL byte.")
+    if len(command.encode()) >= MAX_ARGUMENT_BYTES:
+        # Linux refuses one argument of 128 KiB or more (MAX_ARG_STRLEN); a {{stepN.text}} reference
+        # to a large result made one, and the start failed with "Argument list too long".
+        raise ToolFailure(
+            f"command is {len(command.encode()):,} bytes; a command line takes at most {MAX_ARGUMENT_BYTES - 1:,}. "
+            "Write large values to a file (write_file accepts {{stepN.text}} references) and read the file "
+            "in the command."
+        )
     timeout = min(arguments.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS), settings.CC_BASH_MAX_TIMEOUT_SECONDS)
     cwd = context.path(arguments.get("cwd", "."), what="cwd")
     if not cwd.is_dir():
