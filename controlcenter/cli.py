@@ -42,6 +42,7 @@ _at_least_one = whole_number(1)
 _port = whole_number(1, 65535)
 
 
+WEB_KEEP_ALIVE_SECONDS = 65
 WEB_SHUTDOWN_GRACE_SECONDS = 5
 
 
@@ -83,6 +84,10 @@ def _serve(args: argparse.Namespace) -> int:
         # waiting until it was killed, 15 s in the tests and past compose's 10 s grace. The bound
         # stays for whatever else may hang a consumer; clients reconnect and catch up (OP-1).
         timeout_graceful_shutdown=WEB_SHUTDOWN_GRACE_SECONDS,
+        # uvicorn closes an idle keep-alive connection after 5 s by default; a client or proxy that
+        # sends its next request on it at that moment gets "server disconnected" (httpx does not
+        # retry, nginx answers 502). Longer than the 60 s proxies keep idle upstream connections.
+        timeout_keep_alive=WEB_KEEP_ALIVE_SECONDS,
     )
     return 0
 
