@@ -17,11 +17,11 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from agents.events import RunEventPublisher
-from agents.models import Approval, ModelRequest, Run, Subagent
+from agents.models import Approval, Run, Subagent
 from controlcenter.db import usable_connection
 from controlcenter.errors import Conflict, NotFound
 from engine.actions import ApprovalNeeded, Decision
-from engine.loop import PausedTurn, StepRecord
+from engine.loop import PausedTurn
 from engine.toolbox import ToolBox, ToolBoxLayer
 
 
@@ -65,35 +65,6 @@ def subagent_payload(subagent: Subagent) -> dict[str, Any]:
     return {"id": subagent.pk, "index": subagent.index, "profile": subagent.profile, "task": subagent.task[:200]}
 
 
-def model_request_rows(run: Run, steps: list[StepRecord], *, subagent: Subagent | None = None) -> list[ModelRequest]:
-    """A subagent's requests are recorded under its parent run, labelled with the child (TD-14)."""
-    return [
-        ModelRequest(
-            run=run,
-            subagent=subagent.label if subagent is not None else "",
-            step=step.step,
-            model=run.model,
-            input_tokens=step.usage.input_tokens,
-            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
-            cache_read_input_tokens=step.usage.cache_read_input_tokens,
-            cache_creation_5m_input_tokens=step.usage.cache_creation_5m_input_tokens,
-            cache_creation_1h_input_tokens=step.usage.cache_creation_1h_input_tokens,
-            output_tokens=step.usage.output_tokens,
-            usage_source=step.usage.source,
-            cache_reported=step.usage.cache_reported,
-            request_id=step.request_id,
-            breakpoints=step.breakpoints,
-            tools_loaded=step.tools_loaded,
-            cache_miss=step.cache_miss,
-            stop_reason=step.stop_reason,
-            duration_ms=step.duration_ms,
-            estimated_tokens=step.estimate.total,
-            estimated_parts=step.estimate.as_dict(),
-        )
-        for step in steps
-    ]
-
-
 def approval_pause(
     *,
     run: Run,
@@ -112,7 +83,6 @@ def approval_pause(
     paused = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
     holder = Subagent.objects.filter(pk=subagent.pk) if subagent is not None else Run.objects.filter(pk=run.pk)
     with transaction.atomic():
-        ModelRequest.objects.bulk_create(model_request_rows(run, pause.steps, subagent=subagent))
         waits = holder.filter(status=Run.Status.RUNNING, cancel_requested=False).update(
             status=Run.Status.WAITING, pending_turn=asdict(paused)
         )

@@ -52,6 +52,7 @@ from engine.catalog.toolbox import CatalogToolBox
 from engine.context.transcript import RequestCount, overhead_count
 from engine.loop import (
     CANCEL_POLL_SECONDS,
+    StepRecord,
     TurnCancelled,
     TurnHandedOff,
     TurnOutcome,
@@ -443,6 +444,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
                 max_tokens=settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
                 make_room=turns.room_making_hook(run, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
                 hand_off=_draining.is_set,
+                record_step=_request_recorder(run),
             )
 
     def failure(exc: Exception) -> str:
@@ -462,9 +464,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
         ),
         finish=lambda status, error: run_finish(run, status, error, publisher),
         failure=failure,
-        cancelled=lambda stopped: _finish_cancelled(
-            run, TurnOutcome(stopped.messages, stopped.steps), catalog, publisher
-        ),
+        cancelled=lambda stopped: _finish_cancelled(run, TurnOutcome(stopped.messages), catalog, publisher),
         handed_off=lambda stopping: _hand_off(run, stopping, catalog, publisher, worker=worker),
     )
     if outcome is None or catalog is None:
@@ -509,7 +509,6 @@ def _hand_off(
             status=Run.Status.QUEUED, pending_turn=asdict(stopping.paused)
         )
         if queued:
-            ModelRequest.objects.bulk_create(approvals.model_request_rows(run, stopping.steps))
             if catalog is not None:
                 activations_record(run_id=run.pk, activations=catalog.activations, misses=catalog.misses)
             # Stored before the run is sent: the next worker's run_started comes after it in the log.
@@ -517,7 +516,7 @@ def _hand_off(
             transaction.on_commit(lambda: enqueue_run(run.pk))
     if not queued:
         if reconnecting(lambda: Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).exists()):
-            _finish_cancelled(run, TurnOutcome(stopping.paused.messages, stopping.steps), catalog, publisher)
+            _finish_cancelled(run, TurnOutcome(stopping.paused.messages), catalog, publisher)
         return
     logger.info("run %s handed off after step %s: %s is stopping", run.pk, stopping.paused.step, worker)
 
@@ -566,12 +565,45 @@ def _persist_turn(
     ):
         return None
     parent = _append_turn(run, outcome.messages)
-    ModelRequest.objects.bulk_create(approvals.model_request_rows(run, outcome.steps))
     if toolbox is not None:
         activations_record(run_id=run.pk, activations=toolbox.activations, misses=toolbox.misses)
     Run.objects.filter(pk=run.pk).update(pending_turn=None)
     _run_finished(run, status, "")
     return parent
+
+
+def _request_recorder(run: Run, *, subagent: Subagent | None = None) -> Callable[[StepRecord], None]:
+    """Store each model request as its reply comes in: it was paid for however the turn ends (failed,
+    cancelled, handed off, its worker killed, its turn dropped), and the usage bar and dashboard show
+    a long turn's spend while it runs. A child's requests are its parent run's, labelled (TD-14)."""
+
+    def record(step: StepRecord) -> None:
+        row = ModelRequest(
+            run=run,
+            subagent=subagent.label if subagent is not None else "",
+            step=step.step,
+            model=run.model,
+            input_tokens=step.usage.input_tokens,
+            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
+            cache_read_input_tokens=step.usage.cache_read_input_tokens,
+            cache_creation_5m_input_tokens=step.usage.cache_creation_5m_input_tokens,
+            cache_creation_1h_input_tokens=step.usage.cache_creation_1h_input_tokens,
+            output_tokens=step.usage.output_tokens,
+            usage_source=step.usage.source,
+            cache_reported=step.usage.cache_reported,
+            request_id=step.request_id,
+            breakpoints=step.breakpoints,
+            tools_loaded=step.tools_loaded,
+            cache_miss=step.cache_miss,
+            stop_reason=step.stop_reason,
+            duration_ms=step.duration_ms,
+            estimated_tokens=step.estimate.total,
+            estimated_parts=step.estimate.as_dict(),
+        )
+        with subagents.db_turn():
+            reconnecting(row.save)
+
+    return record
 
 
 def _append_turn(run: Run, messages: list[dict[str, Any]]) -> Message:
@@ -706,6 +738,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
                 # Scaled to the window as the parent's (LM-2); max_tokens is no part of any cached prefix.
                 max_tokens=settings.CC_MAX_OUTPUT_TOKENS,
                 make_room=turns.subagent_room_hook(parent, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
+                record_step=_request_recorder(parent, subagent=child),
             )
 
     def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
@@ -733,7 +766,6 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
     final = outcome.messages[-1]["content"] if outcome.messages else []
     answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
     with subagents.db_turn(), transaction.atomic():
-        ModelRequest.objects.bulk_create(approvals.model_request_rows(parent, outcome.steps, subagent=child))
         if catalog is not None:
             # A child's loads count as its parent run's (TS-3): the run is what a mode serves.
             activations_record(run_id=parent.pk, activations=catalog.activations, misses=catalog.misses)

@@ -65,7 +65,6 @@ class ApprovalNeeded(Exception):
     step: int
     pending: list[dict[str, Any]]
     messages: list[dict[str, Any]] = field(default_factory=list)
-    steps: list[Any] = field(default_factory=list)
     previous_end: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
 

@@ -68,12 +68,11 @@ def polled_at_most_every(seconds: float, check: Callable[[], bool]) -> Callable[
 
 class TurnHandedOff(Exception):
     """The worker is stopping (OP-4): the turn stopped between two steps, every call answered, to
-    be resumed by another worker from `paused`, as after an approval; `steps` are its requests."""
+    be resumed by another worker from `paused`, as after an approval."""
 
-    def __init__(self, paused: PausedTurn, steps: list[StepRecord]) -> None:
+    def __init__(self, paused: PausedTurn) -> None:
         super().__init__(f"the turn was handed off after step {paused.step}")
         self.paused = paused
-        self.steps = steps
 
 
 class TurnCancelled(Exception):
@@ -81,14 +80,13 @@ class TurnCancelled(Exception):
 
     `messages` is the turn up to its last complete step, every tool call answered (a call
     killed by the cancel answers with its partial output, marked cancelled), so the caller
-    can keep it in the transcript and the provider still accepts it; `steps` are its requests.
-    A step whose reply was still streaming is left out.
+    can keep it in the transcript and the provider still accepts it. A step whose reply was
+    still streaming is left out.
     """
 
-    def __init__(self, messages: list[dict[str, Any]] | None = None, steps: list[StepRecord] | None = None) -> None:
+    def __init__(self, messages: list[dict[str, Any]] | None = None) -> None:
         super().__init__("the turn was cancelled")
         self.messages = messages or []
-        self.steps = steps or []
 
 
 @dataclass(frozen=True)
@@ -196,9 +194,13 @@ def run_turn(
     tool_choice: dict[str, Any] | None = None,
     make_room: MakeRoom | None = None,
     hand_off: Callable[[], bool] = lambda: False,
+    record_step: Callable[[StepRecord], None] = lambda step: None,
 ) -> TurnOutcome:
     """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person,
     and `TurnHandedOff` between two steps once `hand_off()` says the worker is stopping.
+
+    `record_step` gets each request as soon as its reply is in: a request is paid for whether or
+    not the turn ends well, so its record must not wait for the turn's end.
 
     `tool_choice` (Anthropic's shape) applies to the turn's first request only: forcing a
     call on every step would never let the model answer after it.
@@ -247,7 +249,7 @@ def run_turn(
                 raise TurnCancelled()
             if (worked or step > first_step) and not continuing and hand_off():
                 paused = PausedTurn(list(outcome.messages), step - 1, previous_end, dict(executor.counts))
-                raise TurnHandedOff(paused, list(outcome.steps))
+                raise TurnHandedOff(paused)
             choice = tool_choice if step == first_step else None
             tool_prompt = tool_prompt_tokens(provider.name, model, forced=_forced(choice))
             # Only tool calls unload (a fresh turn's first request follows the check above).
@@ -284,12 +286,12 @@ def run_turn(
             newly = _newly_loaded(request, loaded)
             loaded.update(newly)
             miss = TOOL_ACTIVATION_MISS if newly and not getattr(provider, "defers_tool_loading", False) else ""
-            outcome.steps.append(
-                StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints), done.request_id,
-                           tools_loaded=newly, cache_miss=miss,
-                           estimate=request_count(request.system, request.tools, request.messages,
-                                                  tool_prompt=tool_prompt))
-            )  # fmt: skip
+            record = StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints),
+                                done.request_id, tools_loaded=newly, cache_miss=miss,
+                                estimate=request_count(request.system, request.tools, request.messages,
+                                                       tool_prompt=tool_prompt))  # fmt: skip
+            outcome.steps.append(record)
+            record_step(record)
             if miss:
                 # The API cannot keep the schemas out of the prefix; say so instead of hiding it in the ratio.
                 emit("cache_miss", {"step": step, "cause": miss, "tools": newly, "provider": provider.name})
@@ -352,7 +354,7 @@ def run_turn(
         return outcome
     except TurnCancelled:
         # Wherever it was noticed, the turn is kept up to its last complete step.
-        raise TurnCancelled(_answered(outcome.messages), list(outcome.steps)) from None
+        raise TurnCancelled(_answered(outcome.messages)) from None
 
 
 def _room_made(
@@ -470,7 +472,7 @@ def _run_tools(
     try:
         outcome.messages.append(executor.run(step, tool_uses, first_tool_step=earlier_calls + 1))
     except ApprovalNeeded as pause:
-        pause.messages, pause.steps, pause.previous_end = list(outcome.messages), list(outcome.steps), previous_end
+        pause.messages, pause.previous_end = list(outcome.messages), previous_end
         raise
     if executor.cancelled:
         # A tool stopped by the cancel (OP-3): the run ends here, with its partial output as the result.

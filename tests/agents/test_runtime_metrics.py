@@ -11,6 +11,8 @@ from agents.models import ModelRequest, Run, RunEvent
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator, ScriptedPolicy
 from engine.emulator.server import EmulatorServer
+from engine.providers.inprocess import EmulatorProvider
+from engine.providers.protocol import InvalidRequest
 
 MODEL = "claude-sonnet-4-5"
 
@@ -46,6 +48,44 @@ def test_a_run_records_the_ttl_split_of_cache_writes_the_breakpoints_and_the_pro
     )
     assert second.cache_read_input_tokens == first.prompt_tokens
     assert first.request_id.startswith("msg_emu_") and first.request_id != second.request_id
+
+
+class _RefusesTheSecondRequest:
+    """The API answers the first request and refuses the second (a 400 no retry cures)."""
+
+    name = "anthropic"
+
+    def __init__(self, reply: list[dict]) -> None:
+        self.first = EmulatorProvider(Emulator(policy=ScriptedPolicy([reply]), min_cache_tokens=100))
+        self.requests = 0
+
+    def stream(self, request):
+        self.requests += 1
+        if self.requests > 1:
+            raise InvalidRequest("HTTP 400: messages.2: the request was refused")
+        yield from self.first.stream(request)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("RN-2")
+def test_a_request_is_recorded_when_its_reply_comes_in_so_a_turn_that_fails_later_keeps_what_it_spent(
+    settings, tmp_path, alice, alice_api, monkeypatch
+):
+    from agents import lifecycle
+
+    settings.CC_WORKSPACE_ROOT, settings.ANTHROPIC_API_KEY = tmp_path, "test-key"  # the summarizer's, never called
+    provider = _RefusesTheSecondRequest([{"type": "tool_use", "name": "list_dir", "input": {"path": "."}}])
+    monkeypatch.setattr(lifecycle, "get_provider", lambda name: provider)
+    run = make_run(alice)
+    run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and "refused" in run.error
+    assert provider.requests == 2
+    [spent] = ModelRequest.objects.filter(run=run)
+    assert spent.step == 1 and spent.stop_reason == "tool_use"
+    assert spent.prompt_tokens > 0 and spent.output_tokens > 0
+    [row] = alice_api.get(f"/api/metrics/cache/?group=run&run={run.pk}").json()
+    assert row["requests"] == 1 and row["prompt_tokens"] == spent.prompt_tokens  # what the failed turn cost
 
 
 def add_usage(

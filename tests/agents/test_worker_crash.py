@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from agents.models import Run, RunEvent
+from agents.models import ModelRequest, Run, RunEvent
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from tests.support.waiting import wait_until
@@ -64,6 +64,8 @@ def test_sigkill_mid_turn_keeps_the_previous_turn_and_a_retry_completes(start_wo
     ids = list(Message.objects.filter(conversation=conversation).order_by("id").values_list("id", flat=True))
     assert ids == [question.pk, answer.pk, sent["message"]["id"]]
     assert Run.objects.get(pk=run_id).status == Run.Status.RUNNING
+    # The request that asked for the call was paid for: it is recorded though its turn is lost.
+    assert list(ModelRequest.objects.filter(run_id=run_id).values_list("step", flat=True)) == [1]
 
     second = start_worker()  # its heartbeat notices the dead worker and fails the run as retryable
     run = _wait(lambda: Run.objects.filter(pk=run_id, status=Run.Status.FAILED).first(), 20, "the orphaned run to fail")

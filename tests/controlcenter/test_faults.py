@@ -337,6 +337,8 @@ def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED and "stopped before the turn ended" in run.error
     assert list(Message.objects.filter(conversation=conversation).values_list("pk", flat=True)) == [trigger.pk]
+    # Its two requests were made and paid for: recorded, though the turn is not.
+    assert list(ModelRequest.objects.filter(run=run).order_by("step").values_list("step", flat=True)) == [1, 2]
     assert list(RunEvent.objects.filter(run=run, type="run_finished").values_list("payload__status", flat=True)) == [
         "failed"
     ]

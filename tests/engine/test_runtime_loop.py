@@ -11,7 +11,7 @@ import pytest
 from engine.actions import ActionLimits, ApprovalNeeded
 from engine.context.transcript import request_tokens
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
-from engine.loop import PausedTurn, RequestSize, Room, TurnCancelled, TurnHandedOff, run_turn
+from engine.loop import PausedTurn, RequestSize, Room, StepRecord, TurnCancelled, TurnHandedOff, run_turn
 from engine.providers.inprocess import EmulatorProvider
 from engine.providers.protocol import PromptTooLong
 from engine.request import text_block
@@ -128,12 +128,13 @@ def test_a_turn_told_to_hand_off_stops_after_a_step_and_resumes_without_running_
     model = provider([call("bash", command="echo x >> calls.txt")], [call("list_dir", path=".")], "finished")
     box = WorkspaceToolBox(tmp_path, approve=lambda name, arguments: True)
     asked: list[int] = []  # the loop asks only once it has done a step of its own: before step 2
+    recorded: list[StepRecord] = []
     with pytest.raises(TurnHandedOff) as handed:
-        turn(model, box, hand_off=lambda: asked.append(1) or True)
+        turn(model, box, hand_off=lambda: asked.append(1) or True, record_step=recorded.append)
     assert asked == [1]
     paused = handed.value.paused
     assert paused.step == 1 and [m["role"] for m in paused.messages] == ["assistant", "user"]
-    assert [s.step for s in handed.value.steps] == [1]
+    assert [s.step for s in recorded] == [1]
     assert (tmp_path / "calls.txt").read_text() == "x\n"
 
     outcome, _ = turn(model, box, resume=paused)
@@ -151,10 +152,12 @@ def test_a_turn_resumed_after_an_approval_hands_off_right_after_the_approved_cal
         turn(model, box)
     pause = paused.value
     resume = PausedTurn(messages=pause.messages, step=pause.step, previous_end=pause.previous_end, counts=pause.counts)
+    recorded: list[StepRecord] = []
     with pytest.raises(TurnHandedOff) as handed:  # the worker was asked to stop while the call ran
-        turn(model, box, resume=resume, decisions={pause.pending[0]["id"]: "approved"}, hand_off=lambda: True)
+        turn(model, box, resume=resume, decisions={pause.pending[0]["id"]: "approved"}, hand_off=lambda: True,
+             record_step=recorded.append)  # fmt: skip
     assert (tmp_path / "calls.txt").read_text() == "x\n"
-    assert handed.value.paused.step == 1 and handed.value.steps == []  # no model request after the call
+    assert handed.value.paused.step == 1 and recorded == []  # no model request after the call
     assert [m["role"] for m in handed.value.paused.messages] == ["assistant", "user"]
 
 
@@ -232,13 +235,14 @@ class CancellingBox:
 @pytest.mark.req("OP-3")
 def test_a_cancelled_turn_is_kept_to_its_last_complete_step_with_every_call_answered():
     box = CancellingBox()
+    recorded: list[StepRecord] = []
     with pytest.raises(TurnCancelled) as stopped:
-        turn(provider([call("stop")], "never asked"), box)
+        turn(provider([call("stop")], "never asked"), box, record_step=recorded.append)
     assert [m["role"] for m in stopped.value.messages] == ["assistant", "user"]
     [result] = stopped.value.messages[1]["content"]
     assert result["tool_use_id"] == stopped.value.messages[0]["content"][0]["id"] and result["is_error"] is True
     assert json.loads(result["content"])["stdout"] == "1\n2\n"
-    assert len(stopped.value.steps) == 1
+    assert len(recorded) == 1
 
     # Cancelled during a tool that finishes normally: the next request is never sent, the step is kept whole.
     box = CancellingBox()
