@@ -143,9 +143,13 @@ def approval_record(*, approval_id: int, user: User, decision: str) -> tuple[App
     if Approval.objects.filter(run=run, subagent=subagent, status=Approval.Status.PENDING).exists():
         return approval, None
     if subagent is not None:
-        requeued = Subagent.objects.filter(pk=subagent.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
+        requeued = Subagent.objects.filter(pk=subagent.pk, status=Run.Status.WAITING).update(
+            status=Run.Status.QUEUED, queued_at=timezone.now()
+        )
         return approval, subagent if requeued else None
-    requeued = Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(status=Run.Status.QUEUED)
+    requeued = Run.objects.filter(pk=run.pk, status=Run.Status.WAITING).update(
+        status=Run.Status.QUEUED, queued_at=timezone.now()
+    )
     return approval, run if requeued else None
 
 

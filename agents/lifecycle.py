@@ -35,8 +35,7 @@ from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import DatabaseError, close_old_connections, connection, transaction
-from django.db.models import DateTimeField, Max, Q, QuerySet
-from django.db.models.functions import Coalesce
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agents import approvals, heartbeat, subagents, turns
@@ -148,12 +147,7 @@ def queue_reachable() -> None:
 
 
 def _stale_queued(model: type[Run] | type[Subagent], cutoff: datetime) -> QuerySet:
-    # Queued since its creation, or since the last approval decision that queued it again.
-    return (
-        model.objects.filter(status=Run.Status.QUEUED)
-        .annotate(queued_since=Coalesce(Max("approvals__decided_at"), "created_at", output_field=DateTimeField()))
-        .filter(queued_since__lt=cutoff)
-    )
+    return model.objects.filter(status=Run.Status.QUEUED, queued_at__lt=cutoff)
 
 
 def stale_queued_counts(*, older_than: float | None = None) -> dict[str, int]:
@@ -506,7 +500,7 @@ def _hand_off(
     meanwhile: it ends cancelled, its turn kept as for any cancel."""
     with transaction.atomic():
         queued = Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, cancel_requested=False).update(
-            status=Run.Status.QUEUED, pending_turn=asdict(stopping.paused)
+            status=Run.Status.QUEUED, pending_turn=asdict(stopping.paused), queued_at=timezone.now()
         )
         if queued:
             if catalog is not None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 # A run or subagent in one of these holds its conversation: the one definition of "still running".
 ACTIVE_STATUSES = ("queued", "running", "waiting")
@@ -33,6 +34,9 @@ class Run(models.Model):
     mode = models.ForeignKey("toolcatalog.Mode", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     worker = models.CharField(max_length=255, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # When it last became queued: created, its approvals decided, or its turn handed off by a
+    # stopping worker (OP-2, OP-4). What "queued too long" (the sweep, /healthz) is measured from.
+    queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     # Refreshed by the run's own worker each heartbeat (CH-5): the reaper fails a run only when its
     # worker is missing from the Redis live set AND this is a TTL old, so a live set that is wrong
@@ -206,6 +210,8 @@ class Subagent(models.Model):
     answer = models.TextField(blank=True)
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # As Run.queued_at: created, or its approvals decided.
+    queued_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     # As Run.vouched_at.
     vouched_at = models.DateTimeField(null=True, blank=True)
