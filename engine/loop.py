@@ -7,8 +7,10 @@ database; the service persists the outcome at the turn boundary (CH-5).
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,7 +26,16 @@ from engine.actions import (
 from engine.breakpoints import place_breakpoints
 from engine.context.calibration import Measured
 from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
-from engine.providers.protocol import MessageDone, PromptTooLong, Provider, TextDelta, ToolUseBlock, Usage
+from engine.providers.protocol import (
+    MessageDone,
+    PromptTooLong,
+    Provider,
+    ProviderEvent,
+    TextDelta,
+    ToolUseBlock,
+    Usage,
+    stream_abandoned,
+)
 from engine.request import (
     ModelRequestSpec,
     called_tools,
@@ -438,7 +449,7 @@ def _request(
         started = time.monotonic()
         done: MessageDone | None = None
         try:
-            for event in provider.stream(request):
+            for event in _until_cancelled(provider.stream(request), is_cancelled):
                 if isinstance(event, TextDelta):
                     emit("text_delta", {"step": step, "text": without_nul(event.text)})
                 elif isinstance(event, ToolUseBlock):
@@ -461,6 +472,60 @@ def _request(
             raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
         return request, done, int((time.monotonic() - started) * 1000)
     raise AssertionError("unreachable")
+
+
+# How often a request that has sent nothing yet looks at the cancel flag (`is_cancelled` may poll less often).
+WAITING_POLL_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class _StreamFailed:
+    error: BaseException
+
+
+_STREAM_END = object()
+
+
+def _until_cancelled(events: Iterator[ProviderEvent], is_cancelled: Callable[[], bool]) -> Iterator[ProviderEvent]:
+    """The provider's events, read on a thread of their own, so that a cancel ends the turn within
+    OP-3's 2 s even while the request sends nothing: a long prompt being read (seconds on a local
+    model, more on a long context), a retry's back-off. A read given up on ends at its next event
+    or error and closes its stream then."""
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    abandoned = threading.Event()
+
+    def read() -> None:
+        stream_abandoned.set(abandoned)
+        try:
+            for event in events:
+                if abandoned.is_set():
+                    break
+                inbox.put(event)
+            else:
+                inbox.put(_STREAM_END)
+        except BaseException as exc:  # handed over as they are: PromptTooLong, provider errors, bugs
+            inbox.put(_StreamFailed(exc))
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+
+    threading.Thread(target=read, name="cc-model-stream", daemon=True).start()
+    try:
+        while True:
+            try:
+                item = inbox.get(timeout=WAITING_POLL_SECONDS)
+            except queue.Empty:
+                if is_cancelled():
+                    raise TurnCancelled() from None
+                continue
+            if item is _STREAM_END:
+                return
+            if isinstance(item, _StreamFailed):
+                raise item.error
+            yield item
+    finally:
+        abandoned.set()
 
 
 def _run_tools(

@@ -9,7 +9,9 @@ being too long (compaction) and from its own mistakes (invalid request).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,6 +64,11 @@ class MessageDone:
 
 
 ProviderEvent = TextDelta | ToolUseBlock | MessageDone
+
+# Set on the thread that reads a stream for the runtime (`engine.loop`): once the event is set, nobody
+# reads the stream any more (the turn was cancelled while the request waited), so a retry after a
+# back-off must not send the request again.
+stream_abandoned: ContextVar[threading.Event | None] = ContextVar("stream_abandoned", default=None)
 
 # A tool call whose arguments were not a JSON object carries them, as the model wrote them, under
 # this key alone; the runtime answers it with a tool error the model sees instead of running it.

@@ -27,6 +27,7 @@ from engine.providers.protocol import (
     StreamInterrupted,
     TextDelta,
     ToolUseBlock,
+    stream_abandoned,
 )
 from engine.request import ModelRequestSpec
 
@@ -89,6 +90,9 @@ class RetryingProvider:
                 if self._on_retry is not None:
                     self._on_retry(attempt + 1, wait, exc)
                 self._sleep(wait)
+                abandoned = stream_abandoned.get()
+                if abandoned is not None and abandoned.is_set():
+                    return  # nobody reads this stream any more: another request would be paid for nothing
                 attempt += 1
 
     def _replay(self, request: ModelRequestSpec, seen: _Seen) -> Iterator[ProviderEvent]:

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.utils import timezone
 
@@ -258,3 +259,27 @@ def test_cancelling_a_run_waiting_for_approval_closes_the_approval_and_nothing_r
         "tool_result",
         "run_finished",
     ]
+
+
+@pytest.fixture
+def slow_first_token(setup):
+    """The model takes 20 s before its first token, as a long prompt on a local model does."""
+    latency = f"{setup['server'].base_url}/_emulator/latency"
+    httpx.post(latency, json={"first_token_ms": 20_000}).raise_for_status()
+    yield setup
+    httpx.post(latency, json={"first_token_ms": 0}).raise_for_status()
+
+
+@pytest.mark.req("OP-3")
+def test_a_cancel_while_the_model_has_sent_nothing_yet_ends_the_run_within_2_s(slow_first_token, alice):
+    run = make_run(alice, "hello")
+    enqueue_run(run.pk)
+    # The request is out (the model has it); its first token is 20 s away.
+    wait_until(lambda: any(_last_text(payload) == "hello" for payload in RECEIVED), 30, "the model request")
+
+    asked = timezone.now()
+    run_cancel(run=run)
+    assert seconds_since(asked, cancelled(run).finished_at) < 2.0, timeline(run, asked)
+    # Nothing of the turn came back, so nothing of it is kept: the path still ends at the prompt.
+    assert [m.pk for m in path_of(run.conversation_id)] == [run.trigger_id]
+    assert RunEvent.objects.get(run=run, type="run_finished").payload["status"] == "cancelled"

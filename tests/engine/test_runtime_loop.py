@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -13,7 +14,8 @@ from engine.context.transcript import request_tokens
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import PausedTurn, RequestSize, Room, StepRecord, TurnCancelled, TurnHandedOff, run_turn
 from engine.providers.inprocess import EmulatorProvider
-from engine.providers.protocol import PromptTooLong
+from engine.providers.protocol import Overloaded, PromptTooLong
+from engine.providers.retry import RetryingProvider
 from engine.request import text_block
 from engine.room import elide_turn_results, turn_room
 from engine.tokens import tool_prompt_tokens
@@ -230,6 +232,60 @@ class CancellingBox:
 
     def restore_loaded(self, names: list[str], recency: list[str] | None = None, called=()) -> None:
         pass
+
+
+class _SlowFirstToken:
+    """A model that reads its prompt for `seconds` before its first token (a long prompt, a local model)."""
+
+    name = "emulator"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.inner = provider("never seen")
+
+    def stream(self, request):
+        time.sleep(self.seconds)
+        yield from self.inner.stream(request)
+
+
+@pytest.mark.req("OP-3")
+def test_a_cancel_while_the_model_has_sent_nothing_yet_ends_the_turn_at_once(tmp_path):
+    started = time.monotonic()
+    pressed_stop = started + 0.3
+    with pytest.raises(TurnCancelled) as stopped:
+        turn(_SlowFirstToken(5.0), WorkspaceToolBox(tmp_path), is_cancelled=lambda: time.monotonic() > pressed_stop)
+    assert time.monotonic() - started < 2.0  # not the 5 s the model takes to its first token
+    assert stopped.value.messages == []
+
+
+class _AlwaysOverloaded:
+    name = "emulator"
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def stream(self, request):
+        self.requests += 1
+        raise Overloaded("overloaded_error: Overloaded")
+        yield  # a generator, as every provider's stream
+
+
+@pytest.mark.req("OP-3")
+def test_a_cancel_during_a_retry_back_off_ends_the_turn_and_sends_no_further_request(tmp_path):
+    overloaded, asked_to_stop = _AlwaysOverloaded(), threading.Event()
+
+    def back_off(seconds: float) -> None:
+        asked_to_stop.set()  # the person presses stop while the retry waits
+        time.sleep(1.0)
+
+    started = time.monotonic()
+    with pytest.raises(TurnCancelled):
+        turn(
+            RetryingProvider(overloaded, sleep=back_off), WorkspaceToolBox(tmp_path), is_cancelled=asked_to_stop.is_set
+        )
+    assert time.monotonic() - started < 0.9  # within the back-off, not after it
+    time.sleep(1.5)  # the back-off is over: a retry would have been sent by now
+    assert overloaded.requests == 1
 
 
 @pytest.mark.req("OP-3")
