@@ -350,6 +350,19 @@ def conversation_messages(request: HttpRequest, conversation_id: int) -> HttpRes
 
 
 @login_required
+def conversation_usage(request: HttpRequest, conversation_id: int) -> HttpResponse:
+    """The usage bar and context meter alone: the page swaps them in after each model request of a
+    run in flight (each is stored as its reply comes in), without redrawing the live messages."""
+    try:
+        conversation = conversation_selectors.conversation_for_user(
+            user=request_user(request), conversation_id=conversation_id
+        )
+    except NotFound:
+        raise Http404("No such conversation.") from None
+    return render(request, "conversations/_usage.html", _usage(conversation, []))
+
+
+@login_required
 def conversation_context(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The Context view (TD-15): the same composition `GET /api/conversations/<id>/context` returns."""
     conversation = owned_conversation(request, conversation_id)

@@ -115,6 +115,7 @@ urlpatterns = [
         agents_views.conversation_messages,
         name="conversation-messages",
     ),
+    path("conversations/<id:conversation_id>/usage/", agents_views.conversation_usage, name="conversation-usage"),
     path("conversations/<id:conversation_id>/tree/", conversations_views.conversation_tree, name="conversation-tree"),
     path(
         "conversations/<id:conversation_id>/tree/rows/",

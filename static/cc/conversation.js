@@ -141,6 +141,27 @@
   }
   let deferred = false;
 
+  // The usage bar and context meter alone, after each model request of a run in flight: each
+  // request is stored as its reply comes in, and the messages stay as they are drawn live.
+  let usageFetch = null;
+  let usageAgain = false;
+  function refreshUsage() {
+    if (usageFetch) { usageAgain = true; return; }
+    usageFetch = (async () => {
+      try {
+        do {
+          usageAgain = false;
+          const response = await fetch(`/conversations/${conversationId}/usage/`, { credentials: "same-origin" });
+          if (!response.ok || response.redirected) return;
+          const template = document.createElement("template");
+          template.innerHTML = (await response.text()).trim();
+          const bar = document.getElementById("conversation-usage");
+          if (bar && template.content.firstElementChild) bar.replaceWith(template.content.firstElementChild);
+        } while (usageAgain);
+      } finally { usageFetch = null; }
+    })();
+  }
+
   function install(html) {
     if (html === lastFragment) {
       // Nothing stored changed: keep the live articles and only catch up their logs.
@@ -406,6 +427,7 @@
         break;
       }
       case "usage":
+        if (!state.catching) refreshUsage();
         statusLine.textContent = p.cache_reported === false
           ? `Step ${p.step}: ${p.input_tokens} input, ${p.output_tokens} output tokens (the server reports no cache figures).`
           : `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;

@@ -388,6 +388,8 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
     badge = card.locator("details.tool .tool-state")
     expect(card.locator(".approval")).to_be_visible(timeout=15_000)
     expect(badge).to_have_text("waiting for approval")  # nothing runs before a person decides
+    # The request that asked for the call was stored when its reply came in: the usage bar shows it mid-turn.
+    expect(page.locator("#conversation-usage")).to_contain_text(" out")
     # The live card and its prompt read at the stored messages' size: the command must be legible.
     sizes = page.evaluate(
         "() => ['article.user', 'article.live', 'article.live .approval', 'article.live .approval button.approve']"

@@ -172,6 +172,24 @@ def test_money_comes_from_prices_and_is_a_dash_where_unknown(alice):
     assert '<span class="money" id="conversation-cost">—</span>' in fragment  # unknown, never $0
 
 
+@pytest.mark.req("UX-6")
+def test_the_usage_bar_alone_shows_a_running_runs_requests_so_far_to_its_owner_only(alice, bob):
+    conversation = Conversation.objects.create(owner=alice, title="live usage")
+    question, _ = _turn(conversation, None, "q", "a")
+    run = Run.objects.create(
+        conversation=conversation, trigger=question, provider="offline", model="m", status="running"
+    )
+    url = f"/conversations/{conversation.pk}/usage/"
+    bar = _client(alice).get(url).content.decode()
+    assert 'id="conversation-usage"' in bar and "No model requests yet." in bar
+    ModelRequest.objects.create(run=run, step=1, model="m", input_tokens=1_200, output_tokens=30)  # step 1 is in
+    bar = _client(alice).get(url).content.decode()
+    assert "1,200 in" in bar and "30 out" in bar and "1,230 / 200,000" in bar
+    assert bar in _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()  # one drawing
+    assert _client(bob).get(url).status_code == 404
+    assert Client().get(url).status_code == 302  # to the sign-in page
+
+
 @pytest.mark.req("UX-7")
 def test_the_admin_lists_approvals_and_keeps_audit_data_read_only(alice):
     admin = get_user_model().objects.create_superuser("root", password="root-password-1")
