@@ -1,8 +1,10 @@
 """Money per run and per conversation, from recorded usage and per-model prices (UX-6).
 
 Prices are USD per million tokens, (input, output), from `CC_MODEL_PRICES`, else the public
-Anthropic list prices of the models offered. A cache write costs 1.25× an input token (the
-5-minute cache), a cache read 0.1×. A model without a price has no money figure ("—"), never 0.
+Anthropic list prices of the models offered. A cache write costs 1.25× an input token for the
+5-minute cache and 2× for the 1-hour cache (the tools and system prefix are written with the 1-hour
+TTL, TD-13); a write whose TTL the provider did not report counts as 5-minute. A cache read costs
+0.1×. A model without a price has no money figure ("—"), never 0.
 """
 
 from __future__ import annotations
@@ -28,8 +30,11 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "claude-3-haiku": (0.25, 1.25),
 }
 CACHE_WRITE_FACTOR = 1.25
+CACHE_WRITE_1H_FACTOR = 2.0
 CACHE_READ_FACTOR = 0.1
 USAGE_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+# What money needs beyond the token kinds shown: the share of cache writes made with the 1-hour TTL.
+COST_FIELDS = (*USAGE_FIELDS, "cache_creation_1h_input_tokens")
 
 
 def price_for(model: str) -> tuple[float, float] | None:
@@ -49,9 +54,12 @@ def usage_cost(model: str, usage: Mapping[str, int]) -> float | None:
     if price is None:
         return None
     per_input, per_output = price
+    written_1h = usage.get("cache_creation_1h_input_tokens") or 0
+    written_5m = (usage.get("cache_creation_input_tokens") or 0) - written_1h
     return (
         usage.get("input_tokens", 0) * per_input
-        + usage.get("cache_creation_input_tokens", 0) * per_input * CACHE_WRITE_FACTOR
+        + written_5m * per_input * CACHE_WRITE_FACTOR
+        + written_1h * per_input * CACHE_WRITE_1H_FACTOR
         + usage.get("cache_read_input_tokens", 0) * per_input * CACHE_READ_FACTOR
         + usage.get("output_tokens", 0) * per_output
     ) / 1_000_000

@@ -234,7 +234,7 @@ def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str,
         ModelRequest.objects.filter(run__conversation=conversation)
         .values("run_id", "model")
         # The ratio's sums first: the others take their fields' names.
-        .annotate(**ratio_sums(), **{field: Sum(field) for field in costs.USAGE_FIELDS}, last=Max("id"))
+        .annotate(**ratio_sums(), **{field: Sum(field) for field in costs.COST_FIELDS}, last=Max("id"))
         .order_by()
     )
     by_run: dict[int, list[dict[str, Any]]] = {}
@@ -244,7 +244,8 @@ def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str,
     for item in shown:
         if item["run_id"] in by_run:
             item["usage"] = costs.usage_summary(by_run[item["run_id"]])
-    latest = ModelRequest.objects.filter(run__conversation=conversation).order_by("-id").first()
+    # The conversation's own turns: not a child's context (`<fan-out>/<i>`) nor a summary call's prompt.
+    latest = ModelRequest.objects.filter(run__conversation=conversation, subagent="").order_by("-id").first()
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     used = (
         latest.input_tokens + latest.cache_creation_input_tokens + latest.cache_read_input_tokens + latest.output_tokens

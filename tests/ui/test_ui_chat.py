@@ -156,6 +156,9 @@ def test_money_comes_from_prices_and_is_a_dash_where_unknown(alice):
     assert costs.price_for("offline-1") is None
     usage = {"input_tokens": 1_000_000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 1_000_000}
     assert costs.usage_cost("my-model", {**usage, "output_tokens": 100_000}) == pytest.approx(2.0 + 0.2 + 1.0)
+    # Cache writes cost by their TTL: 1.25x for 5 minutes, 2x for the hour the tools prefix is written with.
+    written = {"cache_creation_input_tokens": 1_000_000, "cache_creation_1h_input_tokens": 600_000}
+    assert costs.usage_cost("my-model", written) == pytest.approx(0.4 * 2.0 * 1.25 + 0.6 * 2.0 * 2.0)
     conversation = Conversation.objects.create(owner=alice, title="m")
     question, _ = _turn(conversation, None, "q", "a")
     run = Run.objects.create(
@@ -167,7 +170,12 @@ def test_money_comes_from_prices_and_is_a_dash_where_unknown(alice):
     fragment = _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()
     assert "90.0% from cache" in fragment and "$0.0005" in fragment  # (100*2 + 900*0.2 + 10*10) / 1e6
     assert 'id="context-meter"' in fragment and "1,010 / 200,000" in fragment
-    ModelRequest.objects.create(run=run, step=2, model="offline-1", input_tokens=5, output_tokens=1)
+    ModelRequest.objects.create(
+        run=run, step=2, model="my-model", cache_creation_input_tokens=1000, cache_creation_1h_input_tokens=1000
+    )
+    fragment = _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()
+    assert "$0.0045" in fragment  # + 1000 * 2 * 2.0 / 1e6 for the hour-long write (at 1.25x: $0.0030)
+    ModelRequest.objects.create(run=run, step=3, model="offline-1", input_tokens=5, output_tokens=1)
     fragment = _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()
     assert '<span class="money" id="conversation-cost">—</span>' in fragment  # unknown, never $0
 
@@ -185,6 +193,11 @@ def test_the_usage_bar_alone_shows_a_running_runs_requests_so_far_to_its_owner_o
     ModelRequest.objects.create(run=run, step=1, model="m", input_tokens=1_200, output_tokens=30)  # step 1 is in
     bar = _client(alice).get(url).content.decode()
     assert "1,200 in" in bar and "30 out" in bar and "1,230 / 200,000" in bar
+    # A child's request and a summary call are other contexts: the meter stays with the conversation's turn.
+    for label in ("a1b2c3/0", "summary"):
+        ModelRequest.objects.create(run=run, step=1, subagent=label, model="m", input_tokens=90_000, output_tokens=9)
+    bar = _client(alice).get(url).content.decode()
+    assert "181,200 in" in bar and "1,230 / 200,000" in bar  # their tokens count, not as the window's fill
     assert bar in _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()  # one drawing
     assert _client(bob).get(url).status_code == 404
     assert Client().get(url).status_code == 302  # to the sign-in page
