@@ -627,7 +627,12 @@ def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLon
 
 
 def _run_cancelled(run_id: int) -> bool:
-    return reconnecting(lambda: Run.objects.filter(pk=run_id, cancel_requested=True).exists())
+    """Asked to stop, or no longer running: failed by a reaper while this worker was stopped or cut
+    off (a retry may be running the turn again), or deleted. Its tools are killed and no further
+    request is paid for."""
+    return not reconnecting(
+        lambda: Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, cancel_requested=False).exists()
+    )
 
 
 def _run_cancel_checker(run_id: int) -> Callable[[], bool]:

@@ -57,7 +57,8 @@ def test_sigkill_mid_turn_keeps_the_previous_turn_and_a_retry_completes(start_wo
         f"/api/conversations/{conversation.pk}/messages/", {"text": "please run `sleep 3; echo done`"}, format="json"
     ).json()
     run_id = sent["run"]["id"]
-    _wait(lambda: RunEvent.objects.filter(run_id=run_id, type="tool_call").exists(), 20, "the tool call")
+    # The call streamed and its request was stored (the reply is whole): the command runs now.
+    _wait(lambda: ModelRequest.objects.filter(run_id=run_id).exists(), 20, "the tool call's request")
     first.kill()  # SIGKILL the whole worker while `sleep` runs: mid-turn
 
     # Nothing of the interrupted turn is stored: the path ends at the user message.

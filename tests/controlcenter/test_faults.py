@@ -307,7 +307,7 @@ def test_a_worker_on_another_redis_with_the_same_database_never_fails_a_turn_tha
 
 
 @pytest.mark.req("CH-5")
-def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings, tmp_path):
+def test_a_turn_whose_run_was_failed_under_it_stops_at_once_and_is_not_stored(alice, settings, tmp_path):
     import threading
 
     from agents.lifecycle import run_execute, runs_reap_orphans
@@ -316,7 +316,7 @@ def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings
     settings.CC_WORKSPACE_ROOT = tmp_path
     conversation = Conversation.objects.create(owner=alice, title="late")
     trigger = Message.objects.create(
-        conversation=conversation, role="user", content=[{"type": "text", "text": SLOW_TOOL}]
+        conversation=conversation, role="user", content=[{"type": "text", "text": "please run `sleep 20; echo done`"}]
     )
     conversation.tip = trigger
     conversation.save()
@@ -331,14 +331,18 @@ def test_a_turn_that_ends_after_its_run_was_failed_is_not_stored(alice, settings
     thread = threading.Thread(target=execute)
     thread.start()
     wait_for(lambda: RunEvent.objects.filter(run=run, type="tool_call").exists(), 20, "the tool call")
-    assert runs_reap_orphans(live=[], grace_seconds=0) == [run.pk]  # taken for dead mid-turn
+    # Taken for dead mid-turn (its worker was stopped, or cut off from Redis), and retried meanwhile
+    # by its owner: the old turn must not go on spending and running commands beside the retry.
+    assert runs_reap_orphans(live=[], grace_seconds=0) == [run.pk]
+    reaped = time.monotonic()
     thread.join(timeout=30)
+    assert time.monotonic() - reaped < 5  # its `sleep 20` was killed, not waited for
 
     run.refresh_from_db()
     assert run.status == Run.Status.FAILED and "stopped before the turn ended" in run.error
     assert list(Message.objects.filter(conversation=conversation).values_list("pk", flat=True)) == [trigger.pk]
-    # Its two requests were made and paid for: recorded, though the turn is not.
-    assert list(ModelRequest.objects.filter(run=run).order_by("step").values_list("step", flat=True)) == [1, 2]
+    # The request made before is recorded (it was paid for); no request came after.
+    assert list(ModelRequest.objects.filter(run=run).values_list("step", flat=True)) == [1]
     assert list(RunEvent.objects.filter(run=run, type="run_finished").values_list("payload__status", flat=True)) == [
         "failed"
     ]
