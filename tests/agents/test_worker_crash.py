@@ -7,7 +7,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from agents.models import ModelRequest, Run, RunEvent
+from agents.models import ModelRequest, Run
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from tests.support.waiting import wait_until
