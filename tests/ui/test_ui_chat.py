@@ -193,6 +193,7 @@ def test_the_usage_bar_alone_shows_a_running_runs_requests_so_far_to_its_owner_o
     ModelRequest.objects.create(run=run, step=1, model="m", input_tokens=1_200, output_tokens=30)  # step 1 is in
     bar = _client(alice).get(url).content.decode()
     assert "1,200 in" in bar and "30 out" in bar and "1,230 / 200,000" in bar
+    assert "All runs:" in bar  # the whole conversation's, where a prompt's card shows its own run's
     # A child's request and a summary call are other contexts: the meter stays with the conversation's turn.
     for label in ("a1b2c3/0", "summary"):
         ModelRequest.objects.create(run=run, step=1, subagent=label, model="m", input_tokens=90_000, output_tokens=9)
