@@ -44,7 +44,7 @@ from engine.request import (
     tools_by_recency,
     without_tool_references,
 )
-from engine.tokens import tool_prompt_tokens
+from engine.tokens import estimate_json_tokens, estimate_text_tokens, tool_prompt_tokens
 from engine.toolbox import ToolBox
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -288,10 +288,16 @@ def run_turn(
             if room is not None and room.results:
                 shortened.update(room.results)
             asked = room.max_tokens if room is not None and room.max_tokens else max_tokens
-            request, done, duration_ms = _request(provider, model, system, history, _sent(outcome.messages, shortened),
-                                                  toolbox, emit, step, previous_end, is_cancelled, on_prompt_too_long,
-                                                  max_tokens=asked,
-                                                  tool_choice=choice)  # fmt: skip
+            try:
+                request, done, duration_ms = _request(provider, model, system, history,
+                                                      _sent(outcome.messages, shortened), toolbox, emit, step,
+                                                      previous_end, is_cancelled, on_prompt_too_long,
+                                                      max_tokens=asked, tool_choice=choice)  # fmt: skip
+            except _CancelledMidStream as cut:
+                # The provider took the request and was answering: it is paid for, whole prompt and
+                # the output so far, though no final usage came. Recorded as our estimate.
+                record_step(_cut_record(step, cut, tool_prompt))
+                raise TurnCancelled() from None
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
             newly = _newly_loaded(request, loaded)
@@ -448,8 +454,10 @@ def _request(
         place_breakpoints(request, previous_end=previous_end, resident_count=toolbox.resident_count())
         started = time.monotonic()
         done: MessageDone | None = None
+        answered: list[ProviderEvent] = []  # what the model sent before a cancel cut its answer
         try:
             for event in _until_cancelled(provider.stream(request), is_cancelled):
+                answered.append(event)
                 if isinstance(event, TextDelta):
                     emit("text_delta", {"step": step, "text": without_nul(event.text)})
                 elif isinstance(event, ToolUseBlock):
@@ -461,6 +469,10 @@ def _request(
                     done = replace(event, content=without_nul(event.content))
                 if is_cancelled():
                     raise TurnCancelled()
+        except TurnCancelled:
+            if answered and done is None:
+                raise _CancelledMidStream(request, answered, int((time.monotonic() - started) * 1000)) from None
+            raise
         except PromptTooLong as exc:
             replacement = compact(history, turn, exc) if attempt == 1 else None
             if replacement is None:
@@ -472,6 +484,28 @@ def _request(
             raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
         return request, done, int((time.monotonic() - started) * 1000)
     raise AssertionError("unreachable")
+
+
+class _CancelledMidStream(TurnCancelled):
+    """A cancel cut the model's answer after it began: the request was taken, and is paid for."""
+
+    def __init__(self, request: ModelRequestSpec, answered: list[ProviderEvent], duration_ms: int) -> None:
+        super().__init__()
+        self.request, self.answered, self.duration_ms = request, answered, duration_ms
+
+
+def _cut_record(step: int, cut: _CancelledMidStream, tool_prompt: int) -> StepRecord:
+    """The record of an answer a cancel cut: the whole prompt as we count it (what the provider
+    cached of it is unknown) and the output that arrived, as our estimate."""
+    request = cut.request
+    count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+    output = sum(
+        estimate_text_tokens(event.text) if isinstance(event, TextDelta) else estimate_json_tokens(event.input)
+        for event in cut.answered
+        if isinstance(event, TextDelta | ToolUseBlock)
+    )
+    usage = Usage(input_tokens=count.total, output_tokens=output, source="estimate", cache_reported=False)
+    return StepRecord(step, usage, "cancelled", cut.duration_ms, list(request.breakpoints), estimate=count)
 
 
 # How often a request that has sent nothing yet looks at the cancel flag (`is_cancelled` may poll less often).

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from agents import heartbeat
 from agents.lifecycle import enqueue_run, run_execute
-from agents.models import Approval, Run, RunEvent, Subagent
+from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from agents.services import run_cancel
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
@@ -59,6 +59,8 @@ def policy(payload: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"type": "tool_use", "name": "bash", "input": {"command": TICKING.format(file="ticks.txt")}}]
     if "fan out" in text:
         return [{"type": "tool_use", "name": "spawn_agents", "input": {"tasks": ["count in the workspace"]}}]
+    if "story" in text:
+        return [{"type": "text", "text": "Once upon a time " + "and then it went on " * 60 + "the end."}]
     if "proof" in text:
         return [{"type": "tool_use", "name": "bash", "input": {"command": "echo approved > proof.txt"}}]
     return [{"type": "text", "text": "Noted."}]
@@ -283,3 +285,28 @@ def test_a_cancel_while_the_model_has_sent_nothing_yet_ends_the_run_within_2_s(s
     # Nothing of the turn came back, so nothing of it is kept: the path still ends at the prompt.
     assert [m.pk for m in path_of(run.conversation_id)] == [run.trigger_id]
     assert RunEvent.objects.get(run=run, type="run_finished").payload["status"] == "cancelled"
+
+
+@pytest.fixture
+def slow_stream(setup):
+    """The model writes its answer slowly: 300 ms between chunks."""
+    latency = f"{setup['server'].base_url}/_emulator/latency"
+    httpx.post(latency, json={"delta_ms": 300}).raise_for_status()
+    yield setup
+    httpx.post(latency, json={"delta_ms": 0}).raise_for_status()
+
+
+@pytest.mark.req("OP-3", "RN-2")
+def test_a_cancel_while_the_answer_streams_ends_the_run_and_records_the_request_it_cut(slow_stream, alice):
+    run = make_run(alice, "tell me a story")
+    enqueue_run(run.pk)
+    wait_until(lambda: RunEvent.objects.filter(run=run, type="text_delta").exists(), 30, "the answer to start")
+
+    asked = timezone.now()
+    run_cancel(run=run)
+    assert seconds_since(asked, cancelled(run).finished_at) < 2.0, timeline(run, asked)
+    assert [m.pk for m in path_of(run.conversation_id)] == [run.trigger_id]  # a cut answer is not kept
+    # The request was taken and answered in part: paid for, so recorded, as our estimate.
+    [cut] = ModelRequest.objects.filter(run=run)
+    assert cut.stop_reason == "cancelled" and cut.usage_source == "estimate" and not cut.cache_reported
+    assert cut.input_tokens > 1000 and 0 < cut.output_tokens < 300  # the whole prompt; the words that came

@@ -18,7 +18,7 @@ from engine.providers.protocol import Overloaded, PromptTooLong
 from engine.providers.retry import RetryingProvider
 from engine.request import text_block
 from engine.room import elide_turn_results, turn_room
-from engine.tokens import tool_prompt_tokens
+from engine.tokens import estimate_text_tokens, tool_prompt_tokens
 from toolcatalog.builtins import WorkspaceToolBox
 
 MODEL = "claude-sonnet-4-5"
@@ -256,6 +256,28 @@ def test_a_cancel_while_the_model_has_sent_nothing_yet_ends_the_turn_at_once(tmp
         turn(_SlowFirstToken(5.0), WorkspaceToolBox(tmp_path), is_cancelled=lambda: time.monotonic() > pressed_stop)
     assert time.monotonic() - started < 2.0  # not the 5 s the model takes to its first token
     assert stopped.value.messages == []
+
+
+@pytest.mark.req("OP-3", "RN-2")
+def test_an_answer_cut_by_a_cancel_is_recorded_as_an_estimated_request(tmp_path):
+    story = "Once upon a time " + "and then it went on " * 60
+    recorded: list[StepRecord] = []
+    deltas: list[str] = []
+
+    def emit(kind: str, payload: dict[str, Any]) -> None:
+        if kind == "text_delta":
+            deltas.append(payload["text"])
+
+    with pytest.raises(TurnCancelled) as stopped:
+        run_turn(provider=provider(story), model=MODEL, system=SYSTEM, history=[{"role": "user", "content": "go"}],
+                 toolbox=WorkspaceToolBox(tmp_path), emit=emit, is_cancelled=lambda: bool(deltas),
+                 record_step=recorded.append)  # fmt: skip
+    assert stopped.value.messages == []  # the cut answer is not kept
+    [cut] = recorded
+    assert (cut.step, cut.stop_reason, cut.usage.source) == (1, "cancelled", "estimate")
+    assert not cut.usage.cache_reported  # what the provider cached of the prompt is unknown
+    assert cut.usage.input_tokens == cut.estimate.total > 0  # the whole prompt, as we count it
+    assert cut.usage.output_tokens == estimate_text_tokens("".join(deltas)) > 0  # what arrived before the cancel
 
 
 class _AlwaysOverloaded:
