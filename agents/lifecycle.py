@@ -628,10 +628,10 @@ def _too_long_message(run: Run, history: list[dict[str, Any]], exc: PromptTooLon
 
 def _run_cancelled(run_id: int) -> bool:
     """Asked to stop, or no longer running: failed by a reaper while this worker was stopped or cut
-    off (a retry may be running the turn again), or deleted. Its tools are killed and no further
-    request is paid for."""
-    return not reconnecting(
-        lambda: Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, cancel_requested=False).exists()
+    off (a retry may be running the turn again). Its tools are killed and no further request is
+    paid for. (A run is not deleted while it runs: its conversation refuses deletion then.)"""
+    return reconnecting(
+        lambda: Run.objects.filter(pk=run_id).exclude(status=Run.Status.RUNNING, cancel_requested=False).exists()
     )
 
 
