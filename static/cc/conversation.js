@@ -119,6 +119,9 @@
   function refresh(shown) {
     if (refreshing) { refreshAgain = true; return refreshing; }
     refreshing = busyWhile((async () => {
+      // First a pause: a body that ended before its first await (an open edit form) would clear
+      // `refreshing` before it is assigned, and every later refresh would wait on it forever.
+      await null;
       try {
         do {
           refreshAgain = false;

@@ -165,6 +165,32 @@ def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context
     assert not tab_a.js_errors and not tab_b.js_errors
 
 
+@pytest.mark.req("UX-1", "UX-2")
+def test_a_tab_whose_edit_form_was_open_while_the_conversation_changed_redraws_once_it_closes(
+    context, embedded_server_module
+):
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "edit open")
+    tab_a = _open(context, base, conversation)
+    _send(tab_a, "first question")
+    _settled(tab_a)
+    tab_b = _open(context, base, conversation)
+    tab_b.locator("article.user button.edit").click()  # B is editing ...
+    expect(tab_b.locator("article.user .edit-inline textarea")).to_be_focused()
+    _send(tab_a, "asked in tab A")  # ... while A adds a turn
+    _settled(tab_a)
+    expect(tab_b.locator("article.user")).to_have_count(1)  # not swapped away under the open form
+    tab_b.keyboard.press("Escape")  # B closes the form: now it catches up
+    expect(tab_b.locator("article.user").last).to_contain_text("asked in tab A")
+    _send(tab_b, "asked in tab B")  # and its own sends keep showing
+    expect(tab_b.locator("article.assistant").last).to_contain_text('"asked in tab B"', timeout=15_000)
+    _settled(tab_b)
+    expect(tab_a.locator("article.assistant").last).to_contain_text('"asked in tab B"')
+    _settled(tab_a)
+    assert _texts(tab_a) == _texts(tab_b)
+    assert not tab_a.js_errors and not tab_b.js_errors
+
+
 # Every catch-up read of a run's log waits until the test lets it go, one by one in their order;
 # `__applied` counts the reads whose events the page has drawn.
 HOLD_CATCH_UPS = """(() => {
