@@ -101,14 +101,19 @@ def conversation_locked(conversation: Conversation, *, idle: bool = True) -> Con
     return locked
 
 
+@transaction.atomic
 def conversation_branch(*, conversation: Conversation, message_id: int) -> Conversation:
-    """Move the tip to any message of the conversation: one UPDATE, nothing else written (CH-7)."""
+    """Move the tip to any message of the conversation: one UPDATE, nothing else written (CH-7).
+
+    Refused while a run works, as every other move of the tip is: its answer is written under its
+    prompt when the turn ends, and would land off the path the person moved to, unannounced."""
     target = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
     if transcript.tool_use_ids(selectors.as_plain(target)):
         raise DomainError(
             f"Message {message_id} stops in the middle of a turn (a tool call without its result); "
             "branch to its tool result or to the turn's final answer."
         )
+    conversation_locked(conversation)
     now = timezone.now()
     Conversation.objects.filter(pk=conversation.pk).update(tip=target, updated_at=now)
     conversation.tip, conversation.updated_at = target, now

@@ -185,3 +185,20 @@ def test_an_empty_conversation_refuses_fork_checkpoint_and_compact_with_a_409(al
         response = alice_api.post(url(empty, route), payload, format="json")
         assert response.status_code == 409, (route, response.content)
         assert "no messages yet" in response.json()["error"]["message"]
+
+
+@pytest.mark.req("CH-7", "UX-8")
+def test_branch_is_refused_while_a_run_works_as_every_move_of_the_tip_is(alice_api, explored):
+    path = selectors.current_path(explored)
+    running = Run.objects.create(
+        conversation=explored, trigger_id=path[-2].id, provider="offline", model="offline-1", status="running"
+    )
+    before = _snapshot()
+    for route, payload in (("branch/", {"message": path[1].id}), ("messages/", {"text": f"/branch {path[1].id}"})):
+        response = alice_api.post(url(explored, route), payload, format="json")
+        assert response.status_code == 409, (route, response.content)
+        assert "still in progress" in response.json()["error"]["message"]
+    assert _snapshot() == before  # the answer the run writes lands on the path it was asked on
+    running.status = "succeeded"
+    running.save()
+    assert alice_api.post(url(explored, "branch/"), {"message": path[1].id}, format="json").status_code == 200
