@@ -24,6 +24,12 @@ class Conflict(DomainError):
     status = 409
 
 
+class RunInProgress(Conflict):
+    """The conversation's run holds it: the request may be sent again once the run ends."""
+
+    code = "run_in_progress"
+
+
 class ServiceUnavailable(DomainError):
     """A service the request needs (the run queue) is down; nothing was changed, try again later."""
 

@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.utils import timezone
 
-from controlcenter.errors import Conflict, DomainError, NotFound
+from controlcenter.errors import Conflict, DomainError, NotFound, RunInProgress
 from conversations import commands, export, selectors
 from conversations.compaction import CompactionPass, compaction_pass
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
@@ -97,7 +97,7 @@ def conversation_locked(conversation: Conversation, *, idle: bool = True) -> Con
     locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
     # Through the reverse relation: runs are a layer above this app, which never imports them.
     if idle and locked.runs.active().exists():
-        raise Conflict("A run is still in progress in this conversation; wait for it or cancel it.")
+        raise RunInProgress("A run is still in progress in this conversation; wait for it or cancel it.")
     return locked
 
 

@@ -41,6 +41,8 @@
   const pretty = (value) => (typeof value === "string" ? value : JSON.stringify(value, null, 2));
   const errorText = (body, response) =>
     body.detail || (body.error && (body.error.message || body.error)) || `Error ${response.status}`;
+  // Refused because a run holds the conversation (not for any other conflict): worth sending again later.
+  const runHeld = (body) => Boolean(body && body.error && body.error.code === "run_in_progress");
 
   // --- the session: an expired one goes to the sign-in page instead of showing raw errors ---
   function signIn() {
@@ -525,13 +527,13 @@
     clearError();
     try {
       const { response, body: answer } = await api(url, { method: "POST", body: body ? JSON.stringify(body) : undefined });
-      if (!response.ok) { showError(errorText(answer, response), hintFor(response)); return; }
+      if (!response.ok) { showError(errorText(answer, response), hintFor(answer)); return; }
       following = true;
       statusLine.textContent = done;
       await refresh();
     } catch { /* signed out: on the way to the sign-in page */ }
   }
-  const hintFor = (response) => (response.status === 409 ? "Wait for the run to finish, or cancel it, then try again." : "Check the message and try again.");
+  const hintFor = (body) => (runHeld(body) ? "Wait for the run to finish, or cancel it, then try again." : "Check the message and try again.");
 
   function openEdit(article) {
     const text = article.querySelector(".text[data-raw]");
@@ -733,7 +735,7 @@
     const { response, body } = answer;
     if (!response.ok) {
       // Refused, never lost: the text stays in the box with the reason above it.
-      showError(errorText(body, response), response.status === 409
+      showError(errorText(body, response), runHeld(body)
         ? "Your message is still in the box: send it when the run ends, or cancel the run."
         : "Your message is still in the box.");
       return;

@@ -197,6 +197,7 @@ def test_branch_is_refused_while_a_run_works_as_every_move_of_the_tip_is(alice_a
     for route, payload in (("branch/", {"message": path[1].id}), ("messages/", {"text": f"/branch {path[1].id}"})):
         response = alice_api.post(url(explored, route), payload, format="json")
         assert response.status_code == 409, (route, response.content)
+        assert response.json()["error"]["code"] == "run_in_progress"  # worth sending again once the run ends
         assert "still in progress" in response.json()["error"]["message"]
     assert _snapshot() == before  # the answer the run writes lands on the path it was asked on
     running.status = "succeeded"

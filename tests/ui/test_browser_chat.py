@@ -144,6 +144,7 @@ def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context
     expect(tab_a.locator("#composer-input")).to_be_focused()
     tab_b.keyboard.press("Enter")  # meant for the note, with the approval on screen
     expect(tab_b.locator("#errors .error-card")).to_contain_text("A run is still in progress")
+    expect(tab_b.locator("#errors .error-card")).to_contain_text("send it when the run ends")
     expect(tab_b.locator("#composer-input")).to_have_value("a note from tab B")  # refused, never lost
     tab_a.keyboard.press("Enter")  # an empty composer in A: nothing is decided either
     assert tab_b.locator(".approval").get_attribute("data-decision") is None
@@ -172,6 +173,9 @@ def test_a_tab_whose_edit_form_was_open_while_the_conversation_changed_redraws_o
     base, _ = embedded_server_module
     conversation = _new(context, base, "edit open")
     tab_a = _open(context, base, conversation)
+    _send(tab_a, "/checkpoint start")  # refused (nothing to mark yet), and no run is to blame
+    expect(tab_a.locator("#errors .error-card")).to_contain_text("no messages yet")
+    expect(tab_a.locator("#errors .error-card")).not_to_contain_text("when the run ends")
     _send(tab_a, "first question")
     _settled(tab_a)
     tab_b = _open(context, base, conversation)
