@@ -73,14 +73,14 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 
 # The composer's slash menu (CH-10); the commands are dispatched server-side when sent.
 SLASH_COMMANDS = [
-    ("/compact", "", "Run the context recovery ladder now"),
+    ("/compact", "[summary]", "Run the context recovery ladder now"),
     ("/shake", "", "Free rungs only: elide old tool output, drop old images"),
     ("/context", "", "What fills the context window, by category"),
     ("/tree", "", "Open the tree navigator"),
     ("/branch", "<message id>", "Move the branch tip to another message (or a message's Branch here)"),
     ("/fork", "", "Copy this path into a new conversation"),
     ("/checkpoint", "<label>", "Mark this turn boundary with a label"),
-    ("/rewind", "<label>", "Return to a checkpoint, keeping a digest"),
+    ("/rewind", "[label]", "Return to a checkpoint (the latest without a label), keeping a digest"),
 ]
 # The page renders the latest messages of a long path; "show all" renders every one. The
 # template is most of a page's server time (a 1,000-message path costs ~130 ms and 600 KB

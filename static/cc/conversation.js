@@ -636,8 +636,9 @@
       if (event.key === "ArrowUp") { event.preventDefault(); setActive(activeOption - 1); return; }
       if ((event.key === "Enter" && !event.shiftKey) || event.key === "Tab") {
         const option = visibleOptions()[activeOption];
-        // A whole command that takes no argument, then Enter: run it, as typed.
-        const whole = option && event.key === "Enter" && !option.dataset.args && input.value.trim() === option.dataset.command;
+        // A whole command that needs no argument (none, or an optional "[one]"), then Enter: run it, as typed.
+        const optional = !option?.dataset.args || option.dataset.args.startsWith("[");
+        const whole = option && event.key === "Enter" && optional && input.value.trim() === option.dataset.command;
         if (option && !whole) { event.preventDefault(); pick(option); return; }
         if (whole) closeMenu();
       }

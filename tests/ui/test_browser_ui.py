@@ -59,6 +59,17 @@ def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page
     expect(page.locator("article.message")).to_have_count(0)
 
     page.fill("#composer-input", "")
+    page.keyboard.type("/checkpoint")
+    page.keyboard.press("Enter")  # typed whole, but its label is needed: Enter picks it, ready for one
+    expect(composer).to_have_value("/checkpoint ")
+    page.fill("#composer-input", "")
+    page.keyboard.type("/rewind")
+    page.keyboard.press("Enter")  # typed whole, and its label is optional: it is sent as typed
+    expect(page.locator("#errors .error-card")).to_contain_text("no checkpoint behind the tip")  # the server's answer
+    expect(composer).to_have_value("/rewind")
+    page.locator("#errors .error-card button").first.click()
+
+    page.fill("#composer-input", "")
     page.keyboard.type("/zzz")
     expect(menu).to_be_hidden()  # nothing matches: no empty menu
 
