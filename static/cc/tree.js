@@ -32,7 +32,8 @@
   // A note survives the reload so the person sees what their action did.
   function reloadWith(note, focusId) {
     sessionStorage.setItem("cc-tree-note", note);
-    location.hash = focusId ? `m-${focusId}` : "";
+    // Replaced, not pushed: an action is no place to come Back to, so Back leaves the tree page.
+    history.replaceState(history.state, "", `${location.pathname}${location.search}${focusId ? `#m-${focusId}` : ""}`);
     location.reload();
   }
 

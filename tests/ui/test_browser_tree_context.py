@@ -82,8 +82,9 @@ def test_tree_opens_from_the_slash_command_and_switches_branch_by_click_and_keyb
     expect(page.locator(".rewinds")).to_contain_text("planned")
     screenshot(page, "tree-after-branch")
 
-    page.goto(f"{base}/conversations/{seeded['conversation']}/")  # the page shows the new path
-    expect(page.locator("article.message").last).to_contain_text("Here is the plan.")
+    page.go_back()  # one Back leaves the tree, however many actions were taken on it
+    expect(page).to_have_url(re.compile(rf"/conversations/{seeded['conversation']}/$"))
+    expect(page.locator("article.message").last).to_contain_text("Here is the plan.")  # the new path
 
 
 @pytest.mark.req("CH-8")
