@@ -181,9 +181,16 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
         if done.compaction is None:
             return CommandResult(name, f"/{name}: {done.reason}.", {"recorded": False, "freed": done.freed})
         compaction = done.compaction
+        # An earlier pass already shortened what is sent: the rungs' steps count from the whole stored path.
+        counted_from = (
+            f"; each rung's figures count from the whole stored path, {compaction.tokens_before} tokens"
+            if compaction.tokens_before != done.tokens_now
+            else ""
+        )
         return CommandResult(
             name,
-            f"/{name}: {done.tokens_now} -> {compaction.tokens_after} tokens (rung: {compaction.rung}).",
+            f"/{name}: {done.tokens_now} -> {compaction.tokens_after} tokens sent "
+            f"(rung: {compaction.rung}{counted_from}).",
             compaction_dict(compaction),
         )
     if name == "context":

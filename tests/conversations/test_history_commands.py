@@ -213,3 +213,22 @@ def test_a_message_cannot_forge_a_section_of_the_markdown_export():
     assert not [token for token in tokens if token.type in ("html_block", "html_inline")]
     # Every body is still there, verbatim, inside its block.
     assert forged in [token.content.rstrip("\n") for token in tokens if token.type == "fence"]
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-10", "CH-11")
+def test_a_second_pass_says_its_rungs_count_from_the_stored_path_not_from_what_is_sent(explored, settings):
+    settings.CC_COMPACT_TAIL_TOKENS = 256
+    send = lambda text: chat.message_send(conversation=explored, text=text).command  # noqa: E731
+    add_turn(explored, "Read it.", "Read.", tools=[("read_file", {"ok": True, "text": "z " * 4000})])
+    add_turn(explored, "Again.", "Done.")
+    first = send("/shake")
+    assert first.data["tokens_before"] > first.data["tokens_after"]
+    assert "stored path" not in first.detail  # nothing was shortened before: the two counts are one
+    add_turn(explored, "Read more.", "Read.", tools=[("read_file", {"ok": True, "text": "y " * 4000})])
+    add_turn(explored, "And again.", "Done.")
+    second = send("/shake")
+    sent_now = int(second.detail.split(": ", 1)[1].split(" ", 1)[0])
+    # The first pass already elided the first read: less is sent now than the stored path holds.
+    assert sent_now < second.data["tokens_before"]
+    assert f"count from the whole stored path, {second.data['tokens_before']} tokens" in second.detail

@@ -147,7 +147,7 @@ def test_shake_shows_what_each_free_rung_did(embedded_server_module, page, tmp_p
     expect(rows.nth(1).locator("td").first).to_have_text("elide")
     freed = int(rows.nth(1).locator("td").nth(3).inner_text())
     assert freed > 1000  # the 3,000-entry listing of the older turn was elided
-    expect(page.locator("#status")).to_contain_text("tokens (rung: elide)")
+    expect(page.locator("#status")).to_contain_text("tokens sent (rung: elide)")
     expect(page.locator("#composer-input")).to_have_value("")
     screenshot(page, "shake")
 
