@@ -117,9 +117,9 @@ class ModeResidentAdmin(ModeAdmin):
 
 @admin.register(ModelRequest)
 class ModelRequestAdmin(AuditAdmin):
-    list_display = ["id", "run", "step", "model", "input_tokens", "cache_read_input_tokens", "output_tokens"]
+    list_display = ["id", "owner", "run", "step", "model", "input_tokens", "cache_read_input_tokens", "output_tokens"]
     list_filter = ["model"]
-    raw_id_fields = ["run"]
+    raw_id_fields = ["run", "owner"]
 
 
 @admin.register(Approval)

@@ -53,14 +53,14 @@ def _iso(value: Any) -> str | None:
 
 
 def usage_totals(*, user: User, since: Any) -> dict[str, Any]:
-    requests = ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+    requests = ModelRequest.objects.filter(owner=user, created_at__gte=since)
     totals = requests.aggregate(**_sums(), requests=Count("id"), runs=Count("run", distinct=True))
     return _with_ratio(totals)
 
 
 def usage_by_day_and_model(*, user: User, since: Any) -> list[dict[str, Any]]:
     rows = (
-        ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        ModelRequest.objects.filter(owner=user, created_at__gte=since)
         .annotate(day=TruncDate("created_at"))
         .values("day", "model")
         .annotate(**_sums())
@@ -72,7 +72,7 @@ def usage_by_day_and_model(*, user: User, since: Any) -> list[dict[str, Any]]:
 def usage_by_conversation(*, user: User, since: Any, limit: int = 10) -> list[dict[str, Any]]:
     """The conversations that processed the most prompt tokens, with their cache ratio."""
     rows = (
-        ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        ModelRequest.objects.filter(owner=user, created_at__gte=since)
         .values("run__conversation_id", "run__conversation__title")
         .annotate(**_sums(), runs=Count("run", distinct=True), last=Max("created_at"))
         .annotate(prompt_total=F("uncached") + F("cache_write") + F("cache_read"))
@@ -82,7 +82,8 @@ def usage_by_conversation(*, user: User, since: Any, limit: int = 10) -> list[di
         _with_ratio(
             {
                 "conversation_id": row["run__conversation_id"],
-                "title": row["run__conversation__title"],
+                # Deleted since: its usage stays in the owner's figures, under no conversation.
+                "title": row["run__conversation__title"] or "(deleted conversations)",
                 "runs": row["runs"],
                 # The stubs type the row without the `**_sums()` annotated above.
                 **{key: row[key] for key, _, _ in CATEGORIES},  # type: ignore[literal-required]
@@ -178,7 +179,7 @@ def deferral_savings(*, user: User, since: Any) -> dict[str, Any]:
     tools = surface_context(run_surface()[0])
     cost = {item["name"]: item["schema_tokens"] for item in tools["deferred"]}
     requests = dict(
-        ModelRequest.objects.filter(run__conversation__owner=user, created_at__gte=since)
+        ModelRequest.objects.filter(owner=user, created_at__gte=since)
         .values_list("run_id")
         .annotate(n=Count("id"))
         .order_by()

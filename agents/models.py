@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -93,7 +96,10 @@ class RunEvent(models.Model):
 class ModelRequest(models.Model):
     """One request to the model, with usage as the provider reported it (RN-2)."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="model_requests")
+    # What was paid for stays when its conversation (or the prompt its run answered) is deleted: the
+    # owner's usage and costs of past days do not change after the fact. The run is then gone.
+    run = models.ForeignKey(Run, null=True, on_delete=models.SET_NULL, related_name="model_requests")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     step = models.PositiveIntegerField()
     model = models.CharField(max_length=128)
     input_tokens = models.PositiveIntegerField(default=0)
@@ -133,6 +139,11 @@ class ModelRequest(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.owner_id is None and self.run is not None:
+            self.owner_id = self.run.conversation.owner_id
+        super().save(*args, **kwargs)
 
     @property
     def prompt_tokens(self) -> int:

@@ -177,7 +177,7 @@ CACHE_GROUPS = {
 def cache_metrics(*, user: User, group: str, run_id: int | None = None) -> list[dict]:
     """Usage summed per run, conversation, model or day (UTC) over the user's requests, with the cache ratio."""
     field = CACHE_GROUPS[group]
-    requests = ModelRequest.objects.filter(run__conversation__owner=user)
+    requests = ModelRequest.objects.filter(owner=user)
     if run_id is not None:
         requests = requests.filter(run_id=run_id)
     if group == "day":
@@ -205,7 +205,8 @@ def cache_metrics(*, user: User, group: str, run_id: int | None = None) -> list[
         prompt = tokens["input_tokens"] + tokens["cache_creation_input_tokens"] + tokens["cache_read_input_tokens"]
         result.append(
             {
-                "key": str(row[field]),
+                # None: requests whose conversation (or run) was deleted; their usage stays the owner's.
+                "key": "deleted" if row[field] is None else str(row[field]),
                 "requests": row["requests"],
                 **tokens,
                 "prompt_tokens": prompt,

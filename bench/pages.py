@@ -70,6 +70,7 @@ def _build(user: Any, messages: int, events: int) -> tuple[Conversation, Run]:
     ModelRequest.objects.bulk_create(
         ModelRequest(
             run=run,
+            owner_id=conversation.owner_id,
             step=step,
             model="offline-1",
             input_tokens=200 + step,

@@ -202,3 +202,25 @@ def test_cache_metrics_reject_an_unknown_grouping_with_a_clear_error(alice_api):
     assert response.status_code == 400
     assert "week" in str(response.json())
     assert alice_api.get("/api/metrics/cache/?run=abc").status_code == 400
+
+
+@pytest.mark.django_db
+@pytest.mark.req("RN-2", "UX-6")
+def test_deleting_a_conversation_keeps_what_it_spent_in_the_owners_figures(alice, alice_api):
+    from agents.dashboard import usage_totals
+
+    kept, deleted = make_run(alice, title="kept"), make_run(alice, title="deleted")
+    Run.objects.update(status=Run.Status.SUCCEEDED)  # a conversation is deleted once its runs ended
+    add_usage(kept, step=1, uncached=100, written=0, read=900, day=dt.date(2026, 12, 1))
+    add_usage(deleted, step=1, uncached=50, written=0, read=450, day=dt.date(2026, 12, 1))
+    by = lambda group: {row["key"]: row for row in alice_api.get(f"/api/metrics/cache/?group={group}").json()}  # noqa: E731
+    since = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    day_before, totals_before = by("day"), usage_totals(user=alice, since=since)
+
+    assert alice_api.delete(f"/api/conversations/{deleted.conversation_id}/").status_code == 204
+    assert not Run.objects.filter(pk=deleted.pk).exists()  # its content is gone ...
+    assert by("day") == day_before  # ... what it cost is not: past days do not change
+    assert usage_totals(user=alice, since=since)["cache_read"] == totals_before["cache_read"] == 1350
+    conversations = by("conversation")
+    assert set(conversations) == {str(kept.conversation_id), "deleted"}
+    assert conversations["deleted"]["prompt_tokens"] == 500
