@@ -567,13 +567,17 @@ def _persist_turn(
 
 
 def _request_recorder(run: Run, *, subagent: Subagent | None = None) -> Callable[[StepRecord], None]:
-    """Store each model request as its reply comes in: it was paid for however the turn ends (failed,
-    cancelled, handed off, its worker killed, its turn dropped), and the usage bar and dashboard show
-    a long turn's spend while it runs. A child's requests are its parent run's, labelled (TD-14)."""
+    """Store each model request once its answer begins, and again as its reply comes in (a step's
+    later record replaces its earlier one): it was paid for however the turn ends (failed, cancelled,
+    handed off, its worker killed, its turn dropped), and the usage bar and dashboard show a long
+    turn's spend while it runs. A child's requests are its parent run's, labelled (TD-14)."""
+    rows: dict[int, ModelRequest] = {}
 
     def record(step: StepRecord) -> None:
         row = ModelRequest(
+            pk=rows[step.step].pk if step.step in rows else None,
             run=run,
+            owner_id=run.conversation.owner_id,
             subagent=subagent.label if subagent is not None else "",
             step=step.step,
             model=run.model,
@@ -594,8 +598,11 @@ def _request_recorder(run: Run, *, subagent: Subagent | None = None) -> Callable
             estimated_tokens=step.estimate.total,
             estimated_parts=step.estimate.as_dict(),
         )
+        if step.step in rows:
+            row.created_at = rows[step.step].created_at  # when the request was made, not when it ended
         with subagents.db_turn():
             reconnecting(row.save)
+        rows[step.step] = row
 
     return record
 

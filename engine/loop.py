@@ -210,7 +210,8 @@ def run_turn(
     """Run one turn; raises `ApprovalNeeded` (with the partial turn) when a call waits for a person,
     and `TurnHandedOff` between two steps once `hand_off()` says the worker is stopping.
 
-    `record_step` gets each request as soon as its reply is in: a request is paid for whether or
+    `record_step` gets each request as soon as its answer begins (our estimate) and again when its
+    reply is in, the later record of a step replacing the earlier: a request is paid for whether or
     not the turn ends well, so its record must not wait for the turn's end.
 
     `tool_choice` (Anthropic's shape) applies to the turn's first request only: forcing a
@@ -288,16 +289,10 @@ def run_turn(
             if room is not None and room.results:
                 shortened.update(room.results)
             asked = room.max_tokens if room is not None and room.max_tokens else max_tokens
-            try:
-                request, done, duration_ms = _request(provider, model, system, history,
-                                                      _sent(outcome.messages, shortened), toolbox, emit, step,
-                                                      previous_end, is_cancelled, on_prompt_too_long,
-                                                      max_tokens=asked, tool_choice=choice)  # fmt: skip
-            except _CancelledMidStream as cut:
-                # The provider took the request and was answering: it is paid for, whole prompt and
-                # the output so far, though no final usage came. Recorded as our estimate.
-                record_step(_cut_record(step, cut, tool_prompt))
-                raise TurnCancelled() from None
+            request, done, duration_ms = _request(provider, model, system, history, _sent(outcome.messages, shortened),
+                                                  toolbox, emit, step, previous_end, is_cancelled, on_prompt_too_long,
+                                                  max_tokens=asked, tool_choice=choice, record_step=record_step,
+                                                  tool_prompt=tool_prompt)  # fmt: skip
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
             newly = _newly_loaded(request, loaded)
@@ -440,8 +435,15 @@ def _request(
     *,
     max_tokens: int = 4096,
     tool_choice: dict[str, Any] | None = None,
+    record_step: Callable[[StepRecord], None] = lambda step: None,
+    tool_prompt: int = 0,
 ) -> tuple[ModelRequestSpec, MessageDone, int]:
-    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
+    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once.
+
+    Once the answer begins, the provider took the request and is owed for it: it is recorded then,
+    as our estimate ("incomplete"), and again when the final usage comes, or, cut by a cancel, with
+    the output that arrived ("cancelled"). A worker lost mid-answer leaves the first record.
+    """
     for attempt in (1, 2):
         request = ModelRequestSpec(
             model=model,
@@ -457,6 +459,8 @@ def _request(
         answered: list[ProviderEvent] = []  # what the model sent before a cancel cut its answer
         try:
             for event in _until_cancelled(provider.stream(request), is_cancelled):
+                if not answered:
+                    record_step(_estimated_record(step, request, [], 0, "incomplete", tool_prompt))
                 answered.append(event)
                 if isinstance(event, TextDelta):
                     emit("text_delta", {"step": step, "text": without_nul(event.text)})
@@ -471,7 +475,8 @@ def _request(
                     raise TurnCancelled()
         except TurnCancelled:
             if answered and done is None:
-                raise _CancelledMidStream(request, answered, int((time.monotonic() - started) * 1000)) from None
+                elapsed = int((time.monotonic() - started) * 1000)
+                record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt))
             raise
         except PromptTooLong as exc:
             replacement = compact(history, turn, exc) if attempt == 1 else None
@@ -486,26 +491,24 @@ def _request(
     raise AssertionError("unreachable")
 
 
-class _CancelledMidStream(TurnCancelled):
-    """A cancel cut the model's answer after it began: the request was taken, and is paid for."""
-
-    def __init__(self, request: ModelRequestSpec, answered: list[ProviderEvent], duration_ms: int) -> None:
-        super().__init__()
-        self.request, self.answered, self.duration_ms = request, answered, duration_ms
-
-
-def _cut_record(step: int, cut: _CancelledMidStream, tool_prompt: int) -> StepRecord:
-    """The record of an answer a cancel cut: the whole prompt as we count it (what the provider
-    cached of it is unknown) and the output that arrived, as our estimate."""
-    request = cut.request
+def _estimated_record(
+    step: int,
+    request: ModelRequestSpec,
+    answered: list[ProviderEvent],
+    duration_ms: int,
+    stop_reason: str,
+    tool_prompt: int,
+) -> StepRecord:
+    """A request with no final usage (yet): the whole prompt as we count it (what the provider cached
+    of it is unknown) and the output that arrived, as our estimate."""
     count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
     output = sum(
         estimate_text_tokens(event.text) if isinstance(event, TextDelta) else estimate_json_tokens(event.input)
-        for event in cut.answered
+        for event in answered
         if isinstance(event, TextDelta | ToolUseBlock)
     )
     usage = Usage(input_tokens=count.total, output_tokens=output, source="estimate", cache_reported=False)
-    return StepRecord(step, usage, "cancelled", cut.duration_ms, list(request.breakpoints), estimate=count)
+    return StepRecord(step, usage, stop_reason, duration_ms, list(request.breakpoints), estimate=count)
 
 
 # How often a request that has sent nothing yet looks at the cancel flag (`is_cancelled` may poll less often).

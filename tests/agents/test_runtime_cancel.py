@@ -301,12 +301,15 @@ def test_a_cancel_while_the_answer_streams_ends_the_run_and_records_the_request_
     run = make_run(alice, "tell me a story")
     enqueue_run(run.pk)
     wait_until(lambda: RunEvent.objects.filter(run=run, type="text_delta").exists(), 30, "the answer to start")
+    # Recorded as soon as the answer began: what a worker killed now would leave behind.
+    [began] = ModelRequest.objects.filter(run=run)
+    assert began.stop_reason == "incomplete" and began.usage_source == "estimate" and began.output_tokens == 0
 
     asked = timezone.now()
     run_cancel(run=run)
     assert seconds_since(asked, cancelled(run).finished_at) < 2.0, timeline(run, asked)
     assert [m.pk for m in path_of(run.conversation_id)] == [run.trigger_id]  # a cut answer is not kept
     # The request was taken and answered in part: paid for, so recorded, as our estimate.
-    [cut] = ModelRequest.objects.filter(run=run)
-    assert cut.stop_reason == "cancelled" and cut.usage_source == "estimate" and not cut.cache_reported
+    [cut] = ModelRequest.objects.filter(run=run)  # the same record, completed: the request is counted once
+    assert cut.pk == began.pk and cut.stop_reason == "cancelled" and cut.usage_source == "estimate" and not cut.cache_reported
     assert cut.input_tokens > 1000 and 0 < cut.output_tokens < 300  # the whole prompt; the words that came

@@ -136,7 +136,8 @@ def test_a_turn_told_to_hand_off_stops_after_a_step_and_resumes_without_running_
     assert asked == [1]
     paused = handed.value.paused
     assert paused.step == 1 and [m["role"] for m in paused.messages] == ["assistant", "user"]
-    assert [s.step for s in recorded] == [1]
+    # Recorded as the answer began (our estimate), then with the usage the reply carried.
+    assert [(s.step, s.stop_reason) for s in recorded] == [(1, "incomplete"), (1, "tool_use")]
     assert (tmp_path / "calls.txt").read_text() == "x\n"
 
     outcome, _ = turn(model, box, resume=paused)
@@ -273,7 +274,8 @@ def test_an_answer_cut_by_a_cancel_is_recorded_as_an_estimated_request(tmp_path)
                  toolbox=WorkspaceToolBox(tmp_path), emit=emit, is_cancelled=lambda: bool(deltas),
                  record_step=recorded.append)  # fmt: skip
     assert stopped.value.messages == []  # the cut answer is not kept
-    [cut] = recorded
+    began, cut = recorded  # recorded as the answer began, then replaced once the cancel cut it
+    assert (began.step, began.stop_reason, began.usage.output_tokens) == (1, "incomplete", 0)
     assert (cut.step, cut.stop_reason, cut.usage.source) == (1, "cancelled", "estimate")
     assert not cut.usage.cache_reported  # what the provider cached of the prompt is unknown
     assert cut.usage.input_tokens == cut.estimate.total > 0  # the whole prompt, as we count it
@@ -320,7 +322,7 @@ def test_a_cancelled_turn_is_kept_to_its_last_complete_step_with_every_call_answ
     [result] = stopped.value.messages[1]["content"]
     assert result["tool_use_id"] == stopped.value.messages[0]["content"][0]["id"] and result["is_error"] is True
     assert json.loads(result["content"])["stdout"] == "1\n2\n"
-    assert len(recorded) == 1
+    assert [(r.step, r.stop_reason) for r in recorded] == [(1, "incomplete"), (1, "tool_use")]
 
     # Cancelled during a tool that finishes normally: the next request is never sent, the step is kept whole.
     box = CancellingBox()
