@@ -228,6 +228,9 @@ def measured_requests(*, conversation_id: int, model: str) -> list[Measured]:
         ModelRequest.objects.filter(
             run__conversation_id=conversation_id, model=model, subagent="", estimated_tokens__gt=0
         )
+        # Our own count measures nothing: a request cut or lost before its usage came, or a server
+        # that reports none and has no tokenizer to ask.
+        .exclude(usage_source="estimate")
         .order_by("-id")
         .values_list(
             "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "estimated_tokens",

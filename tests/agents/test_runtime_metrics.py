@@ -224,3 +224,20 @@ def test_deleting_a_conversation_keeps_what_it_spent_in_the_owners_figures(alice
     conversations = by("conversation")
     assert set(conversations) == {str(kept.conversation_id), "deleted"}
     assert conversations["deleted"]["prompt_tokens"] == 500
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-12")
+def test_a_request_recorded_as_our_estimate_does_not_calibrate_the_next_one(alice):
+    from agents.turns import measured_requests
+
+    run = make_run(alice)
+    add_usage(run, step=1, uncached=1100, written=0, read=0)
+    ModelRequest.objects.filter(run=run).update(estimated_tokens=1000, estimated_parts={"messages": 1000})
+    # Cut by a cancel before its usage came: its "measure" is our own count again.
+    ModelRequest.objects.create(
+        run=run, step=2, model=run.model, input_tokens=1200, usage_source="estimate", cache_reported=False,
+        stop_reason="cancelled", estimated_tokens=1200, estimated_parts={"messages": 1200},
+    )  # fmt: skip
+    [(count, measured)] = measured_requests(conversation_id=run.conversation_id, model=run.model)
+    assert (count.total, measured) == (1000, 1100)
