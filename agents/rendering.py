@@ -127,12 +127,13 @@ def _fingerprint(item: dict[str, Any]) -> Hashable:
 
 
 def messages_html(items: list[dict[str, Any]]) -> str:
-    """The articles of the shown messages, each followed by its prompt's run card if it has one."""
+    """The articles of the shown messages, each followed by its prompt's run card if it has one (or,
+    for a prompt at the tip with no answer on the path, what can answer it)."""
     card = get_template("conversations/_run_card.html")
     parts = []
     for item in items:
         parts.append(article_html(item))
-        if "live_run" in item or "ended_run" in item:  # at most the latest prompts: never cached
+        if "live_run" in item or "ended_run" in item or "unanswered" in item:  # the latest prompts: never cached
             parts.append(card.render({"item": item}))
     return mark_safe("\n".join(parts))  # noqa: S308 (the templates escape)
 

@@ -222,6 +222,8 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
     if active_run is None:
         # A run whose prompt is off the current path (someone branched away) can still be cancelled.
         active_run = Run.objects.filter(conversation=conversation).active().order_by("-id").first()
+    if turns and active_run is None:
+        _unanswered_tip(conversation, turns[-1]["last"])
     _siblings(conversation, shown)
     usage = _usage(conversation, shown)
     return {"messages_html": messages_html(shown), "earlier": earlier, "active_run": active_run, **usage}
@@ -257,6 +259,25 @@ def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str,
         "context_meter": {"used": used, "window": window, "percent": min(100, 100 * used / window)} if used else None,
         "conversation_id": conversation.pk,
     }
+
+
+def _unanswered_tip(conversation: Conversation, last: dict[str, Any]) -> None:
+    """The tip is a prompt with no answer on this path and no run to show (moved there by Branch
+    here, or its run's card already says how it ended): say where its answers are, if any, and
+    offer to answer it, instead of a silent dead end."""
+    message = last["message"]
+    if message.role != Message.Role.USER or message.pk != conversation.tip_id or last.get("ended_run"):
+        return
+    children: dict[int, int] = {}  # each message's newest child
+    for pk, parent_id in (
+        Message.objects.filter(conversation=conversation).order_by("id").values_list("id", "parent_id")
+    ):
+        if parent_id is not None:
+            children[parent_id] = pk
+    end = message.pk
+    while end in children:
+        end = children[end]
+    last["unanswered"] = {"answered_at": end if end != message.pk else None}
 
 
 def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:

@@ -581,6 +581,7 @@
     else if (button.dataset.branch) act(`/api/conversations/${conversationId}/branch/`, { message: Number(button.dataset.branch) }, `The tip is now message ${button.dataset.branch}.`);
     else if (button.dataset.sibling) act(`/api/conversations/${conversationId}/branch/`, { message: Number(button.dataset.sibling) }, "Switched to another answer.");
     else if (button.dataset.retry) act(`/api/runs/${button.dataset.retry}/retry/`, null, "Retrying the run.");
+    else if (button.dataset.answer) act(`/api/conversations/${conversationId}/retry/`, null, "Answering the prompt at the tip.");
   });
 
   // --- the slash-command menu: a combobox on the composer (CH-10) ---

@@ -192,6 +192,21 @@ def test_a_tab_whose_edit_form_was_open_while_the_conversation_changed_redraws_o
     expect(tab_a.locator("article.assistant").last).to_contain_text('"asked in tab B"')
     _settled(tab_a)
     assert _texts(tab_a) == _texts(tab_b)
+
+    # Branch here on an answered prompt: the page says where its answer is, and can answer it again.
+    tab_a.locator("article.user").last.locator("button.branch").click()
+    _settled(tab_a)
+    note = tab_a.locator("article.unanswered")
+    expect(note).to_contain_text("answered on another branch")
+    note.get_by_role("button", name="Show its answer").click()
+    _settled(tab_a)
+    expect(tab_a.locator("#messages > article").last).to_contain_text('"asked in tab B"')
+    tab_a.locator("article.user").last.locator("button.branch").click()
+    _settled(tab_a)
+    tab_a.locator("article.unanswered").get_by_role("button", name="Answer it again").click()
+    _settled(tab_a)
+    expect(tab_a.locator("article.assistant .sibling-count").last).to_have_text("2/2")  # a second answer
+    expect(tab_a.locator("article.unanswered")).to_have_count(0)
     assert not tab_a.js_errors and not tab_b.js_errors
 
 

@@ -204,6 +204,22 @@ def test_the_usage_bar_alone_shows_a_running_runs_requests_so_far_to_its_owner_o
     assert Client().get(url).status_code == 302  # to the sign-in page
 
 
+@pytest.mark.req("UX-2", "CH-7")
+def test_a_tip_moved_onto_an_answered_prompt_says_where_its_answer_is_and_offers_to_answer_it(alice):
+    conversation = Conversation.objects.create(owner=alice, title="dead end?")
+    question, answer = _turn(conversation, None, "q", "a")
+    Run.objects.create(conversation=conversation, trigger=question, provider="offline", model="m", status="succeeded")
+    conversation.tip = question  # Branch here on the prompt
+    conversation.save()
+    fragment = _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()
+    assert "answered on another branch" in fragment
+    assert f'data-branch="{answer.pk}">Show its answer' in fragment and "Answer it again" in fragment
+    conversation.tip = answer
+    conversation.save()
+    fragment = _client(alice).get(f"/conversations/{conversation.pk}/messages/").content.decode()
+    assert "unanswered" not in fragment  # on the answer: nothing to say
+
+
 @pytest.mark.req("UX-7")
 def test_the_admin_lists_approvals_and_keeps_audit_data_read_only(alice):
     admin = get_user_model().objects.create_superuser("root", password="root-password-1")

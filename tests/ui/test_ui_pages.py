@@ -263,11 +263,11 @@ def test_long_conversation_page_renders_the_latest_messages_and_offers_all(alice
     _path(conversation, [("user", [{"type": "text", "text": f"message {n}"}]) for n in range(230)])
     client = _client(alice)
     html = client.get(f"/conversations/{conversation.pk}/").content.decode()
-    assert html.count("<article") == 200
+    assert html.count('<article class="message user') == 200
     assert "Show the 30 earlier messages" in html
     assert "message 229" in html and ">message 29<" not in html
     everything = client.get(f"/conversations/{conversation.pk}/?all=1").content.decode()
-    assert everything.count("<article") == 230 and "earlier message" not in everything
+    assert everything.count('<article class="message user') == 230 and "earlier message" not in everything
 
 
 @pytest.mark.django_db
