@@ -74,6 +74,12 @@ def test_tree_page_draws_every_message_the_tip_and_checkpoints(alice, branched):
     assert '<code class="chip">⚑ first</code>' in html
     assert 'class="secondary rewind" data-label="first"' in html  # on the path, behind the tip: rewindable
     assert 'id="fork"' in html and 'id="checkpoint-form"' in html
+    assert 'id="tree-running"' not in html
+    Run.objects.create(
+        conversation=branched, trigger_id=branched.tip_id, provider="offline", model="m", status="running"
+    )
+    html = _client(alice).get(f"/conversations/{branched.pk}/tree/").content.decode()
+    assert "A run is answering the prompt at the tip" in html  # why the tip will not move meanwhile
 
 
 @pytest.mark.req("RN-3")
