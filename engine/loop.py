@@ -441,8 +441,9 @@ def _request(
     """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once.
 
     Once the answer begins, the provider took the request and is owed for it: it is recorded then,
-    as our estimate ("incomplete"), and again when the final usage comes, or, cut by a cancel, with
-    the output that arrived ("cancelled"). A worker lost mid-answer leaves the first record.
+    as our estimate ("incomplete"), and again when the final usage comes, or, cut by a cancel or an
+    error, with the output that arrived ("cancelled", "failed"). A worker lost mid-answer leaves the
+    first record.
     """
     for attempt in (1, 2):
         request = ModelRequestSpec(
@@ -474,8 +475,14 @@ def _request(
                 if is_cancelled():
                     raise TurnCancelled()
         except TurnCancelled:
-            if answered and done is None:
-                elapsed = int((time.monotonic() - started) * 1000)
+            elapsed = int((time.monotonic() - started) * 1000)
+            if done is not None:
+                # Answered in full just before the stop was seen (a cancel, a run failed under a
+                # stopped worker): the provider's own usage.
+                count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+                record_step(StepRecord(step, done.usage, done.stop_reason, elapsed, list(request.breakpoints),
+                                       done.request_id, estimate=count))  # fmt: skip
+            elif answered:
                 record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt))
             raise
         except PromptTooLong as exc:
@@ -485,6 +492,12 @@ def _request(
             history = [_as_blocks(message) for message in replacement]
             previous_end = None
             continue
+        except Exception:
+            if answered and done is None:
+                # Broken off after it began (retries spent on a stream that kept failing): still taken.
+                elapsed = int((time.monotonic() - started) * 1000)
+                record_step(_estimated_record(step, request, answered, elapsed, "failed", tool_prompt))
+            raise
         if done is None:
             raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
         return request, done, int((time.monotonic() - started) * 1000)

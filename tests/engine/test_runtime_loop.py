@@ -14,7 +14,7 @@ from engine.context.transcript import request_tokens
 from engine.emulator import Emulator, ScriptedPolicy, TestClock
 from engine.loop import PausedTurn, RequestSize, Room, StepRecord, TurnCancelled, TurnHandedOff, run_turn
 from engine.providers.inprocess import EmulatorProvider
-from engine.providers.protocol import Overloaded, PromptTooLong
+from engine.providers.protocol import MessageDone, Overloaded, PromptTooLong, TextDelta
 from engine.providers.retry import RetryingProvider
 from engine.request import text_block
 from engine.room import elide_turn_results, turn_room
@@ -280,6 +280,43 @@ def test_an_answer_cut_by_a_cancel_is_recorded_as_an_estimated_request(tmp_path)
     assert not cut.usage.cache_reported  # what the provider cached of the prompt is unknown
     assert cut.usage.input_tokens == cut.estimate.total > 0  # the whole prompt, as we count it
     assert cut.usage.output_tokens == estimate_text_tokens("".join(deltas)) > 0  # what arrived before the cancel
+
+
+class _AnswersThen:
+    """The emulator's answer as one final message (no deltas), then, on demand, an error mid-answer."""
+
+    name = "emulator"
+
+    def __init__(self, reply: Any, *, fail_after_text: bool = False) -> None:
+        self.inner, self.fail_after_text, self.answered = provider(reply), fail_after_text, False
+
+    def stream(self, request):
+        for event in self.inner.stream(request):
+            if self.fail_after_text and isinstance(event, TextDelta):
+                yield event
+                raise Overloaded("overloaded_error: Overloaded")  # what a retry layer gives up with
+            if isinstance(event, MessageDone):
+                self.answered = True
+                yield event
+
+
+@pytest.mark.req("RN-2")
+def test_an_answer_broken_off_by_an_error_is_recorded_with_what_arrived(tmp_path):
+    recorded: list[StepRecord] = []
+    with pytest.raises(Overloaded):
+        turn(_AnswersThen("Once upon a time", fail_after_text=True), WorkspaceToolBox(tmp_path),
+             record_step=recorded.append)  # fmt: skip
+    assert [(r.step, r.stop_reason) for r in recorded] == [(1, "incomplete"), (1, "failed")]
+    assert recorded[-1].usage.output_tokens > 0 and recorded[-1].usage.source == "estimate"
+
+
+@pytest.mark.req("OP-3", "RN-2")
+def test_an_answer_whole_when_the_stop_is_seen_is_recorded_with_the_providers_usage(tmp_path):
+    model, recorded = _AnswersThen("All done here."), []
+    with pytest.raises(TurnCancelled):
+        turn(model, WorkspaceToolBox(tmp_path), is_cancelled=lambda: model.answered, record_step=recorded.append)
+    assert [(r.step, r.stop_reason) for r in recorded] == [(1, "incomplete"), (1, "end_turn")]
+    assert recorded[-1].usage.source == "reported" and recorded[-1].usage.output_tokens > 0
 
 
 class _AlwaysOverloaded:
