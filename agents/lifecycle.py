@@ -40,9 +40,10 @@ from django.utils import timezone
 
 from agents import approvals, heartbeat, subagents, turns
 from agents.events import RunEventPublisher
-from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
+from agents.models import Approval, Run, RunEvent, Subagent
 from agents.providers import get_provider
-from controlcenter.db import reconnecting
+from agents.usage import request_recorder
+from controlcenter.db import db_turn, reconnecting
 from controlcenter.errors import ServiceUnavailable
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import tip_back_to_latest_answer
@@ -51,7 +52,6 @@ from engine.catalog.toolbox import CatalogToolBox
 from engine.context.transcript import RequestCount, overhead_count
 from engine.loop import (
     CANCEL_POLL_SECONDS,
-    StepRecord,
     TurnCancelled,
     TurnHandedOff,
     TurnOutcome,
@@ -214,7 +214,7 @@ def run_claim(*, run_id: int, worker: str) -> bool:
 
 
 def subagent_claim(*, subagent_id: int, worker: str) -> bool:
-    with subagents.db_turn():
+    with db_turn():
         now = timezone.now()
         claimed = Subagent.objects.filter(pk=subagent_id, status=Run.Status.QUEUED).update(
             status=Run.Status.RUNNING, worker=worker, started_at=now, vouched_at=now
@@ -245,7 +245,7 @@ def run_finish(run: Run, status: str, error: str = "", publisher: RunEventPublis
 def subagent_finish(
     child: Subagent, status: str, *, publisher: RunEventPublisher, answer: str = "", error: str = ""
 ) -> bool:
-    with subagents.db_turn():
+    with db_turn():
         # Conditional: a child cancelled meanwhile keeps that verdict.
         finished = (
             Subagent.objects.filter(pk=child.pk, status=Run.Status.RUNNING).update(
@@ -420,7 +420,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
             # Measured when the provider refuses: tools loaded during the turn count too.
             return overhead_count(system, toolbox.schemas(), tool_prompt=tool_prompt_tokens(run.provider, run.model))
 
-        history = turns.turn_history(run, overhead=overhead(), emit=emit)
+        history = turns.turn_history(run, overhead=overhead(), emit=emit, is_cancelled=_run_cancel_checker(run.pk))
         with _tools_killed_on_cancel(turns.run_sandboxes(run.pk), lambda: _run_cancelled(run.pk)):
             return run_turn(
                 provider=get_provider(run.provider),
@@ -438,7 +438,7 @@ def run_execute(run_id: int, *, worker: str) -> None:
                 max_tokens=settings.CC_MAX_OUTPUT_TOKENS,  # scaled to the window (LM-2)
                 make_room=turns.room_making_hook(run, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
                 hand_off=_draining.is_set,
-                record_step=_request_recorder(run),
+                record_step=request_recorder(run),
             )
 
     def failure(exc: Exception) -> str:
@@ -531,9 +531,12 @@ def _finish_cancelled(
 def _compaction_execute(run: Run, emit: Callable[[str, dict[str, Any]], None], publisher: RunEventPublisher) -> None:
     """A compaction run (CH-14): one pass over the path to the trigger, climbing the rungs asked for
     with the conversation's own model as the summarizer; the summary's request is recorded with
-    the run, and the pass with it (`Compaction.run`). A failed call records no pass."""
+    the run, and the pass with it (`Compaction.run`). A failed or cancelled call records no pass."""
     try:
-        done = turns.requested_compaction(run)
+        done = turns.requested_compaction(run, is_cancelled=_run_cancel_checker(run.pk))
+    except TurnCancelled:
+        run_finish(run, Run.Status.CANCELLED, "", publisher)
+        return
     except ProviderError as exc:
         run_finish(run, Run.Status.FAILED, f"{type(exc).__name__}: {exc}", publisher)
         return
@@ -564,47 +567,6 @@ def _persist_turn(
     Run.objects.filter(pk=run.pk).update(pending_turn=None)
     _run_finished(run, status, "")
     return parent
-
-
-def _request_recorder(run: Run, *, subagent: Subagent | None = None) -> Callable[[StepRecord], None]:
-    """Store each model request once its answer begins, and again as its reply comes in (a step's
-    later record replaces its earlier one): it was paid for however the turn ends (failed, cancelled,
-    handed off, its worker killed, its turn dropped), and the usage bar and dashboard show a long
-    turn's spend while it runs. A child's requests are its parent run's, labelled (TD-14)."""
-    rows: dict[int, ModelRequest] = {}
-
-    def record(step: StepRecord) -> None:
-        row = ModelRequest(
-            pk=rows[step.step].pk if step.step in rows else None,
-            run=run,
-            owner_id=run.conversation.owner_id,
-            subagent=subagent.label if subagent is not None else "",
-            step=step.step,
-            model=run.model,
-            input_tokens=step.usage.input_tokens,
-            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
-            cache_read_input_tokens=step.usage.cache_read_input_tokens,
-            cache_creation_5m_input_tokens=step.usage.cache_creation_5m_input_tokens,
-            cache_creation_1h_input_tokens=step.usage.cache_creation_1h_input_tokens,
-            output_tokens=step.usage.output_tokens,
-            usage_source=step.usage.source,
-            cache_reported=step.usage.cache_reported,
-            request_id=step.request_id,
-            breakpoints=step.breakpoints,
-            tools_loaded=step.tools_loaded,
-            cache_miss=step.cache_miss,
-            stop_reason=step.stop_reason,
-            duration_ms=step.duration_ms,
-            estimated_tokens=step.estimate.total,
-            estimated_parts=step.estimate.as_dict(),
-        )
-        if step.step in rows:
-            row.created_at = rows[step.step].created_at  # when the request was made, not when it ended
-        with subagents.db_turn():
-            reconnecting(row.save)
-        rows[step.step] = row
-
-    return record
 
 
 def _append_turn(run: Run, messages: list[dict[str, Any]]) -> Message:
@@ -698,7 +660,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
             opened = True
             subagents.release_siblings(child.fanout_id, child.count - 1)
 
-    with subagents.db_turn():
+    with db_turn():
         publisher = RunEventPublisher(parent)
 
     def emit(kind: str, payload: dict[str, Any]) -> None:
@@ -744,11 +706,11 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
                 # Scaled to the window as the parent's (LM-2); max_tokens is no part of any cached prefix.
                 max_tokens=settings.CC_MAX_OUTPUT_TOKENS,
                 make_room=turns.subagent_room_hook(parent, emit, max_tokens=settings.CC_MAX_OUTPUT_TOKENS),
-                record_step=_request_recorder(parent, subagent=child),
+                record_step=request_recorder(parent, label=child.label),
             )
 
     def pause(waiting_for: ApprovalNeeded) -> list[Approval] | None:
-        with subagents.db_turn():
+        with db_turn():
             return _recorded_pause(
                 catalog, parent.pk, lambda: approvals.approval_pause(run=parent, pause=waiting_for, subagent=child)
             )
@@ -771,7 +733,7 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         return
     final = outcome.messages[-1]["content"] if outcome.messages else []
     answer = "".join(block.get("text", "") for block in final if block.get("type") == "text")
-    with subagents.db_turn(), transaction.atomic():
+    with db_turn(), transaction.atomic():
         if catalog is not None:
             # A child's loads count as its parent run's (TS-3): the run is what a mode serves.
             activations_record(run_id=parent.pk, activations=catalog.activations, misses=catalog.misses)
@@ -829,7 +791,7 @@ def runs_vouch(worker: str) -> None:
     """The worker's own word, in PostgreSQL, that the runs and subagents it holds are still running."""
     now = timezone.now()
     Run.objects.filter(worker=worker, status=Run.Status.RUNNING).update(vouched_at=now)
-    with subagents.db_turn():
+    with db_turn():
         Subagent.objects.filter(worker=worker, status=Run.Status.RUNNING).update(vouched_at=now)
 
 
@@ -889,7 +851,7 @@ def _retry_of(run: Run) -> dict[str, Any] | None:
 
 def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
     """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
-    with subagents.db_turn():
+    with db_turn():
         lost = (
             Subagent.objects.filter(unvouched_since(settled), status=Run.Status.RUNNING)
             .exclude(worker__in=live)

@@ -21,7 +21,6 @@ scratchpad of the parent's turn and the parent sees its id and a short summary.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -40,6 +39,7 @@ from django.utils import timezone
 from agents.approvals import approvals_expire, subagent_payload
 from agents.events import RunEventPublisher
 from agents.models import Run, Subagent
+from controlcenter.db import db_turn
 from engine.request import text_block
 from engine.scratchpad.offload import observation_size
 from engine.scratchpad.summary import text_summary
@@ -217,12 +217,6 @@ def subagent_history(*, profile: Profile, task: str) -> list[dict[str, Any]]:
 
 _local_gates: dict[str, threading.Event] = {}
 _local_lock = threading.Lock()
-# SQLite has one writer; embedded children take turns at the database instead of failing with "locked".
-_embedded_db_lock = threading.RLock()
-
-
-def db_turn() -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext() if settings.CC_MODE == "services" else _embedded_db_lock
 
 
 def _local_gate(fanout_id: str) -> threading.Event:

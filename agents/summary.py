@@ -14,8 +14,11 @@ from collections.abc import Callable
 
 from django.conf import settings
 
-from agents.models import ModelRequest, Run
-from engine.providers.protocol import MessageDone, Provider, TextDelta
+from agents.models import Run
+from agents.usage import request_recorder
+from engine.context.transcript import request_count
+from engine.loop import StepRecord, stream_answer
+from engine.providers.protocol import Provider, TextDelta
 from engine.request import ModelRequestSpec, text_block
 
 SUMMARY_LABEL = "summary"
@@ -27,8 +30,10 @@ SUMMARY_SYSTEM = (
 )
 
 
-def run_summarizer(run: Run, provider: Provider) -> Callable[[str], str]:
-    """`summarize(text) -> str` for the ladder, calling `provider` with the run's model and recording the cost."""
+def run_summarizer(run: Run, provider: Provider, *, is_cancelled: Callable[[], bool]) -> Callable[[str], str]:
+    """`summarize(text) -> str` for the ladder, calling `provider` with the run's model and recording the
+    cost. It stops as a turn does (`TurnCancelled` within 2 s of a cancel, OP-3), and is recorded as
+    every model call is, from the moment its answer begins (`engine.loop.stream_answer`)."""
 
     def summarize(text: str) -> str:
         request = ModelRequestSpec(
@@ -40,29 +45,17 @@ def run_summarizer(run: Run, provider: Provider) -> Callable[[str], str]:
             max_tokens=min(SUMMARY_MAX_TOKENS, settings.CC_MAX_OUTPUT_TOKENS),
         )
         parts: list[str] = []
-        done: MessageDone | None = None
-        for event in provider.stream(request):
-            if isinstance(event, TextDelta):
-                parts.append(event.text)
-            elif isinstance(event, MessageDone):
-                done = event
-        if done is None:
-            raise RuntimeError("the provider ended the summary request without a final message")
-        usage = done.usage
-        ModelRequest.objects.create(
-            run=run,
-            subagent=SUMMARY_LABEL,
+        record = request_recorder(run, label=SUMMARY_LABEL)
+        done, duration_ms = stream_answer(
+            provider,
+            request,
             step=0,
-            model=run.model,
-            input_tokens=usage.input_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens,
-            output_tokens=usage.output_tokens,
-            usage_source=usage.source,
-            cache_reported=usage.cache_reported,
-            request_id=done.request_id,
-            stop_reason=done.stop_reason,
+            is_cancelled=is_cancelled,
+            record_step=record,
+            on_event=lambda event: parts.append(event.text) if isinstance(event, TextDelta) else None,
         )
+        count = request_count(request.system, request.tools, request.messages)
+        record(StepRecord(0, done.usage, done.stop_reason, duration_ms, [], done.request_id, estimate=count))
         text_blocks = [b.get("text", "") for b in done.content if b.get("type") == "text"]
         return ("".join(text_blocks) or "".join(parts)).strip()
 

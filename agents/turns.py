@@ -272,16 +272,17 @@ def summary_input_chars() -> int:
     return min(ladder.SUMMARY_INPUT_CHARS, settings.CC_CONTEXT_WINDOW_TOKENS // 2 * CHARS_PER_TOKEN)
 
 
-def requested_compaction(run: Run) -> CompactionPass:
+def requested_compaction(run: Run, *, is_cancelled: Callable[[], bool]) -> CompactionPass:
     """The pass of a compaction run (CH-14, `/compact summary` and the API): the rungs it asked for over
-    the path to its trigger, the summary by the run's (the conversation's) model, its cost recorded."""
+    the path to its trigger, the summary by the run's (the conversation's) model, its cost recorded;
+    `TurnCancelled` once `is_cancelled()` while the summary is written (OP-3)."""
     return compaction_pass(
         conversation_id=run.conversation_id,
         tip_id=run.trigger_id,
         rungs=run.compact_rungs or ladder.RUNGS,
         trigger="command",
         run=run,
-        summarize=run_summarizer(run, get_provider(run.provider)),
+        summarize=run_summarizer(run, get_provider(run.provider), is_cancelled=is_cancelled),
         summary_input_chars=summary_input_chars(),
     )
 
@@ -313,9 +314,16 @@ def reactive_compaction(
     return done.view, done.compaction
 
 
-def turn_history(run: Run, *, overhead: RequestCount, emit: Callable[[str, dict[str, Any]], None]) -> list[dict]:
-    """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12)."""
-    summarize = run_summarizer(run, get_provider(run.provider))
+def turn_history(
+    run: Run,
+    *,
+    overhead: RequestCount,
+    emit: Callable[[str, dict[str, Any]], None],
+    is_cancelled: Callable[[], bool] = lambda: False,
+) -> list[dict]:
+    """What the turn sends: the latest compaction view plus later messages (CH-2), then pruned (TD-12).
+    A summary written on the way stops once `is_cancelled()` (`TurnCancelled`, OP-3)."""
+    summarize = run_summarizer(run, get_provider(run.provider), is_cancelled=is_cancelled)
     context = turn_context(trigger=run.trigger, overhead=overhead, run=run, summarize=summarize)
     if context.compaction is not None:
         emit("compaction", compaction_event(context.compaction))

@@ -7,13 +7,15 @@ never a measured-looking 0 %.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.db.models import Q, Sum, Value
 from django.db.models.functions import Coalesce
 
-from agents.models import ModelRequest
+from agents.models import ModelRequest, Run
+from controlcenter.db import db_turn, reconnecting
+from engine.loop import StepRecord
 from engine.tokens import cache_ratio
 
 # Ratio inputs: (key in a row, ModelRequest field).
@@ -51,3 +53,45 @@ def summed_ratio(rows: Iterable[Mapping[str, Any]]) -> float | None:
         for key in totals:
             totals[key] += row[key]
     return ratio_of(totals)
+
+
+def request_recorder(run: Run, *, label: str = "") -> Callable[[StepRecord], None]:
+    """Store each model request once its answer begins, and again as its reply comes in (a step's
+    later record replaces its earlier one): it was paid for however the turn ends (failed, cancelled,
+    handed off, its worker killed, its turn dropped), and the usage bar and dashboard show a long
+    turn's spend while it runs. A child's requests are its parent run's, labelled `<fan-out>/<index>`
+    (TD-14), and a summary call's `summary`."""
+    rows: dict[int, ModelRequest] = {}
+
+    def record(step: StepRecord) -> None:
+        row = ModelRequest(
+            pk=rows[step.step].pk if step.step in rows else None,
+            run=run,
+            owner_id=run.conversation.owner_id,
+            subagent=label,
+            step=step.step,
+            model=run.model,
+            input_tokens=step.usage.input_tokens,
+            cache_creation_input_tokens=step.usage.cache_creation_input_tokens,
+            cache_read_input_tokens=step.usage.cache_read_input_tokens,
+            cache_creation_5m_input_tokens=step.usage.cache_creation_5m_input_tokens,
+            cache_creation_1h_input_tokens=step.usage.cache_creation_1h_input_tokens,
+            output_tokens=step.usage.output_tokens,
+            usage_source=step.usage.source,
+            cache_reported=step.usage.cache_reported,
+            request_id=step.request_id,
+            breakpoints=step.breakpoints,
+            tools_loaded=step.tools_loaded,
+            cache_miss=step.cache_miss,
+            stop_reason=step.stop_reason,
+            duration_ms=step.duration_ms,
+            estimated_tokens=step.estimate.total,
+            estimated_parts=step.estimate.as_dict(),
+        )
+        if step.step in rows:
+            row.created_at = rows[step.step].created_at  # when the request was made, not when it ended
+        with db_turn():
+            reconnecting(row.save)
+        rows[step.step] = row
+
+    return record

@@ -1,11 +1,15 @@
-"""Survive a dropped database connection in long-running code (workers), outside any transaction."""
+"""Survive a dropped database connection in long-running code (workers), outside any transaction;
+and take turns at an embedded (SQLite) database from several threads."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 logger = logging.getLogger(__name__)
@@ -44,3 +48,11 @@ def usable_connection() -> None:
         return
     logger.warning("the database connection was lost; reconnecting")
     connection.close()
+
+
+# SQLite has one writer; embedded children take turns at the database instead of failing with "locked".
+_embedded_db_lock = threading.RLock()
+
+
+def db_turn() -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext() if settings.CC_MODE == "services" else _embedded_db_lock

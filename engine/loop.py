@@ -438,13 +438,14 @@ def _request(
     record_step: Callable[[StepRecord], None] = lambda step: None,
     tool_prompt: int = 0,
 ) -> tuple[ModelRequestSpec, MessageDone, int]:
-    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once.
+    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
 
-    Once the answer begins, the provider took the request and is owed for it: it is recorded then,
-    as our estimate ("incomplete"), and again when the final usage comes, or, cut by a cancel or an
-    error, with the output that arrived ("cancelled", "failed"). A worker lost mid-answer leaves the
-    first record.
-    """
+    def shown(event: ProviderEvent) -> None:
+        if isinstance(event, TextDelta):
+            emit("text_delta", {"step": step, "text": without_nul(event.text)})
+        elif isinstance(event, ToolUseBlock):
+            emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": without_nul(event.input)})
+
     for attempt in (1, 2):
         request = ModelRequestSpec(
             model=model,
@@ -455,36 +456,11 @@ def _request(
             tool_choice=tool_choice,
         )
         place_breakpoints(request, previous_end=previous_end, resident_count=toolbox.resident_count())
-        started = time.monotonic()
-        done: MessageDone | None = None
-        answered: list[ProviderEvent] = []  # what the model sent before a cancel cut its answer
         try:
-            for event in _until_cancelled(provider.stream(request), is_cancelled):
-                if not answered:
-                    record_step(_estimated_record(step, request, [], 0, "incomplete", tool_prompt))
-                answered.append(event)
-                if isinstance(event, TextDelta):
-                    emit("text_delta", {"step": step, "text": without_nul(event.text)})
-                elif isinstance(event, ToolUseBlock):
-                    emit(
-                        "tool_call",
-                        {"step": step, "id": event.id, "name": event.name, "input": without_nul(event.input)},
-                    )
-                elif isinstance(event, MessageDone):
-                    done = replace(event, content=without_nul(event.content))
-                if is_cancelled():
-                    raise TurnCancelled()
-        except TurnCancelled:
-            elapsed = int((time.monotonic() - started) * 1000)
-            if done is not None:
-                # Answered in full just before the stop was seen (a cancel, a run failed under a
-                # stopped worker): the provider's own usage.
-                count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
-                record_step(StepRecord(step, done.usage, done.stop_reason, elapsed, list(request.breakpoints),
-                                       done.request_id, estimate=count))  # fmt: skip
-            elif answered:
-                record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt))
-            raise
+            done, duration_ms = stream_answer(
+                provider, request, step=step, is_cancelled=is_cancelled, record_step=record_step,
+                tool_prompt=tool_prompt, on_event=shown,
+            )  # fmt: skip
         except PromptTooLong as exc:
             replacement = compact(history, turn, exc) if attempt == 1 else None
             if replacement is None:
@@ -492,16 +468,64 @@ def _request(
             history = [_as_blocks(message) for message in replacement]
             previous_end = None
             continue
-        except Exception:
-            if answered and done is None:
-                # Broken off after it began (retries spent on a stream that kept failing): still taken.
-                elapsed = int((time.monotonic() - started) * 1000)
-                record_step(_estimated_record(step, request, answered, elapsed, "failed", tool_prompt))
-            raise
-        if done is None:
-            raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
-        return request, done, int((time.monotonic() - started) * 1000)
+        return request, replace(done, content=without_nul(done.content)), duration_ms
     raise AssertionError("unreachable")
+
+
+def stream_answer(
+    provider: Provider,
+    request: ModelRequestSpec,
+    *,
+    step: int,
+    is_cancelled: Callable[[], bool],
+    record_step: Callable[[StepRecord], None],
+    tool_prompt: int = 0,
+    on_event: Callable[[ProviderEvent], None] = lambda event: None,
+) -> tuple[MessageDone, int]:
+    """Stream one request to its final message, and its duration in ms; every model call goes
+    through here (turns, subagents, summaries), so each stops within OP-3's 2 s and is paid for once.
+
+    Once the answer begins, the provider took the request and is owed for it: it is recorded then,
+    as our estimate ("incomplete"), and again when the final usage comes, or, cut by a cancel or an
+    error, with the output that arrived ("cancelled", "failed"); whole when a stop is seen, with the
+    provider's own usage. A worker lost mid-answer leaves the first record.
+    """
+    started = time.monotonic()
+    done: MessageDone | None = None
+    answered: list[ProviderEvent] = []
+    try:
+        for event in _until_cancelled(provider.stream(request), is_cancelled):
+            if not answered:
+                record_step(_estimated_record(step, request, [], 0, "incomplete", tool_prompt))
+            answered.append(event)
+            if isinstance(event, MessageDone):
+                done = event
+            else:
+                on_event(event)
+            if is_cancelled():
+                raise TurnCancelled()
+    except TurnCancelled:
+        elapsed = int((time.monotonic() - started) * 1000)
+        if done is not None:
+            # Answered in full just before the stop was seen (a cancel, a run failed under a stopped
+            # worker): the provider's own usage.
+            count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+            record_step(StepRecord(step, done.usage, done.stop_reason, elapsed, list(request.breakpoints),
+                                   done.request_id, estimate=count))  # fmt: skip
+        elif answered:
+            record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt))
+        raise
+    except PromptTooLong:
+        raise  # refused before any answer: nothing was taken
+    except Exception:
+        if answered and done is None:
+            # Broken off after it began (retries spent on a stream that kept failing): still taken.
+            elapsed = int((time.monotonic() - started) * 1000)
+            record_step(_estimated_record(step, request, answered, elapsed, "failed", tool_prompt))
+        raise
+    if done is None:
+        raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
+    return done, int((time.monotonic() - started) * 1000)
 
 
 def _estimated_record(

@@ -19,16 +19,18 @@ from typing import Any
 
 import httpx
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from agents import heartbeat
 from agents.lifecycle import enqueue_run, run_execute
 from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
-from agents.services import run_cancel
+from agents.services import compaction_start, run_cancel
 from controlcenter.processes import WorkerProcess, services_env
-from conversations.models import Conversation, Message
+from conversations.models import Compaction, Conversation, Message
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
+from tests.support.history import add_turn
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -53,6 +55,8 @@ def policy(payload: dict[str, Any]) -> list[dict[str, Any]]:
     text = _last_text(payload)
     if not text:  # the last message holds tool results only
         return [{"type": "text", "text": "Done."}]
+    if text.startswith("Summarize this part"):  # a compaction's summary call
+        return [{"type": "text", "text": "The conversation so far: " + "a finding was made, " * 80}]
     if child:
         return [{"type": "tool_use", "name": "bash", "input": {"command": TICKING.format(file="child-ticks.txt")}}]
     if "tick" in text:
@@ -314,3 +318,33 @@ def test_a_cancel_while_the_answer_streams_ends_the_run_and_records_the_request_
     assert cut.pk == began.pk and cut.stop_reason == "cancelled"
     assert cut.usage_source == "estimate" and not cut.cache_reported
     assert cut.input_tokens > 1000 and 0 < cut.output_tokens < 300  # the whole prompt; the words that came
+
+
+@pytest.mark.req("OP-3", "CH-14")
+def test_a_cancelled_compaction_run_stops_its_summary_within_2_s_and_keeps_what_it_cost(slow_stream, alice, settings):
+    settings.CC_RUN_QUEUE = f"in-process-{uuid.uuid4().hex[:8]}"  # run here, by this test
+    settings.CC_COMPACT_TAIL_TOKENS = 256
+    conversation = Conversation.objects.create(owner=alice, title="summary", model=MODEL)
+    for n in range(6):
+        add_turn(conversation, f"Question {n}: " + "detail " * 200, f"Answer {n}: " + "finding " * 200)
+    run = compaction_start(conversation=conversation, rungs=["summary"])
+    worker = f"summary-{uuid.uuid4().hex[:6]}@host"
+
+    def execute() -> None:
+        try:
+            run_execute(run_id=run.pk, worker=worker)
+        finally:
+            connection.close()
+
+    with beating(worker):
+        thread = threading.Thread(target=execute)
+        thread.start()
+        # The summary's answer began: recorded then, as every model call is.
+        wait_until(lambda: ModelRequest.objects.filter(run=run, subagent="summary").exists(), 30, "the summary")
+        asked = timezone.now()
+        run_cancel(run=run)
+        thread.join(timeout=10)
+    assert seconds_since(asked, cancelled(run).finished_at) < 2.0, timeline(run, asked)
+    [summary] = ModelRequest.objects.filter(run=run)
+    assert summary.subagent == "summary" and summary.stop_reason == "cancelled" and summary.output_tokens > 0
+    assert not Compaction.objects.filter(conversation=conversation).exists()  # a cut summary is no pass
