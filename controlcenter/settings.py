@@ -283,7 +283,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "controlcenter.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "controlcenter.nostore.NoStoreHtmlMiddleware",
+    "controlcenter.nostore.NoStoreMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

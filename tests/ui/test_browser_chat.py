@@ -289,6 +289,23 @@ def test_back_to_a_conversation_shows_what_was_sent_while_the_page_was_away(cont
     expect(page.locator("#messages article.assistant").last).to_contain_text('"sent while away"')
 
 
+@pytest.mark.req("UX-4", "RN-4")
+def test_back_to_a_conversation_waiting_for_approval_shows_the_approval_again(context, embedded_server_module):
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "back to approve")
+    page = _open(context, base, conversation)
+    _send(page, "please run `echo back-again`")
+    expect(page.locator(".approval")).to_contain_text("echo back-again", timeout=15_000)
+    page.locator("a", has_text="Conversations").first.click()
+    expect(page).to_have_url(re.compile(r"/$"))
+    page.go_back()
+    # The run's log is read again from the server, not from the browser's cache of the first read.
+    expect(page.locator(".approval")).to_contain_text("echo back-again")
+    page.locator(".approval button.approve").click()
+    _settled(page)
+    expect(page.locator("article.assistant").last).to_contain_text("exited with 0: back-again")
+
+
 @pytest.mark.req("UX-4")
 def test_a_message_sent_between_drawing_the_page_and_joining_its_socket_shows(context, embedded_server_module):
     base, _ = embedded_server_module
