@@ -304,6 +304,9 @@ def test_back_to_a_conversation_waiting_for_approval_shows_the_approval_again(co
     page.locator(".approval button.approve").click()
     _settled(page)
     expect(page.locator("article.assistant").last).to_contain_text("exited with 0: back-again")
+    # Every answer of the app is kept out of the browser's cache; static files are not.
+    assert "no-store" in context.request.get(f"{base}/api/conversations/{conversation}/").headers["cache-control"]
+    assert "no-store" not in context.request.get(f"{base}/static/cc/app.css").headers.get("cache-control", "")
 
 
 @pytest.mark.req("UX-4")
