@@ -523,11 +523,13 @@
     setTimeout(() => { button.textContent = label; }, 1200);
   }
 
-  async function act(url, body, done) {
+  // `accepted` runs once the server took the action, before the page redraws (an edit form closes then).
+  async function act(url, body, done, accepted = () => {}) {
     clearError();
     try {
       const { response, body: answer } = await api(url, { method: "POST", body: body ? JSON.stringify(body) : undefined });
       if (!response.ok) { showError(errorText(answer, response), hintFor(answer)); return; }
+      accepted();
       following = true;
       statusLine.textContent = done;
       await refresh();
@@ -563,8 +565,10 @@
       event.preventDefault();
       if (!area.value.trim()) { showError("The prompt is empty.", "Write something, or cancel the edit."); return; }
       const messageId = article.dataset.messageId;
-      close();
-      act(`/api/conversations/${conversationId}/messages/${messageId}/edit/`, { text: area.value }, "Edited: a new branch runs.");
+      // Closed only once the edit is taken: refused (a run works), the edited text stays to send again.
+      save.disabled = true;
+      act(`/api/conversations/${conversationId}/messages/${messageId}/edit/`, { text: area.value }, "Edited: a new branch runs.", close)
+        .finally(() => { save.disabled = false; });
     });
   }
 

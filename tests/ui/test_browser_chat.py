@@ -301,6 +301,14 @@ def test_back_to_a_conversation_waiting_for_approval_shows_the_approval_again(co
     page.go_back()
     # The run's log is read again from the server, not from the browser's cache of the first read.
     expect(page.locator(".approval")).to_contain_text("echo back-again")
+    # An edit refused while the run waits keeps its text in the open form, to send once the run ends.
+    page.locator("article.user").last.locator("button.edit").click()
+    editor = page.locator("article.user .edit-inline textarea")
+    editor.fill("please run `echo edited`")
+    page.keyboard.press("Control+Enter")
+    expect(page.locator("#errors .error-card")).to_contain_text("still in progress")
+    expect(editor).to_have_value("please run `echo edited`")
+    editor.press("Escape")
     page.locator(".approval button.approve").click()
     _settled(page)
     expect(page.locator("article.assistant").last).to_contain_text("exited with 0: back-again")
