@@ -27,6 +27,7 @@ from engine.breakpoints import place_breakpoints
 from engine.context.calibration import Measured
 from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
 from engine.providers.protocol import (
+    AnswerStarted,
     MessageDone,
     PromptTooLong,
     Provider,
@@ -493,14 +494,17 @@ def stream_answer(
     started = time.monotonic()
     done: MessageDone | None = None
     answered: list[ProviderEvent] = []
+    prompt: Usage | None = None  # the provider's own figures for the prompt, once it sent them
     try:
         for event in _until_cancelled(provider.stream(request), is_cancelled):
-            if not answered:
-                record_step(_estimated_record(step, request, [], 0, "incomplete", tool_prompt))
+            if isinstance(event, AnswerStarted):
+                prompt = event.usage
+            if not answered or isinstance(event, AnswerStarted):
+                record_step(_estimated_record(step, request, [], 0, "incomplete", tool_prompt, prompt))
             answered.append(event)
             if isinstance(event, MessageDone):
                 done = event
-            else:
+            elif not isinstance(event, AnswerStarted):
                 on_event(event)
             if is_cancelled():
                 raise TurnCancelled()
@@ -513,7 +517,7 @@ def stream_answer(
             record_step(StepRecord(step, done.usage, done.stop_reason, elapsed, list(request.breakpoints),
                                    done.request_id, estimate=count))  # fmt: skip
         elif answered:
-            record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt))
+            record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt, prompt))
         raise
     except PromptTooLong:
         raise  # refused before any answer: nothing was taken
@@ -521,7 +525,7 @@ def stream_answer(
         if answered and done is None:
             # Broken off after it began (retries spent on a stream that kept failing): still taken.
             elapsed = int((time.monotonic() - started) * 1000)
-            record_step(_estimated_record(step, request, answered, elapsed, "failed", tool_prompt))
+            record_step(_estimated_record(step, request, answered, elapsed, "failed", tool_prompt, prompt))
         raise
     if done is None:
         raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
@@ -535,16 +539,21 @@ def _estimated_record(
     duration_ms: int,
     stop_reason: str,
     tool_prompt: int,
+    prompt: Usage | None = None,
 ) -> StepRecord:
-    """A request with no final usage (yet): the whole prompt as we count it (what the provider cached
-    of it is unknown) and the output that arrived, as our estimate."""
+    """A request with no final usage (yet): the prompt as the provider reported it when its answer
+    began (`AnswerStarted`, source "partial"), else the whole prompt as we count it (what was cached
+    of it unknown, source "estimate"); and the output that arrived, as our estimate."""
     count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
     output = sum(
         estimate_text_tokens(event.text) if isinstance(event, TextDelta) else estimate_json_tokens(event.input)
         for event in answered
         if isinstance(event, TextDelta | ToolUseBlock)
     )
-    usage = Usage(input_tokens=count.total, output_tokens=output, source="estimate", cache_reported=False)
+    if prompt is not None:
+        usage = replace(prompt, output_tokens=output, source="partial")
+    else:
+        usage = Usage(input_tokens=count.total, output_tokens=output, source="estimate", cache_reported=False)
     return StepRecord(step, usage, stop_reason, duration_ms, list(request.breakpoints), estimate=count)
 
 

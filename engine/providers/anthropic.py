@@ -16,6 +16,7 @@ from typing import Any
 import anthropic
 
 from engine.providers.protocol import (
+    AnswerStarted,
     MessageDone,
     ProviderEvent,
     StreamInterrupted,
@@ -69,6 +70,7 @@ class AnthropicProvider:
                 start_usage = event.message.usage
                 request_id = request_id or event.message.id
                 output_tokens = event.message.usage.output_tokens or 0
+                yield AnswerStarted(usage_from_anthropic(start_usage, 0))
             elif kind == "content_block_start":
                 block = event.content_block.model_dump(exclude_none=True)
                 if block["type"] == "tool_use":

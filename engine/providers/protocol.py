@@ -32,6 +32,8 @@ class Usage:
     cache_creation_1h_input_tokens: int = 0
     # Where the figures come from: "reported" by the provider, counted with the model server's own
     # "tokenizer" (it sent none), or our "estimate" (neither); the last two are shown as estimated.
+    # "partial": an answer cut before its final usage, the prompt as reported when it began
+    # (`AnswerStarted`), the output our count of what arrived.
     source: str = "reported"
     # False when the provider said nothing of its cache (no `cached_tokens`): the cache fields are
     # then unknown, not zero, and the request stays out of every cache ratio.
@@ -63,7 +65,15 @@ class MessageDone:
     request_id: str = ""
 
 
-ProviderEvent = TextDelta | ToolUseBlock | MessageDone
+@dataclass(frozen=True)
+class AnswerStarted:
+    """The provider's figures for the prompt, sent as its answer begins (Anthropic's `message_start`):
+    what the request is owed for should the answer be cut before its final usage comes."""
+
+    usage: Usage
+
+
+ProviderEvent = AnswerStarted | TextDelta | ToolUseBlock | MessageDone
 
 # Set on the thread that reads a stream for the runtime (`engine.loop`): once the event is set, nobody
 # reads the stream any more (the turn was cancelled while the request waited), so a retry after a

@@ -21,6 +21,7 @@ from engine.emulator.server import EmulatorServer
 from engine.providers.anthropic import AnthropicProvider
 from engine.providers.openai_compat import OpenAICompatProvider, to_chat_payload
 from engine.providers.protocol import (
+    AnswerStarted,
     InvalidRequest,
     MessageDone,
     Overloaded,
@@ -200,7 +201,10 @@ def test_anthropic_adapter_maps_a_mid_stream_overloaded_event_to_overloaded(emul
     with pytest.raises(Overloaded):
         for event in claude.stream(spec([say("hi")])):
             seen.append(event)
-    assert seen == [TextDelta("one "), TextDelta("two ")]
+    started, *text = seen
+    assert text == [TextDelta("one "), TextDelta("two ")]
+    # The prompt's figures came first (message_start): what a cut answer is still owed for.
+    assert isinstance(started, AnswerStarted) and started.usage.prompt_tokens > 0 and started.usage.output_tokens == 0
 
 
 def test_anthropic_adapter_reports_a_cut_stream_as_interrupted(emulator, claude):
@@ -210,7 +214,7 @@ def test_anthropic_adapter_reports_a_cut_stream_as_interrupted(emulator, claude)
     with pytest.raises(StreamInterrupted):
         for event in claude.stream(spec([say("hi")])):
             seen.append(event)
-    assert seen == [TextDelta("one ")]
+    assert seen[1:] == [TextDelta("one ")] and isinstance(seen[0], AnswerStarted)
 
 
 def test_count_tokens_route_uses_the_shared_estimator(emulator, server):

@@ -307,17 +307,23 @@ def test_a_cancel_while_the_answer_streams_ends_the_run_and_records_the_request_
     wait_until(lambda: RunEvent.objects.filter(run=run, type="text_delta").exists(), 30, "the answer to start")
     # Recorded as soon as the answer began: what a worker killed now would leave behind.
     [began] = ModelRequest.objects.filter(run=run)
-    assert began.stop_reason == "incomplete" and began.usage_source == "estimate" and began.output_tokens == 0
+    assert began.stop_reason == "incomplete" and began.output_tokens == 0
+    # The prompt's figures as the API sent them when its answer began (message_start), cache split included.
+    assert began.usage_source == "partial" and began.cache_reported and began.prompt_tokens > 1000
 
     asked = timezone.now()
     run_cancel(run=run)
     assert seconds_since(asked, cancelled(run).finished_at) < 2.0, timeline(run, asked)
     assert [m.pk for m in path_of(run.conversation_id)] == [run.trigger_id]  # a cut answer is not kept
-    # The request was taken and answered in part: paid for, so recorded, as our estimate.
+    # The request was taken and answered in part: paid for, so recorded with the prompt as reported.
     [cut] = ModelRequest.objects.filter(run=run)  # the same record, completed: counted once
-    assert cut.pk == began.pk and cut.stop_reason == "cancelled"
-    assert cut.usage_source == "estimate" and not cut.cache_reported
-    assert cut.input_tokens > 1000 and 0 < cut.output_tokens < 300  # the whole prompt; the words that came
+    assert cut.pk == began.pk and cut.stop_reason == "cancelled" and cut.usage_source == "partial"
+    assert (cut.input_tokens, cut.cache_creation_input_tokens, cut.cache_read_input_tokens) == (
+        began.input_tokens,
+        began.cache_creation_input_tokens,
+        began.cache_read_input_tokens,
+    )
+    assert 0 < cut.output_tokens < 300  # the words that came, as our estimate
 
 
 @pytest.mark.req("OP-3", "CH-14")
