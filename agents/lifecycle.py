@@ -667,8 +667,9 @@ def subagent_execute(subagent_id: int, *, worker: str) -> None:
         if kind in ("text_delta", "tool_call", "usage"):
             open_gate()
         # Its calls show in the parent's card (UX-4), its text is its answer, shown when it ends;
-        # its compactions (LM-2) are in the parent's log.
-        if kind in ("tool_call", "tool_result", "compaction"):
+        # its compactions (LM-2) are in the parent's log, and its usage, which the parent's usage
+        # bar counts (its requests are the parent run's).
+        if kind in ("tool_call", "tool_result", "compaction", "usage"):
             subagents.subagent_event(publisher, child, f"subagent_{kind}", payload)
 
     turn_id = f"subagent-{child.pk}"

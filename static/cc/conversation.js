@@ -431,6 +431,9 @@
         working(state, state.approved ? `Running ${state.approved}` : "Working");
         break;
       }
+      case "subagent_usage":
+        if (!state.catching) refreshUsage();
+        break;
       case "usage":
         if (!state.catching) refreshUsage();
         statusLine.textContent = p.cache_reported === false

@@ -510,7 +510,8 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
 @pytest.mark.req("UX-4", "TD-14")
 def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(context, embedded_server_module):
     base, _ = embedded_server_module
-    page = _open(context, base, _new(context, base, "subagents"))
+    conversation = _new(context, base, "subagents")
+    page = _open(context, base, conversation)
     # Child 0 asks for the shell and waits for a person; child 1 lists the files and answers.
     _send(page, "in parallel: run `echo child-zero`; list the files in the workspace")
     card = page.locator("article.live")
@@ -524,6 +525,10 @@ def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(co
     expect(zero).to_have_attribute("data-status", "waiting")
     expect(zero.locator(".subagent-task")).to_have_text("run `echo child-zero`")
     expect(card.locator(".approval[data-subagent]")).to_contain_text("Subagent 0 (worker) asks to run bash")
+    # The usage bar counts the children's requests as they come (they are the parent run's), not at its end.
+    stored = context.request.get(f"{base}/conversations/{conversation}/usage/").text()
+    spent = re.search(r"([\d,]+) out", stored).group(1)
+    expect(page.locator("#conversation-usage")).to_contain_text(f"{spent} out")
     _shot(page, "subagents-live")
     live = card.inner_text()
     page.reload()  # mid-run: the log replays the same card
