@@ -48,7 +48,8 @@ class CompactionPass:
         if self.freed >= self.required:
             return f"the view would still be {self.result.tokens_after} tokens; nothing was recorded"
         return (
-            f"the pass would free {max(0, self.freed)} tokens of the {self.tokens_now} the path sends now, "
+            f"the pass would free {max(0, self.freed)} tokens of the {self.tokens_now} its messages send now "
+            "(the system prompt and tools are not compacted), "
             f"less than the {self.required} a pass must free; nothing was recorded"
         )
 

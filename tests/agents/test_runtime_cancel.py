@@ -267,13 +267,22 @@ def test_cancelling_a_run_waiting_for_approval_closes_the_approval_and_nothing_r
     ]
 
 
+@contextlib.contextmanager
+def _emulator_latency(setup: dict[str, Any], **latency_ms: int) -> Iterator[dict[str, Any]]:
+    """The module's emulator answers with these latencies (`first_token_ms`, `delta_ms`) meanwhile."""
+    url = f"{setup['server'].base_url}/_emulator/latency"
+    httpx.post(url, json=latency_ms).raise_for_status()
+    try:
+        yield setup
+    finally:
+        httpx.post(url, json=dict.fromkeys(latency_ms, 0)).raise_for_status()
+
+
 @pytest.fixture
 def slow_first_token(setup):
     """The model takes 20 s before its first token, as a long prompt on a local model does."""
-    latency = f"{setup['server'].base_url}/_emulator/latency"
-    httpx.post(latency, json={"first_token_ms": 20_000}).raise_for_status()
-    yield setup
-    httpx.post(latency, json={"first_token_ms": 0}).raise_for_status()
+    with _emulator_latency(setup, first_token_ms=20_000):
+        yield setup
 
 
 @pytest.mark.req("OP-3")
@@ -294,10 +303,8 @@ def test_a_cancel_while_the_model_has_sent_nothing_yet_ends_the_run_within_2_s(s
 @pytest.fixture
 def slow_stream(setup):
     """The model writes its answer slowly: 300 ms between chunks."""
-    latency = f"{setup['server'].base_url}/_emulator/latency"
-    httpx.post(latency, json={"delta_ms": 300}).raise_for_status()
-    yield setup
-    httpx.post(latency, json={"delta_ms": 0}).raise_for_status()
+    with _emulator_latency(setup, delta_ms=300):
+        yield setup
 
 
 @pytest.mark.req("OP-3", "RN-2")
