@@ -1,4 +1,5 @@
-"""The cache ratio of recorded requests, counted only where the model server reported its cache (RN-2, TD-15).
+"""Recorded model requests: each one's record (`request_recorder`), and their cache ratio, counted only
+where the model server reported its cache (RN-2, TD-15).
 
 A server that sends no cache figures (llama.cpp's) did not say "nothing was cached": its requests
 count in every token total, never in a ratio, so a window of them alone has no ratio ("—"),
