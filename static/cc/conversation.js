@@ -458,7 +458,10 @@
     state.catching = true;
     try {
       const response = await fetch(`/api/runs/${runId}/events/?after=${state.lastSeq}`, { credentials: "same-origin" });
-      if (response.ok) for (const event of await response.json()) apply(state, { ...event, run_id: runId });
+      const events = response.ok ? await response.json() : [];
+      for (const event of events) apply(state, { ...event, run_id: runId });
+      // Requests stored after the fragment was drawn: its usage bar is behind them.
+      if (events.some((event) => event.type === "usage" || event.type === "subagent_usage")) refreshUsage();
     } finally {
       state.catching = false;
       // Live events that came while the log was read go after it, in the order they came.
