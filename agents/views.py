@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -268,16 +269,25 @@ def _unanswered_tip(conversation: Conversation, last: dict[str, Any]) -> None:
     message = last["message"]
     if message.role != Message.Role.USER or message.pk != conversation.tip_id or last.get("ended_run"):
         return
-    children: dict[int, int] = {}  # each message's newest child
+    end = _newest_end(conversation)(message.pk)
+    last["unanswered"] = {"answered_at": end if end != message.pk else None}
+
+
+def _newest_end(conversation: Conversation) -> Callable[[int], int]:
+    """`newest_end(pk)`: the message a branch from `pk` ends in, following each newest child. One query."""
+    newest_child: dict[int, int] = {}
     for pk, parent_id in (
         Message.objects.filter(conversation=conversation).order_by("id").values_list("id", "parent_id")
     ):
         if parent_id is not None:
-            children[parent_id] = pk
-    end = message.pk
-    while end in children:
-        end = children[end]
-    last["unanswered"] = {"answered_at": end if end != message.pk else None}
+            newest_child[parent_id] = pk
+
+    def newest_end(pk: int) -> int:
+        while pk in newest_child:
+            pk = newest_child[pk]
+        return pk
+
+    return newest_end
 
 
 def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:
@@ -297,16 +307,7 @@ def _siblings(conversation: Conversation, shown: list[dict[str, Any]]) -> None:
         groups.setdefault((parent_id, role), []).append(pk)
     if not any(len(group) > 1 for group in groups.values()):
         return
-    children: dict[int, list[int]] = {}
-    for pk, parent_id in rows.order_by("id").values_list("id", "parent_id"):
-        if parent_id is not None:
-            children.setdefault(parent_id, []).append(pk)
-
-    def newest_end(pk: int) -> int:
-        while pk in children:
-            pk = children[pk][-1]
-        return pk
-
+    newest_end = _newest_end(conversation)
     for item in shown:
         message = item["message"]
         group = groups.get((message.parent_id, message.role), [])
@@ -375,13 +376,7 @@ def conversation_messages(request: HttpRequest, conversation_id: int) -> HttpRes
 def conversation_usage(request: HttpRequest, conversation_id: int) -> HttpResponse:
     """The usage bar and context meter alone: the page swaps them in after each model request of a
     run in flight (each is stored as its reply comes in), without redrawing the live messages."""
-    try:
-        conversation = conversation_selectors.conversation_for_user(
-            user=request_user(request), conversation_id=conversation_id
-        )
-    except NotFound:
-        raise Http404("No such conversation.") from None
-    return render(request, "conversations/_usage.html", _usage(conversation, []))
+    return render(request, "conversations/_usage.html", _usage(owned_conversation(request, conversation_id), []))
 
 
 @login_required
