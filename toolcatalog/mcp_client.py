@@ -38,13 +38,13 @@ from django.db import connections as databases
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
-from controlcenter.redact import redact_text, register_secrets
+from controlcenter.redact import register_secrets
 from engine.actions import ATTACHED_IMAGES
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
 from toolcatalog import mcp_stdio
 from toolcatalog.mcp_config import McpConfigError
-from toolcatalog.mcp_import import list_tools_of
+from toolcatalog.mcp_import import describe, ending_note, list_tools_of, secrets_of
 from toolcatalog.mcp_spec import ImportedTool, McpServerSpec
 from toolcatalog.mcp_stdio import STOP_GRACE_SECONDS, ServerProcess
 from toolcatalog.models import McpServer, Tool
@@ -170,14 +170,11 @@ class _Connection:
     def stderr_count(self) -> int:
         return self._stdio[-1].stderr_count if self._stdio else 0
 
-    def stderr_tail(self, since: int) -> str:
-        """The last lines of stderr written after the first `since` lines."""
-        if not self._stdio:
-            return ""
-        process = self._stdio[-1]
-        kept = list(process.stderr_lines)
-        fresh = kept[len(kept) - min(len(kept), process.stderr_count - since) :]
-        return " | ".join(fresh[-3:])
+    async def ending_note(self, since: int = 0) -> str:
+        """How the server's process ended (waiting a moment for it) and its stderr after line `since`."""
+        if self._stdio:
+            await self._stdio[-1].settle()
+        return ending_note(self._stdio, self.spec, since=since)
 
 
 # --- the process's connections ----------------------------------------------------------------
@@ -264,14 +261,14 @@ class McpConnections:
                 await conn.close()
                 raise McpCallError(
                     f"MCP server {spec.name!r} did not start within {start_timeout:g} s "
-                    "(CC_MCP_START_TIMEOUT_SECONDS)." + _stderr_note(conn, spec, since=0),
+                    "(CC_MCP_START_TIMEOUT_SECONDS)." + await conn.ending_note(),
                     unavailable=True,
                 ) from None
             if conn.client is None:
                 self._connections.pop(key, None)
                 raise McpCallError(
                     f"MCP server {spec.name!r} could not be started or reached: {describe(conn.failure, spec)}."
-                    + _stderr_note(conn, spec, since=0),
+                    + await conn.ending_note(),
                     unavailable=True,
                 )
             return conn
@@ -322,7 +319,7 @@ class McpConnections:
                 continue
             raise McpCallError(
                 f"MCP server {spec.name!r} stopped during the call of {tool!r}: {describe(failure, spec)}. "
-                "It will be started again on the next call." + _stderr_note(conn, spec, since=stderr_before)
+                "It will be started again on the next call." + await conn.ending_note(stderr_before)
             )
         raise AssertionError("unreachable")
 
@@ -339,34 +336,6 @@ class McpConnections:
                     if lock is not None and not lock.locked():
                         del self._opening[key]
                     await conn.close()
-
-
-def _stderr_note(conn: _Connection, spec: McpServerSpec, *, since: int) -> str:
-    tail = conn.stderr_tail(since)
-    return f" Its stderr meanwhile: {redact_text(tail, secrets_of(spec))[:500]}" if tail else ""
-
-
-def secrets_of(spec: McpServerSpec) -> list[str]:
-    """The resolved env and header values of a server: never shown, whatever message carries them."""
-    return sorted(
-        {value for value in [*spec.env.values(), *spec.headers.values()] if value and len(value) >= 4},
-        key=len,
-        reverse=True,
-    )
-
-
-def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
-    if exc is None:
-        return "no reason given"
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    if isinstance(exc, FileNotFoundError | PermissionError):
-        return f"cannot start the server command: {exc.strerror or exc}"
-    text = str(exc)
-    # Bearer tokens sent as headers may come back inside an error's text, and so may env values.
-    bare = [secret.split(" ", 1)[-1] for secret in secrets_of(spec)]
-    text = redact_text(text, [*secrets_of(spec), *bare])
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _refresh_catalog(name: str, listed: list[ImportedTool]) -> None:

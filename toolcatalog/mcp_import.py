@@ -23,12 +23,15 @@ from toolcatalog.sandbox import SandboxUnavailable
 _MAX_PAGES = 100
 
 
-def _client(spec: McpServerSpec, workspace: Path) -> tuple[Client, httpx2.AsyncClient | None]:
+def _client(
+    spec: McpServerSpec, workspace: Path, started: list[mcp_stdio.ServerProcess]
+) -> tuple[Client, httpx2.AsyncClient | None]:
     if spec.transport == "stdio":
         if not spec.command:
             raise McpImportError(f"MCP server {spec.name!r}: a stdio server needs a command.")
         # Listing runs the server too: in the sandbox, on an empty workspace of its own.
-        return Client(mcp_stdio.transport(spec, workspace, []), read_timeout_seconds=spec.timeout_seconds), None
+        stdio = mcp_stdio.transport(spec, workspace, started)
+        return Client(stdio, read_timeout_seconds=spec.timeout_seconds), None
     if spec.transport == "http":
         if not spec.url.startswith(("http://", "https://")):
             raise McpImportError(f"MCP server {spec.name!r}: an http server needs an http(s) URL, got {spec.url!r}.")
@@ -68,7 +71,8 @@ async def list_server_tools_async(spec: McpServerSpec) -> list[ImportedTool]:
 
 
 async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
-    client, http = _client(spec, workspace)
+    started: list[mcp_stdio.ServerProcess] = []
+    client, http = _client(spec, workspace, started)
     try:
         with anyio.fail_after(spec.timeout_seconds * 2):
             async with client:
@@ -76,9 +80,11 @@ async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
     except McpImportError:
         raise
     except TimeoutError as exc:
-        raise McpImportError(f"MCP server {spec.name!r} did not answer tools/list in time.") from exc
+        raise McpImportError(
+            f"MCP server {spec.name!r} did not answer tools/list in time." + ending_note(started, spec)
+        ) from exc
     except Exception as exc:
-        raise McpImportError(f"MCP server {spec.name!r}: {_describe(exc, spec.name)}") from exc
+        raise McpImportError(f"MCP server {spec.name!r}: {describe(exc, spec)}." + ending_note(started, spec)) from exc
     finally:
         if http is not None:
             await http.aclose()
@@ -90,7 +96,19 @@ def list_server_tools(spec: McpServerSpec) -> list[ImportedTool]:
     return anyio.run(list_server_tools_async, spec)
 
 
-def _describe(exc: BaseException, name: str) -> str:
+def secrets_of(spec: McpServerSpec) -> list[str]:
+    """The resolved env and header values of a server: never shown, whatever message carries them."""
+    return sorted(
+        {value for value in [*spec.env.values(), *spec.headers.values()] if value and len(value) >= 4},
+        key=len,
+        reverse=True,
+    )
+
+
+def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
+    """A failure to reach or use `spec`'s server, for a message a user sees: its secrets hidden."""
+    if exc is None:
+        return "no reason given"
     # Task groups wrap the real failure; name the innermost one.
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
@@ -98,6 +116,18 @@ def _describe(exc: BaseException, name: str) -> str:
         return f"cannot start the server command: {exc.strerror or exc}"
     if isinstance(exc, mcp_stdio.ServerMountRefused | SandboxUnavailable):
         # These name the server themselves; the caller's prefix would say it twice.
-        return str(exc).removeprefix(f"MCP server {name!r}: ")
+        return str(exc).removeprefix(f"MCP server {spec.name!r}: ")
+    # Bearer tokens sent as headers may come back inside an error's text, and so may env values;
     # httpx puts the whole URL in its errors, and an MCP server's URL may carry a token.
-    return f"{type(exc).__name__}: {redact_text(str(exc))}" if str(exc) else type(exc).__name__
+    bare = [secret.split(" ", 1)[-1] for secret in secrets_of(spec)]
+    text = redact_text(str(exc), [*secrets_of(spec), *bare])
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def ending_note(started: list[mcp_stdio.ServerProcess], spec: McpServerSpec, *, since: int = 0) -> str:
+    """How a stdio server's latest process ended and what it wrote on stderr (after line `since`),
+    secrets hidden; "" for an HTTP server or a server that said nothing: "Connection closed" alone
+    left a user whose server crashed at start with nothing to go on."""
+    if not started:
+        return ""
+    return redact_text(started[-1].ending(since), secrets_of(spec))[:600]

@@ -184,6 +184,10 @@ class ServerProcess:
     stderr_lines: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=STDERR_LINES))
     # Lines written so far, those no longer kept included: what a call's failure may quote begins here.
     stderr_count: int = 0
+    stdout_closed: bool = False  # by the server: it is ending (or broken), not stopped by us
+    stderr_closed: bool = False
+    # How the server ended on its own (`settle()`): None while it runs, or when we stopped it.
+    exit_status: int | None = None
 
     @property
     def pid(self) -> int:
@@ -192,6 +196,46 @@ class ServerProcess:
     @property
     def returncode(self) -> int | None:
         return self.sandboxed.process.poll()
+
+    async def settle(self, seconds: float = 1.0) -> None:
+        """Give a server that closed its stdout a moment to exit and its stderr to drain, so that an
+        error can say how it ended: its last words arrive on stderr just after its stdout closes."""
+        if not self.stdout_closed:
+            return
+        with anyio.move_on_after(seconds):
+            while self.returncode is None or not self.stderr_closed:
+                await anyio.sleep(0.02)
+        if self.exit_status is None:
+            self.exit_status = self.returncode
+
+    def stderr_tail(self, since: int = 0) -> str:
+        """The last lines of stderr written after the first `since` lines."""
+        kept = list(self.stderr_lines)
+        fresh = kept[len(kept) - min(len(kept), self.stderr_count - since) :]
+        return " | ".join(fresh[-3:])
+
+    def ending(self, since: int = 0) -> str:
+        """How the server ended (if it did, `settle()`) and its stderr since line `since`, for an error
+        message; unredacted: the caller knows the server's secrets."""
+        note = f" {_exit_text(self.exit_status)}" if self.exit_status is not None else ""
+        tail = self.stderr_tail(since)
+        return note + (f" Its stderr: {tail}" if tail else "")
+
+
+def _exit_text(status: int) -> str:
+    # bwrap (the process we hold) passes a signal that killed the server on as 128 + its number.
+    if status < 0:
+        return f"It was killed by {_signal_name(-status)}."
+    if status > 128 and _signal_name(status - 128).startswith("SIG"):
+        return f"It exited with status {status} (killed by {_signal_name(status - 128)})."
+    return f"It exited with status {status}."
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 async def _read_pipe(loop: asyncio.AbstractEventLoop, stream: Any) -> _ReadPipe:
@@ -280,6 +324,7 @@ async def transport(spec: McpServerSpec, workspace: Path, started: list[ServerPr
                             await read_writer.send(exc)
                             continue
                         await read_writer.send(SessionMessage(message))
+                process.stdout_closed = True
 
     async def read_stderr() -> None:
         buffer = b""
@@ -289,6 +334,7 @@ async def transport(spec: McpServerSpec, workspace: Path, started: list[ServerPr
                 written = [line.decode("utf-8", "replace") for line in lines if line.strip()]
                 process.stderr_lines.extend(written)
                 process.stderr_count += len(written)
+            process.stderr_closed = True
 
     async def write_stdin() -> None:
         async with write_reader:
@@ -305,6 +351,8 @@ async def transport(spec: McpServerSpec, workspace: Path, started: list[ServerPr
             try:
                 yield read_stream, write_stream
             finally:
+                with anyio.CancelScope(shield=True):
+                    await process.settle()  # before its stderr reader is cancelled
                 group.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

@@ -29,6 +29,7 @@ from rest_framework.test import APIClient
 from agents.chat import message_send
 from agents.lifecycle import run_execute
 from agents.models import Approval, Run, RunEvent
+from controlcenter.redact import HIDDEN
 from controlcenter.stack import free_port
 from conversations.models import Conversation
 from conversations.services import conversation_create
@@ -103,10 +104,21 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
         **_reference_servers(),
         "broken": {"command": "/nonexistent/mcp-server", "args": ["--stdio"]},
         "confused": {"url": "ftp://example.com/mcp"},
+        "dying": {
+            "command": sys.executable,
+            "args": [str(PROBE), "--die-at-start", "SIGKILL"],
+            "env": {"PROBE_SECRET": CANARY_ENV},
+        },
     }
-    with pytest.raises(CommandError, match="2 of 5 servers"):
+    with pytest.raises(CommandError, match="3 of 6 servers"):
         call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, servers)))
     out, err = capsys.readouterr()
+    # A server that dies at start says how, and its last words, its secret hidden.
+    assert (
+        "dying: not imported, nothing changed: MCP server 'dying': MCPError: Connection closed. "
+        f"It exited with status 137 (killed by SIGKILL). Its stderr: cannot start: bad token {HIDDEN}."
+    ) in err
+    assert CANARY_ENV not in err
     assert "time: server added; 2 tools added (convert_time, get_current_time)" in out
     assert "git: server added;" in out and "git_status" in out and "probe: server added;" in out
     assert "broken: not imported, nothing changed: MCP server 'broken': cannot start the server command" in err
@@ -328,6 +340,8 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
     toolbox.execute("probe__whoami", {})  # a round trip more: that stderr line has been read by now
     crashed = toolbox.execute("probe__crash", {})["error"]
     assert "stopped during the call" in crashed
+    # How it ended, and its last words: "Connection closed" alone gave an operator nothing.
+    assert "It exited with status 3. Its stderr: crash: giving up" in crashed
     # The error quotes what the server wrote during this call only, not the earlier refusal.
     assert "unrelated refusal" not in crashed
     restarted = json.loads(toolbox.execute("probe__whoami", {})["text"])

@@ -5,6 +5,7 @@ without `Authorization: Bearer TOKEN`. Every call appends one JSON line to $PROB
 (relative: to the working directory, the workspace of a sandboxed server) with the tool, its
 arguments and this process's `instance` (a random id: inside the sandbox every server is pid 2).
 `--tag TAG` is ignored: it marks the process's command line for the lifetime tests.
+`--die-at-start SIGNAL` writes an error to stderr and dies by that signal before serving.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -124,6 +126,8 @@ async def slow(seconds: float) -> str:
 def crash() -> str:
     """Kill this server process."""
     _log("crash", {})
+    sys.stderr.write("crash: giving up\n")
+    sys.stderr.flush()
     os._exit(3)
 
 
@@ -164,7 +168,13 @@ if __name__ == "__main__":
     parser.add_argument("--without", nargs="*", default=[])
     parser.add_argument("--tag", default="")
     parser.add_argument("--v2", action="store_true", help="a new version: echo's schema changed, a tool added")
+    parser.add_argument("--die-at-start", default="", help="a signal name: die by it before serving")
     options = parser.parse_args()
+    if options.die_at_start:
+        # The secret the server was given, printed as a careless server's start-up error would.
+        sys.stderr.write(f"cannot start: bad token {os.environ.get('PROBE_SECRET', '')}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), getattr(signal, options.die_at_start))
     for name in options.without:
         server.remove_tool(name)
     if options.v2:
