@@ -135,7 +135,7 @@ class ModelRequest(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["run", "step"]
+        ordering = ["run", "step", "id"]  # a retried attempt before its retry
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step}"

@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 
 from agents.models import ModelRequest, Run
 from controlcenter.db import db_turn, reconnecting
-from engine.loop import StepRecord
+from engine.loop import RETRIED, StepRecord
 from engine.tokens import cache_ratio
 
 # Ratio inputs: (key in a row, ModelRequest field).
@@ -60,8 +60,9 @@ def request_recorder(run: Run, *, label: str = "") -> Callable[[StepRecord], Non
     """Store each model request once its answer begins, and again as its reply comes in (a step's
     later record replaces its earlier one): it was paid for however the turn ends (failed, cancelled,
     handed off, its worker killed, its turn dropped), and the usage bar and dashboard show a long
-    turn's spend while it runs. A child's requests are its parent run's, labelled `<fan-out>/<index>`
-    (TD-14), and a summary call's `summary`."""
+    turn's spend while it runs. An attempt broken off and retried keeps a row of its own ("retried").
+    A child's requests are its parent run's, labelled `<fan-out>/<index>` (TD-14), and a summary
+    call's `summary`."""
     rows: dict[int, ModelRequest] = {}
 
     def record(step: StepRecord) -> None:
@@ -93,6 +94,9 @@ def request_recorder(run: Run, *, label: str = "") -> Callable[[StepRecord], Non
             row.created_at = rows[step.step].created_at  # when the request was made, not when it ended
         with db_turn():
             reconnecting(row.save)
-        rows[step.step] = row
+        if step.stop_reason == RETRIED:
+            rows.pop(step.step, None)  # closed: the retry is a request of its own
+        else:
+            rows[step.step] = row
 
     return record

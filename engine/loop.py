@@ -28,6 +28,7 @@ from engine.context.calibration import Measured
 from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
 from engine.providers.protocol import (
     AnswerStarted,
+    AttemptBroken,
     MessageDone,
     PromptTooLong,
     Provider,
@@ -489,14 +490,21 @@ def stream_answer(
     Once the answer begins, the provider took the request and is owed for it: it is recorded then,
     as our estimate ("incomplete"), and again when the final usage comes, or, cut by a cancel or an
     error, with the output that arrived ("cancelled", "failed"); whole when a stop is seen, with the
-    provider's own usage. A worker lost mid-answer leaves the first record.
+    provider's own usage. A worker lost mid-answer leaves the first record. An attempt broken off
+    and asked again (`AttemptBroken`) is closed as "retried", and the next attempt is a record of
+    its own: the step's later records are that one's.
     """
     started = time.monotonic()
     done: MessageDone | None = None
-    answered: list[ProviderEvent] = []
+    answered: list[ProviderEvent] = []  # of the current attempt
     prompt: Usage | None = None  # the provider's own figures for the prompt, once it sent them
     try:
         for event in _until_cancelled(provider.stream(request), is_cancelled):
+            if isinstance(event, AttemptBroken):
+                elapsed = int((time.monotonic() - started) * 1000)
+                record_step(_estimated_record(step, request, answered, elapsed, RETRIED, tool_prompt, prompt))
+                answered, prompt, started = [], None, time.monotonic()
+                continue
             if isinstance(event, AnswerStarted):
                 prompt = event.usage
             if not answered or isinstance(event, AnswerStarted):
@@ -556,6 +564,9 @@ def _estimated_record(
         usage = Usage(input_tokens=count.total, output_tokens=output, source="estimate", cache_reported=False)
     return StepRecord(step, usage, stop_reason, duration_ms, list(request.breakpoints), estimate=count)
 
+
+# The stop reason of an attempt broken off and asked again: its record is closed, the retry gets its own.
+RETRIED = "retried"
 
 # How often a request that has sent nothing yet looks at the cancel flag (`is_cancelled` may poll less often).
 WAITING_POLL_SECONDS = 0.1

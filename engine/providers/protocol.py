@@ -73,7 +73,15 @@ class AnswerStarted:
     usage: Usage
 
 
-ProviderEvent = AnswerStarted | TextDelta | ToolUseBlock | MessageDone
+@dataclass(frozen=True)
+class AttemptBroken:
+    """The retrying provider's word that the answer under way broke off (a cut stream, an overload
+    mid-answer) and is being asked for again: the broken attempt was taken, and is owed for, on its own."""
+
+    reason: str
+
+
+ProviderEvent = AnswerStarted | AttemptBroken | TextDelta | ToolUseBlock | MessageDone
 
 # Set on the thread that reads a stream for the runtime (`engine.loop`): once the event is set, nobody
 # reads the stream any more (the turn was cancelled while the request waited), so a retry after a

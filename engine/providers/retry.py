@@ -7,6 +7,8 @@ A stream cut after some text reached the caller resumes without sending that tex
 again: providers that accept an assistant prefill (Anthropic) continue from the
 text already streamed; others are replayed and the already-streamed prefix is
 skipped, and a replay that disagrees with it is an error, not a silent rewrite.
+An attempt broken after its answer began is announced (`AttemptBroken`) before the
+next is sent: it was paid for, and its caller records it as a request of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.providers.protocol import (
+    AttemptBroken,
     MessageDone,
     Provider,
     ProviderError,
@@ -75,6 +78,7 @@ class RetryingProvider:
         seen = _Seen()
         attempt = 0
         while True:
+            seen.began = False
             try:
                 if seen.text and not seen.tools and getattr(self.inner, "supports_prefill", False):
                     yield from self._continue(request, seen)
@@ -87,6 +91,8 @@ class RetryingProvider:
                 wait = self.delay(attempt, getattr(exc, "retry_after", None))
                 if wait is None:
                     raise
+                if seen.began:
+                    yield AttemptBroken(str(exc))
                 if self._on_retry is not None:
                     self._on_retry(attempt + 1, wait, exc)
                 self._sleep(wait)
@@ -101,6 +107,7 @@ class RetryingProvider:
         position = 0  # characters of this attempt's text
         tool_index = 0
         for event in self.inner.stream(request):
+            seen.began = True
             if isinstance(event, TextDelta):
                 start, position = position, position + len(event.text)
                 overlap = streamed[start:position]
@@ -133,6 +140,7 @@ class RetryingProvider:
         pending_space = seen.text[len(prefill) :]
         prefilled = {"role": "assistant", "content": [{"type": "text", "text": prefill}]}
         for event in self.inner.stream(replace(request, messages=[*request.messages, prefilled])):
+            seen.began = True
             if isinstance(event, TextDelta):
                 text = event.text
                 while pending_space and text and text[0] == pending_space[0]:
@@ -156,6 +164,7 @@ class _Seen:
 
     text: str = ""
     tools: list[ToolUseBlock] = field(default_factory=list)
+    began: bool = False  # the current attempt's answer began: it is paid for however it ends
 
 
 def _merge_prefill(prefill: str, content: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -181,7 +181,18 @@ def test_provider_429_529_and_a_cut_stream_through_a_real_worker_store_the_text_
     assert streamed == ANSWER
     messages = assert_one_clean_turn_per_run(conversation["id"])
     assert messages[-1].role == "assistant" and messages[-1].content == [{"type": "text", "text": ANSWER}]
-    assert ModelRequest.objects.filter(run=run).count() == 1
+    # Refused before an answer began (429, 529): nothing taken, nothing recorded. Each answer broken
+    # off mid-stream was taken, and is a request of its own, before the retry that completed it.
+    attempts = list(ModelRequest.objects.filter(run=run).order_by("id"))
+    assert [(a.step, a.stop_reason, a.usage_source) for a in attempts] == [
+        (1, "retried", "partial"),
+        (1, "retried", "partial"),
+        (1, "end_turn", "reported"),
+    ]
+    # The broken attempts: the prompt as the API reported it at message_start, the output that arrived.
+    assert all(a.output_tokens > 0 for a in attempts[:2])
+    # Each its own request's figures: every retry also sent the text already streamed (the prefill).
+    assert 0 < attempts[0].prompt_tokens < attempts[1].prompt_tokens < attempts[2].prompt_tokens
     assert "sk-test-not-a-real-key" not in json.dumps(list(RunEvent.objects.filter(run=run).values("payload")))
 
 

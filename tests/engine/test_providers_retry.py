@@ -8,6 +8,7 @@ import pytest
 
 from engine.emulator import Emulator, Fault, ScriptedPolicy, TestClock
 from engine.emulator.server import EmulatorServer
+from engine.loop import RETRIED, StepRecord, stream_answer
 from engine.providers.anthropic import AnthropicProvider
 from engine.providers.offline import OfflineProvider
 from engine.providers.openai_compat import OpenAICompatProvider
@@ -22,6 +23,7 @@ from engine.providers.protocol import (
 )
 from engine.providers.retry import RetryingProvider
 from engine.request import ModelRequestSpec
+from engine.tokens import estimate_text_tokens
 
 ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the sun."
 
@@ -173,3 +175,30 @@ def test_a_replay_given_up_has_its_connection_closed_at_once(emulator, server, s
     with pytest.raises(ProviderError, match="differs from the text already streamed"):
         list(provider.stream(request()))
     assert len(opened) == 2 and all(stream.response.is_closed for stream in opened)
+
+
+@pytest.mark.req("RN-2")
+@pytest.mark.parametrize("route", [claude, gpt])
+def test_every_attempt_broken_after_its_answer_began_is_recorded_before_its_retry(emulator, server, sleeps, route):
+    emulator.inject(Fault("rate_limit", retry_after=1))  # refused before any answer: owes nothing
+    emulator.inject(Fault("stream_cut", after_chars=14))
+    records: list[StepRecord] = []
+    done, _ = stream_answer(
+        route(server, sleeps), request(), step=3, is_cancelled=lambda: False, record_step=records.append
+    )
+    assert done.stop_reason == "end_turn"
+    closed = [record for record in records if record.stop_reason != "incomplete"]
+    assert [(record.step, record.stop_reason) for record in closed] == [(3, RETRIED)]
+    broken = closed[0]
+    # What the cut attempt was owed for: the prompt, as the API reported it at message_start (our own
+    # count where the route sends nothing before its end), and the output that arrived ("The quick ").
+    if route is claude:
+        assert (broken.usage.prompt_tokens, broken.usage.source) == (
+            emulator.prompt_tokens(request().as_payload()),
+            "partial",
+        )
+    else:
+        assert (broken.usage.input_tokens, broken.usage.source) == (broken.estimate.total, "estimate")
+    assert broken.usage.output_tokens == estimate_text_tokens("The quick ") > 0
+    # Each attempt was announced once when it began; the retry's own record follows the closed one.
+    assert [record.stop_reason for record in records] == ["incomplete", RETRIED, "incomplete"]
