@@ -102,6 +102,11 @@
   }, { passive: true });
   jumpButton.addEventListener("click", () => { scrollToLatest(); input.focus(); });
 
+  // What a run holds the conversation against (the server answers 409 run_in_progress): offered
+  // disabled while it works, saying why, rather than refused after a click.
+  const HELD_BY_A_RUN = "button[data-regenerate], button[data-branch], button[data-sibling], button[data-retry], button[data-answer]";
+  const HELD_TITLE = "A run is answering: wait for it to finish, or stop it.";
+
   function setActiveRun(runId) {
     activeRun = runId || null;
     cancelButton.hidden = !activeRun;
@@ -110,6 +115,11 @@
       runLink.href = `/runs/${activeRun}/`;
       runLink.textContent = `Run ${activeRun} details`;
       runLink.hidden = false;
+    }
+    for (const button of messagesBox().querySelectorAll(HELD_BY_A_RUN)) {
+      if (button.dataset.title === undefined) button.dataset.title = button.title;
+      button.disabled = Boolean(activeRun);
+      button.title = activeRun ? HELD_TITLE : button.dataset.title;
     }
   }
 

@@ -110,6 +110,13 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     page.keyboard.press("Enter")
     prompt = page.locator(".approval").last
     expect(prompt).to_contain_text("echo never-runs", timeout=15_000)
+    # What the waiting run would refuse (409) is offered disabled, saying why, and back once it ends.
+    earlier = page.locator("#messages article.assistant button.regenerate, #messages article button.branch")
+    # The first answer's Regenerate and Branch here, and Branch here on both prompts.
+    expect(earlier).to_have_count(4)
+    for index in range(4):
+        expect(earlier.nth(index)).to_be_disabled()
+        expect(earlier.nth(index)).to_have_attribute("title", "A run is answering: wait for it to finish, or stop it.")
     page.keyboard.press("Shift+Tab")
     expect(prompt.locator("button.deny")).to_be_focused()
     page.keyboard.press("Enter")
@@ -118,6 +125,9 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     reply = page.locator("#messages article.assistant").last
     expect(reply).to_contain_text("the tool failed")
     expect(reply).not_to_contain_text("exited with 0: never-runs")
+    regenerate = page.locator("#messages article.assistant button.regenerate").first
+    expect(regenerate).to_be_enabled()
+    expect(regenerate).to_have_attribute("title", "Answer the same prompt again (a new branch)")
 
 
 @pytest.mark.req("RN-4", "TD-14")
