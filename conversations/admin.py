@@ -1,11 +1,20 @@
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlcenter.admin_base import ModelAdmin
 from controlcenter.errors import DomainError
-from conversations import services
+from conversations import commands, services
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+
+# The tree (tips, parents, message content, checkpoint targets) is written by the services alone,
+# which check it belongs together: a form that took any message id let a conversation's tip point
+# into another user's conversation (its path, and its next prompt's history, were theirs) or stored
+# content that was no list of blocks, and the pages drawing them failed. Here it is shown, titles
+# and labels are edited, and messages are deleted through the service.
 
 
 @admin.register(Conversation)
@@ -13,14 +22,24 @@ class ConversationAdmin(ModelAdmin):
     list_display = ["id", "title", "owner", "updated_at"]
     search_fields = ["title", "owner__username"]
     list_filter = ["updated_at"]
-    raw_id_fields = ["tip", "owner"]
+    raw_id_fields = ["owner"]
+    readonly_fields = ["tip", "forked_from"]
+
+
+class TranscriptAdmin(ModelAdmin):
+    """Shown and deleted, never written: new rows come from a conversation's runs and commands."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Message)
-class MessageAdmin(ModelAdmin):
+class MessageAdmin(TranscriptAdmin):
     list_display = ["id", "conversation", "role", "parent", "created_at"]
     list_filter = ["role"]
-    raw_id_fields = ["conversation", "parent"]
 
     # Through the service, so a deleted tip moves to its parent instead of leaving the
     # conversation with no tip (CH-7); a refusal is shown with its reason.
@@ -36,21 +55,38 @@ class MessageAdmin(ModelAdmin):
                 self.delete_model(request, message)
 
 
+class CheckpointForm(forms.ModelForm):
+    class Meta:
+        model = Checkpoint
+        fields = ["label"]
+
+    def clean_label(self) -> str:
+        try:
+            return commands.validate_label(self.cleaned_data["label"])
+        except commands.CommandError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
 @admin.register(Checkpoint)
 class CheckpointAdmin(ModelAdmin):
+    """A label is renamed here, as /checkpoint would name it; a checkpoint is made on its
+    conversation (/checkpoint), at a turn boundary."""
+
+    form = CheckpointForm
     list_display = ["id", "conversation", "label", "message", "created_at"]
     search_fields = ["label"]
-    raw_id_fields = ["conversation", "message"]
+    readonly_fields = ["conversation", "message"]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(RewindDigest)
-class RewindDigestAdmin(ModelAdmin):
+class RewindDigestAdmin(TranscriptAdmin):
     list_display = ["id", "conversation", "label", "target", "explored_tip", "created_at"]
-    raw_id_fields = ["conversation", "target", "explored_tip"]
 
 
 @admin.register(Compaction)
-class CompactionAdmin(ModelAdmin):
+class CompactionAdmin(TranscriptAdmin):
     list_display = ["id", "conversation", "rung", "tokens_before", "tokens_after", "trigger", "created_at"]
     list_filter = ["rung", "trigger"]
-    raw_id_fields = ["conversation", "tip"]

@@ -105,7 +105,7 @@ def _label_argument(name: str, label: str) -> str:
 
 
 def validate_label(label: str) -> str:
-    if not LABEL_PATTERN.match(label):
+    if not LABEL_PATTERN.fullmatch(label):
         raise CommandError(
             f"{label[:80]!r} is not a valid label: use 1 to 64 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit."

@@ -46,7 +46,7 @@ def config_problems(
 ) -> dict[str, str]:
     """Field -> why it is refused; empty when the server can be saved."""
     errors: dict[str, str] = {}
-    if not _NAME.match(name or ""):
+    if not _NAME.fullmatch(name or ""):
         errors["name"] = "1-40 letters, digits, '-' or '_' (it prefixes the names of the server's tools)."
     elif NAMESPACE_SEPARATOR in name:
         errors["name"] = "A server name cannot contain '__' (it separates server and tool)."
@@ -81,7 +81,7 @@ def _mapping_problem(value: Any, key_pattern: re.Pattern[str], what: str) -> str
     if not isinstance(value, dict):
         return f"An object of {what} names to string values."
     for key, item in value.items():
-        if not isinstance(key, str) or not key_pattern.match(key):
+        if not isinstance(key, str) or not key_pattern.fullmatch(key):
             return f"{key!r} is not a valid {what} name."
         if not isinstance(item, str):
             return f"The value of {what} {key!r} must be a string."

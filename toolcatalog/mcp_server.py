@@ -317,7 +317,7 @@ def _session_header(scope: dict) -> tuple[str | None, str]:
     for name, value in scope.get("headers", []):
         if name == SESSION_HEADER:
             key = value.decode("latin-1").strip()
-            if not _SESSION_ID.match(key):
+            if not _SESSION_ID.fullmatch(key):
                 return None, "Malformed Mcp-Session-Id header: 1-64 letters, digits, '-' or '_'."
             return key, ""
     return None, ""

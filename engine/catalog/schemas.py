@@ -44,7 +44,7 @@ def schema_problem(schema: Any) -> str | None:
 
 
 def name_problem(name: Any) -> str | None:
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         return f"tool name {name!r} must be 1-64 letters, digits, '_' or '-'."
     return None
 

@@ -360,7 +360,7 @@ def check_tool(tool: Any, where: str) -> str:
     if "name" not in tool:
         raise invalid_request(f"{where}.name: Field required")
     _expect(tool["name"], str, f"{where}.name", "a valid string")
-    if not TOOL_NAME.match(tool["name"]):
+    if not TOOL_NAME.fullmatch(tool["name"]):
         raise invalid_request(f"{where}.name: String should match pattern '^[a-zA-Z0-9_-]{{1,64}}$'")
     if "description" in tool:
         _expect(tool["description"], str, f"{where}.description", "a valid string")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents import chat
-from conversations.models import Message
-from tests.support.factories import ConversationFactory, MessageFactory
+from conversations.models import Conversation, Message
+from tests.support.factories import CheckpointFactory, ConversationFactory, MessageFactory
 from tests.support.history import add_turn
 
 pytestmark = [pytest.mark.django_db, pytest.mark.req("CH-7")]
@@ -53,3 +53,54 @@ def test_deleting_the_only_root_empties_the_conversation_and_leaves_no_tip(admin
     _delete(admin_client, root)
     conversation.refresh_from_db()
     assert conversation.tip_id is None and not Message.objects.filter(conversation=conversation).exists()
+
+
+@pytest.mark.req("CH-7", "UX-7")
+def test_the_admin_never_writes_the_tree_so_no_tip_points_into_another_users_conversation(admin_client, explored):
+    """QA: a tip set in the admin to another user's message gave its owner that user's path (and
+    their next prompt that history); message content saved as a string failed every page."""
+    theirs = ConversationFactory(title="someone else's")
+    secret = MessageFactory(conversation=theirs, text="their private words", as_tip=True)
+    tip_before = explored.tip_id
+    messages_before = list(Message.objects.order_by("id").values_list("id", "parent_id", "content"))
+
+    # The conversation form shows the tip; a posted tip is not taken.
+    changed = admin_client.post(
+        f"/admin/conversations/conversation/{explored.pk}/change/",
+        {"title": "renamed", "owner": explored.owner_id, "model": "", "tip": secret.pk},
+    )
+    assert changed.status_code == 302
+    explored.refresh_from_db()
+    assert (explored.title, explored.tip_id) == ("renamed", tip_before)
+    added = admin_client.post(
+        "/admin/conversations/conversation/add/",
+        {"title": "new", "owner": explored.owner_id, "model": "", "tip": secret.pk},
+    )
+    assert added.status_code == 302
+    assert Conversation.objects.get(title="new").tip_id is None
+
+    # Messages are shown, never added or changed here.
+    assert admin_client.get("/admin/conversations/message/add/").status_code == 403
+    refused = admin_client.post(
+        f"/admin/conversations/message/{tip_before}/change/",
+        {"conversation": theirs.pk, "parent": secret.pk, "role": "user", "content": '"not a list"'},
+    )
+    assert refused.status_code == 403
+    assert admin_client.get(f"/admin/conversations/message/{tip_before}/change/").status_code == 200
+    assert list(Message.objects.order_by("id").values_list("id", "parent_id", "content")) == messages_before
+
+    # A checkpoint's label is renamed as /checkpoint names one; its target is not taken from the form.
+    checkpoint = CheckpointFactory(conversation=explored, label="before")
+    bad = admin_client.post(
+        f"/admin/conversations/checkpoint/{checkpoint.pk}/change/",
+        {"label": "no spaces allowed", "message": secret.pk, "conversation": theirs.pk},
+    )
+    assert bad.status_code == 200 and "is not a valid label" in bad.content.decode()
+    good = admin_client.post(
+        f"/admin/conversations/checkpoint/{checkpoint.pk}/change/",
+        {"label": "after", "message": secret.pk, "conversation": theirs.pk},
+    )
+    assert good.status_code == 302
+    checkpoint.refresh_from_db()
+    assert (checkpoint.label, checkpoint.message_id, checkpoint.conversation_id) == ("after", tip_before, explored.pk)
+    assert admin_client.get("/admin/conversations/checkpoint/add/").status_code == 403

@@ -105,6 +105,7 @@ def test_retry_over_the_api_says_which_empty_case_it_is(alice_api, alice, explor
         ("post", "branch/", {"message": "abc"}, "message"),
         ("post", "branch/", {}, "message"),
         ("post", "checkpoints/", {"label": "no spaces allowed"}, "not a valid label"),
+        ("post", "checkpoints/", {"label": "v1\n"}, "not a valid label"),
         ("post", "checkpoints/", {}, "label"),
         # A number is no label: DRF's CharField stored 42 as "42".
         ("post", "checkpoints/", {"label": 42}, "Must be a string, not int"),

@@ -149,6 +149,11 @@ REFUSALS = {
         anthropic.BadRequestError,
         "String should match pattern",
     ),
+    "tool_name_with_a_trailing_newline": (
+        {"tools": [{**TOOL, "name": "read_file\n"}]},
+        anthropic.BadRequestError,
+        "String should match pattern",
+    ),
     "invalid_tool_schema": (
         {"tools": [{**TOOL, "input_schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}]},
         anthropic.BadRequestError,

@@ -293,6 +293,8 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
         for field, value, reason in [
             ("headers", {"X-New": "***"}, "header 'X-New' has no stored value"),
             ("headers", {"Authorization": "***", "X-Injected": "v\r\nX-Other: y"}, "line break or NUL"),
+            # A name's pattern ends at the end of the name: `$` alone let a trailing newline through.
+            ("headers", {"Authorization": "***", "X-Injected\n": "v"}, "is not a valid header name"),
             ("url", "https://exa mple.com/mcp", "not a valid http(s) URL"),
             ("url", "https://[::1/mcp", "not a valid http(s) URL"),
             ("url", "https://example.com:99999/mcp", "not a valid http(s) URL"),
