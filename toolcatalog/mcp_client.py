@@ -44,7 +44,7 @@ from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
 from toolcatalog import mcp_stdio
 from toolcatalog.mcp_config import McpConfigError
-from toolcatalog.mcp_import import describe, ending_note, list_tools_of, secrets_of
+from toolcatalog.mcp_import import HttpAnswers, describe, ending_note, http_client, list_tools_of, secrets_of
 from toolcatalog.mcp_spec import ImportedTool, McpServerSpec
 from toolcatalog.mcp_stdio import STOP_GRACE_SECONDS, ServerProcess
 from toolcatalog.models import McpServer, Tool
@@ -97,6 +97,7 @@ class _Connection:
         self.in_flight = 0
         self.last_used = time.monotonic()
         self.broken = False
+        self.http_answers = HttpAnswers()
 
     @property
     def alive(self) -> bool:
@@ -133,11 +134,10 @@ class _Connection:
         threading.Thread(target=self._on_tools_changed, args=(self.spec.name, listed), daemon=True).start()
 
     def _client(self) -> tuple[Client, httpx2.AsyncClient | None]:
-        timeout = self.spec.timeout_seconds
         if self.spec.transport == "stdio":
             stdio = mcp_stdio.transport(self.spec, self.workspace, self._stdio)
             return Client(stdio, mode="legacy", message_handler=self._notified), None
-        http = httpx2.AsyncClient(headers=self.spec.headers, timeout=timeout, trust_env=False)
+        http = http_client(self.spec, self.http_answers)
         transport = streamable_http_client(self.spec.url, http_client=http)
         return Client(transport, mode="legacy", message_handler=self._notified), http
 
@@ -281,6 +281,7 @@ class McpConnections:
             # A failure quotes only what the server wrote during this call: an earlier call's
             # error on stderr would point at the wrong cause.
             stderr_before = conn.stderr_count()
+            answers_before = len(conn.http_answers.errors)
             conn.in_flight += 1
             try:
                 assert conn.client is not None
@@ -297,11 +298,14 @@ class McpConnections:
                         f"{spec.name}{NAMESPACE_SEPARATOR}{tool} did not answer within {spec.timeout_seconds:g} s "
                         "(CC_MCP_CALL_TIMEOUT_SECONDS); the call was abandoned."
                     ) from None
-                forgotten = spec.transport == "http" and exc.message == "Session terminated"
+                forgotten = spec.transport == "http" and (
+                    exc.message == "Session terminated" or conn.http_answers.session_forgotten(answers_before)
+                )
                 if exc.code != types.CONNECTION_CLOSED and conn.alive and not forgotten:
                     # The server answered with a JSON-RPC error: it is up, the call was refused.
                     raise McpCallError(
-                        f"MCP server {spec.name!r} refused the call of {tool!r}: {describe(exc, spec)}"
+                        f"MCP server {spec.name!r} refused the call of {tool!r}: {describe(exc, spec)}."
+                        + conn.http_answers.note(answers_before)
                     ) from None
                 conn.broken = True
                 failure: BaseException = exc

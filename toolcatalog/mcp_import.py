@@ -7,6 +7,7 @@ server, names namespaced on collision) belongs to the catalog's import service.
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -23,8 +24,44 @@ from toolcatalog.sandbox import SandboxUnavailable
 _MAX_PAGES = 100
 
 
+@dataclass
+class HttpAnswers:
+    """The HTTP error statuses an MCP server answered on one connection. The SDK passes on the
+    JSON-RPC error a server puts in the body ("Session not found" from a restarted server) without
+    its status, so a forgotten session looked like a refused call, and a 401 like any error."""
+
+    errors: list[tuple[int, bool]] = field(default_factory=list)  # (status, the request had a session)
+
+    async def seen(self, response: httpx2.Response) -> None:
+        if response.status_code >= 400:
+            self.errors.append((response.status_code, "mcp-session-id" in response.request.headers))
+
+    def session_forgotten(self, since: int) -> bool:
+        """A 404 to a request in a session (MCP's word for "no such session") after answer `since`."""
+        return any(status == 404 and in_session for status, in_session in self.errors[since:])
+
+    def note(self, since: int = 0) -> str:
+        if len(self.errors) <= since:
+            return ""
+        status = self.errors[-1][0]
+        if status in (401, 403):
+            return f" It answered HTTP {status}: it refused our credentials; check the server's headers (its token)."
+        return f" It answered HTTP {status}."
+
+
+def http_client(spec: McpServerSpec, answers: HttpAnswers) -> httpx2.AsyncClient:
+    """The HTTP client of one connection to `spec`: its headers, its timeout, no proxy from the
+    environment, and every error status noted in `answers`."""
+    return httpx2.AsyncClient(
+        headers=spec.headers,
+        timeout=spec.timeout_seconds,
+        trust_env=False,
+        event_hooks={"response": [answers.seen]},
+    )
+
+
 def _client(
-    spec: McpServerSpec, workspace: Path, started: list[mcp_stdio.ServerProcess]
+    spec: McpServerSpec, workspace: Path, started: list[mcp_stdio.ServerProcess], answers: HttpAnswers
 ) -> tuple[Client, httpx2.AsyncClient | None]:
     if spec.transport == "stdio":
         if not spec.command:
@@ -35,7 +72,7 @@ def _client(
     if spec.transport == "http":
         if not spec.url.startswith(("http://", "https://")):
             raise McpImportError(f"MCP server {spec.name!r}: an http server needs an http(s) URL, got {spec.url!r}.")
-        http = httpx2.AsyncClient(headers=spec.headers, timeout=spec.timeout_seconds, trust_env=False)
+        http = http_client(spec, answers)
         transport = streamable_http_client(spec.url, http_client=http)
         return Client(transport, read_timeout_seconds=spec.timeout_seconds), http
     raise McpImportError(f"MCP server {spec.name!r}: unknown transport {spec.transport!r} (use stdio or http).")
@@ -72,7 +109,8 @@ async def list_server_tools_async(spec: McpServerSpec) -> list[ImportedTool]:
 
 async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
     started: list[mcp_stdio.ServerProcess] = []
-    client, http = _client(spec, workspace, started)
+    answers = HttpAnswers()
+    client, http = _client(spec, workspace, started, answers)
     try:
         with anyio.fail_after(spec.timeout_seconds * 2):
             async with client:
@@ -84,7 +122,9 @@ async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
             f"MCP server {spec.name!r} did not answer tools/list in time." + ending_note(started, spec)
         ) from exc
     except Exception as exc:
-        raise McpImportError(f"MCP server {spec.name!r}: {describe(exc, spec)}." + ending_note(started, spec)) from exc
+        raise McpImportError(
+            f"MCP server {spec.name!r}: {describe(exc, spec)}." + answers.note() + ending_note(started, spec)
+        ) from exc
     finally:
         if http is not None:
             await http.aclose()
