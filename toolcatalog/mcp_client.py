@@ -42,6 +42,7 @@ from controlcenter.redact import register_secrets
 from engine.actions import ATTACHED_IMAGES
 from engine.catalog.schemas import NAMESPACE_SEPARATOR
 from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
+from engine.images import image_block
 from toolcatalog import mcp_stdio
 from toolcatalog.mcp_config import McpConfigError
 from toolcatalog.mcp_import import HttpAnswers, describe, ending_note, http_client, list_tools_of, secrets_of
@@ -368,13 +369,16 @@ def observation_of(server: str, tool: str, result: types.CallToolResult) -> Obse
     images: list[dict[str, Any]] = []
     resources: list[dict[str, Any]] = []
     other: list[str] = []
+    left_out: list[str] = []
     for block in result.content:
         if isinstance(block, types.TextContent):
             texts.append(block.text)
         elif isinstance(block, types.ImageContent):
-            images.append(
-                {"type": "image", "source": {"type": "base64", "media_type": block.mime_type, "data": block.data}}
-            )
+            image, why = image_block(block.data, block.mime_type)
+            if image is not None:
+                images.append(image)
+            else:
+                left_out.append(f"an image was left out: {why}")
         elif isinstance(block, types.EmbeddedResource):
             item: dict[str, Any] = {"uri": str(block.resource.uri)}
             if block.resource.mime_type:
@@ -401,6 +405,8 @@ def observation_of(server: str, tool: str, result: types.CallToolResult) -> Obse
     if images:
         observation["images"] = [{"media_type": image["source"]["media_type"]} for image in images]
         observation[ATTACHED_IMAGES] = images
+    if left_out:
+        observation["images_left_out"] = left_out
     if other:
         observation["unsupported_content"] = other
     return observation

@@ -34,6 +34,7 @@ from controlcenter.stack import free_port
 from conversations.models import Conversation
 from conversations.services import conversation_create
 from engine.actions import tool_result
+from engine.emulator import Emulator
 from tests.support.mcp_servers import fixtures as live
 from tests.support.waiting import wait_until
 from toolcatalog.admin import McpServerForm
@@ -524,3 +525,28 @@ def test_the_admin_saves_an_enabled_server_only_once_it_listed_its_tools(admin_c
     saved = admin_client.post("/admin/toolcatalog/mcpserver/add/", form, follow=True)
     assert "was added successfully" in saved.content.decode()
     assert Tool.objects.filter(server__name="probe", enabled=True).exists()
+
+
+@pytest.mark.req("MC-2")
+def test_images_a_server_returns_reach_the_model_only_as_the_api_takes_them(tmp_path):
+    """QA: an SVG from a server failed the whole run (the API takes JPEG, PNG, GIF and WebP only)."""
+    call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, _reference_servers(only=("probe",)))))
+    drawn = run_toolbox(workspace=tmp_path, deferral=False).execute("probe__drawings", {})
+    assert drawn["ok"] is True and drawn["text"] == "drawn"
+    # The PNG labelled image/jpeg goes as what it is; the SVG and the bytes that are no image are
+    # left out with the reason, the result kept.
+    assert drawn["images"] == [{"media_type": "image/png"}]
+    assert drawn["images_left_out"] == [
+        "an image was left out: it is no JPEG, PNG, GIF or WebP image (labelled image/svg+xml)",
+        "an image was left out: it is no JPEG, PNG, GIF or WebP image (labelled image/png)",
+    ]
+    # And the request carrying it is one the API takes: the emulator refuses what it refuses.
+    payload = {
+        "model": "claude-sonnet-4-5",
+        "messages": [
+            {"role": "user", "content": "draw"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "d", "input": {}}]},
+            {"role": "user", "content": [tool_result("toolu_1", drawn)]},
+        ],
+    }
+    assert Emulator().count_tokens(payload) > 0

@@ -105,6 +105,19 @@ def picture() -> Image:
 
 
 @server.tool()
+def drawings() -> list:
+    """An SVG, a PNG labelled image/jpeg, an image that is no image, and the PNG again."""
+    _log("drawings", {})
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>'
+    return [
+        Image(data=svg, format="svg+xml"),
+        Image(data=PIXEL, format="jpeg"),
+        Image(data=b"not an image", format="png"),
+        "drawn",
+    ]
+
+
+@server.tool()
 def fail(reason: str) -> str:
     """Always fails with the given reason."""
     _log("fail", {"reason": reason})
