@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -479,9 +479,16 @@ def mcp_server_save(
         if getattr(candidate, field) is None:
             setattr(candidate, field, default)
     listed = mcp_server_listing(candidate) if import_tools and candidate.enabled else None
-    with transaction.atomic():
-        candidate.save()
-        result = _apply_listing(candidate, listed) if listed is not None else None
+    try:
+        with transaction.atomic():
+            candidate.save()
+            result = _apply_listing(candidate, listed) if listed is not None else None
+    except IntegrityError:
+        # Another request saved the name while this one listed the tools (seconds): a double
+        # click, a client's retry.
+        if not duplicate.exists():
+            raise
+        raise McpServerInvalid({"name": f"There is already an MCP server named {name!r}."}) from None
     return candidate, result
 
 

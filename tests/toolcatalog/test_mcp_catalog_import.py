@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from rest_framework.test import APIClient
 
 from engine.catalog.ranking import index_for
+from toolcatalog import services
 from toolcatalog.models import McpServer, Tool, ToolGroup
 from toolcatalog.selectors import catalog_records
 from toolcatalog.services import McpServerImportFailed, mcp_server_import
@@ -162,3 +164,23 @@ def test_the_admin_action_imports_the_selected_servers(admin_client, weather, al
     assert "weather: 2 tools added" in text
     assert "almanac: 2 tools added" in text and "tide.table" in text
     assert Tool.objects.filter(source=Tool.Source.MCP).count() == 4
+
+
+@pytest.mark.req("MC-1")
+def test_a_server_saved_by_another_request_while_this_one_listed_its_tools_is_a_clear_refusal(admin_user, monkeypatch):
+    """QA: three parallel creations of one name gave one 201 and two 500s (IntegrityError): the
+    name is checked, then the tools are listed for seconds, then the row is inserted."""
+
+    def listed_while_another_request_saves(server: McpServer) -> list:
+        McpServer.objects.create(name=server.name, transport="stdio", command="/bin/true", enabled=False)
+        return []
+
+    monkeypatch.setattr(services, "mcp_server_listing", listed_while_another_request_saves)
+    client = APIClient()
+    client.force_authenticate(admin_user)
+    answer = client.post(
+        "/api/mcp-servers/", {"name": "twice", "transport": "stdio", "command": sys.executable}, format="json"
+    )
+    assert answer.status_code == 400, answer.content
+    assert "There is already an MCP server named 'twice'" in answer.json()["error"]["message"]
+    assert list(McpServer.objects.values_list("name", "command")) == [("twice", "/bin/true")]
