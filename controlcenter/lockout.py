@@ -3,7 +3,9 @@
 Passwords (the login form, the admin login) go through Django's `authenticate`, which axes
 watches by itself. API tokens do not: `record_token_failure` and `token_locked_out` count a
 wrong token against the pair (TOKEN_USERNAME, client IP), so one address cannot guess tokens
-without bound, for REST (`ThrottledTokenAuthentication`) and `/mcp` alike.
+without bound, for REST (`ThrottledTokenAuthentication`) and `/mcp` alike. The lock refuses
+guesses, never a valid token: the pair is shared by every token user behind the address (a
+proxy, a NAT), and a token names its user and cannot be guessed.
 """
 
 from __future__ import annotations
@@ -75,11 +77,11 @@ class ThrottledTokenAuthentication(TokenAuthentication):
         if not request.META.get("HTTP_AUTHORIZATION"):
             return None
         django_request = request._request
-        if token_locked_out(django_request):
-            # The code the attempt that locked the address out got, not DRF's generic "throttled".
-            raise Throttled(detail=lockout_message(), code="locked_out")
         try:
             return super().authenticate(request)
         except AuthenticationFailed:
+            if token_locked_out(django_request):
+                # The code the attempt that locked the address out got, not DRF's generic "throttled".
+                raise Throttled(detail=lockout_message(), code="locked_out") from None
             record_token_failure(django_request)
             raise

@@ -431,13 +431,13 @@ def _check_token(scope: dict, key: str) -> tuple[int | None, str]:
     request = request_for_scope(scope)
     close_old_connections()
     try:
+        user_id = _user_for_token(key)
+        if user_id is not None:
+            return user_id, ""  # a valid token is never locked out (controlcenter/lockout.py)
         if token_locked_out(request):
             return None, lockout_message()
-        user_id = _user_for_token(key)
-        if user_id is None:
-            record_token_failure(request)
-            return None, "Invalid or inactive API token."
-        return user_id, ""
+        record_token_failure(request)
+        return None, "Invalid or inactive API token."
     finally:
         connections.close_all()
 
