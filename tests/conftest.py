@@ -4,6 +4,7 @@ Celery worker and embedded servers; and what each pytest-xdist worker gets for i
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Generator
 from pathlib import Path
@@ -30,6 +31,10 @@ def pytest_xdist_setupnodes(config, specs) -> None:
             spec.env["REDIS_URL"] = _worker_redis_url(redis_url, index)
         if var_dir:
             spec.env["CC_VAR_DIR"] = str(Path(var_dir) / f"gw{index}")
+            # Each session's test database numbers conversations from 1 again: a workspace an
+            # earlier session left under the same id handed its files (an MCP server's call log)
+            # to the new conversation. These folders are the suite's own.
+            shutil.rmtree(Path(var_dir) / f"gw{index}" / "workspaces", ignore_errors=True)
 
 
 def _worker_redis_url(url: str, index: int) -> str:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -39,16 +41,34 @@ class ToolGroupListApi(APIView):
         return Response(ToolGroupSerializer(selectors.groups_list(), many=True).data)
 
 
+class McpServerPermission(BasePermission):
+    """Staff holding the admin's own permission on MCP servers for the method (view, add, change,
+    delete; a refresh is a change). A server's command runs as soon as it is imported: a staff user
+    the admin refused a server could add and run one here (QA)."""
+
+    message = "Managing MCP servers needs a staff account with the MCP server permissions the admin asks for."
+    _ACTIONS = {"GET": "view", "POST": "add", "PATCH": "change", "PUT": "change", "DELETE": "delete"}
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return may_manage_servers(request.user, getattr(view, "mcp_action", None) or self._ACTIONS.get(request.method))
+
+
+def may_manage_servers(user: Any, action: str | None) -> bool:
+    return bool(
+        user and user.is_authenticated and user.is_staff and action and user.has_perm(f"toolcatalog.{action}_mcpserver")
+    )
+
+
 class McpServerListApi(APIView):
-    """Every user lists the servers; operators (staff) see their configuration and add servers (MC-1)."""
+    """Every user lists the servers; operators see their configuration and add servers (MC-1)."""
 
     def get_permissions(self) -> list:
-        return [IsAuthenticated()] if self.request.method == "GET" else [IsAdminUser()]
+        return [IsAuthenticated()] if self.request.method == "GET" else [McpServerPermission()]
 
     @extend_schema(responses=McpServerConfigSerializer(many=True))
     def get(self, request: Request) -> Response:
         servers = selectors.mcp_servers_list()
-        if request.user.is_staff:
+        if may_manage_servers(request.user, "view"):
             return Response(McpServerConfigSerializer(servers, many=True).data)
         return Response(McpServerSerializer(servers, many=True).data)
 
@@ -61,7 +81,7 @@ class McpServerListApi(APIView):
 
 
 class McpServerDetailApi(APIView):
-    permission_classes = [IsAdminUser]
+    permission_classes = [McpServerPermission]
 
     @extend_schema(responses=McpServerConfigSerializer)
     def get(self, request: Request, server_id: int) -> Response:
@@ -82,7 +102,8 @@ class McpServerDetailApi(APIView):
 
 
 class McpServerRefreshApi(APIView):
-    permission_classes = [IsAdminUser]
+    permission_classes = [McpServerPermission]
+    mcp_action = "change"
 
     @extend_schema(request=None, responses=McpServerSavedSerializer)
     def post(self, request: Request, server_id: int) -> Response:

@@ -93,7 +93,7 @@ def _tool_results(run: Run) -> list[dict]:
 
 
 def _staff_api(django_user_model) -> APIClient:
-    staff = django_user_model.objects.create_user(username="op", password="op-password-1", is_staff=True)
+    staff = django_user_model.objects.create_superuser(username="op", password="op-password-1")
     client = APIClient()
     client.force_authenticate(staff)
     return client
@@ -136,7 +136,7 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, servers)))
     out = capsys.readouterr().out
     assert "time: server updated; 0 tools added, 0 changed, 2 unchanged, 0 removed" in out
-    assert "probe: server updated; 0 tools added, 0 changed, 7 unchanged, 2 removed" in out and "(crash, grow)" in out
+    assert "probe: server updated; 0 tools added, 0 changed, 8 unchanged, 2 removed" in out and "(crash, grow)" in out
     assert not Tool.objects.get(server__name="probe", name="crash").enabled
 
     (tmp_path / "bad.json").write_text('{"servers": {}}')
@@ -315,7 +315,7 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
             assert refused.status_code == 400 and reason in refused.json()["error"]["message"], refused.content
             assert McpServer.objects.values().get(pk=server_id) == stored
         refreshed = api.post(f"/api/mcp-servers/{server_id}/refresh/")
-        assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 9
+        assert refreshed.status_code == 200 and refreshed.json()["imported"]["unchanged"] == 10
         listed = api.get("/api/mcp-servers/").content.decode()
         assert CANARY_HEADER not in listed and '"headers":{"Authorization":"***"}' in listed
         assert APIClient().post("/api/mcp-servers/", {}, format="json").status_code in (401, 403)

@@ -191,7 +191,7 @@ def test_network_is_a_stdio_setting_and_a_clear_error_anywhere_else(django_user_
     assert configs["local"]["network"] is True
     assert "network applies to stdio servers" in problems["remote"]
     assert "true or false" in problems["vague"]
-    staff = django_user_model.objects.create_user(username="op", password="op-password-1", is_staff=True)
+    staff = django_user_model.objects.create_superuser(username="op", password="op-password-1")
     api = APIClient()
     api.force_authenticate(staff)
     config = {"name": "remote", "transport": "http", "url": "https://example.com/mcp", "network": True}
@@ -205,7 +205,7 @@ def test_a_server_whose_folder_holds_the_workspaces_is_refused_naming_it_once(dj
     settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
     script = tmp_path / "server.py"
     script.write_text("print('never started')\n")
-    staff = django_user_model.objects.create_user(username="op", password="op-password-1", is_staff=True)
+    staff = django_user_model.objects.create_superuser(username="op", password="op-password-1")
     api = APIClient()
     api.force_authenticate(staff)
     config = {"name": "nosy", "transport": "stdio", "command": sys.executable, "args": [str(script)]}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
 from django.test import override_settings
+from rest_framework.test import APIClient
 
 from agents.chat import message_send
 from agents.lifecycle import run_execute
@@ -210,3 +212,31 @@ def test_groups_and_mcp_servers_are_listed_without_the_servers_command_lines(ali
 def test_groups_and_mcp_servers_need_authentication(client):
     assert client.get("/api/groups/").status_code in (401, 403)
     assert client.get("/api/mcp-servers/").status_code in (401, 403)
+
+
+@pytest.mark.req("MC-1", "SB-5")
+def test_mcp_servers_are_managed_over_the_api_only_with_the_permissions_the_admin_asks_for(django_user_model):
+    """QA: a staff account the admin refused MCP servers created one over the API, and its command ran."""
+    server = McpServer.objects.create(name="kept", transport="stdio", command="/bin/true", enabled=False)
+    staff = django_user_model.objects.create_user(username="staffy", password="staffy-password-1", is_staff=True)
+    api = APIClient()
+    api.force_authenticate(staff)
+    new = {"name": "mine", "transport": "stdio", "command": "/bin/sh", "args": ["-c", "id"], "enabled": False}
+    refused = [
+        api.post("/api/mcp-servers/", new, format="json"),
+        api.get(f"/api/mcp-servers/{server.pk}/"),
+        api.patch(f"/api/mcp-servers/{server.pk}/", {"command": "/bin/sh"}, format="json"),
+        api.post(f"/api/mcp-servers/{server.pk}/refresh/"),
+        api.delete(f"/api/mcp-servers/{server.pk}/"),
+    ]
+    assert [answer.status_code for answer in refused] == [403] * 5
+    assert "MCP server permissions" in refused[0].json()["error"]["message"]
+    assert list(McpServer.objects.values_list("name", "command")) == [("kept", "/bin/true")]
+    assert "command" not in api.get("/api/mcp-servers/").json()[0]  # names only, as any user sees them
+
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_mcpserver", "add_mcpserver"]))
+    staff = django_user_model.objects.get(pk=staff.pk)  # permissions are cached on the instance
+    api.force_authenticate(staff)
+    assert api.get("/api/mcp-servers/").json()[0]["command"] == "/bin/true"
+    assert api.post("/api/mcp-servers/", new, format="json").status_code == 201
+    assert api.delete(f"/api/mcp-servers/{server.pk}/").status_code == 403  # no delete permission
