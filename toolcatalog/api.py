@@ -50,7 +50,9 @@ class McpServerPermission(BasePermission):
     _ACTIONS = {"GET": "view", "POST": "add", "PATCH": "change", "PUT": "change", "DELETE": "delete"}
 
     def has_permission(self, request: Request, view: APIView) -> bool:
-        return may_manage_servers(request.user, getattr(view, "mcp_action", None) or self._ACTIONS.get(request.method))
+        return may_manage_servers(
+            request.user, getattr(view, "mcp_action", None) or self._ACTIONS.get(request.method or "")
+        )
 
 
 def may_manage_servers(user: Any, action: str | None) -> bool:
