@@ -45,11 +45,11 @@ from engine.catalog.toolbox import UNAVAILABLE, Executor, Observation
 from engine.images import image_block
 from toolcatalog import mcp_stdio
 from toolcatalog.mcp_config import McpConfigError
-from toolcatalog.mcp_import import HttpAnswers, describe, ending_note, http_client, list_tools_of, secrets_of
-from toolcatalog.mcp_spec import ImportedTool, McpServerSpec
+from toolcatalog.mcp_import import HttpAnswers, describe, ending_note, http_client, secrets_of
+from toolcatalog.mcp_spec import McpServerSpec
 from toolcatalog.mcp_stdio import STOP_GRACE_SECONDS, ServerProcess
 from toolcatalog.models import McpServer, Tool
-from toolcatalog.services import mcp_server_apply_listing, mcp_server_spec
+from toolcatalog.services import McpServerImportFailed, mcp_server_import, mcp_server_spec
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class _Connection:
         self,
         spec: McpServerSpec,
         workspace: Path,
-        on_tools_changed: Callable[[str, list[ImportedTool]], None] | None,
+        on_tools_changed: Callable[[str], None] | None,
     ) -> None:
         self.spec = spec
         self.workspace = workspace
@@ -115,24 +115,8 @@ class _Connection:
 
     async def _notified(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification) and self._on_tools_changed is not None:
-            # Listed on this very connection: a new process would not know what this one added.
-            # Not awaited here: the notification arrives on the session's own receive path.
-            asyncio.get_running_loop().create_task(self._relist())
-
-    async def _relist(self) -> None:
-        client = self.client
-        if client is None or self._on_tools_changed is None:
-            return
-        try:
-            with anyio.fail_after(self.spec.timeout_seconds):
-                listed = await list_tools_of(client, self.spec.name)
-        except Exception as exc:  # noqa: BLE001 - a failed refresh leaves the catalog as it was
-            logger.warning(
-                "MCP server %s changed its tools; listing them failed: %s", self.spec.name, describe(exc, self.spec)
-            )
-            return
-        # The catalog is written with the ORM: not on this loop.
-        threading.Thread(target=self._on_tools_changed, args=(self.spec.name, listed), daemon=True).start()
+            # The catalog is written with the ORM, and relisting takes seconds: not on this loop.
+            threading.Thread(target=self._on_tools_changed, args=(self.spec.name,), daemon=True).start()
 
     def _client(self) -> tuple[Client, httpx2.AsyncClient | None]:
         if self.spec.transport == "stdio":
@@ -189,7 +173,7 @@ class McpConnections:
         # One connection per server and workspace: a stdio server sees the workspace it was started in.
         self._connections: dict[tuple[str, Path], _Connection] = {}
         self._opening: dict[tuple[str, Path], asyncio.Lock] = {}
-        self.on_tools_changed: Callable[[str, list[ImportedTool]], None] | None = None
+        self.on_tools_changed: Callable[[str], None] | None = None
 
     # The loop thread is started lazily, so importing this module costs nothing.
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -343,14 +327,43 @@ class McpConnections:
                     await conn.close()
 
 
-def _refresh_catalog(name: str, listed: list[ImportedTool]) -> None:
-    """The server said its tool list changed (MC-4): the catalog takes the new list, as a refresh would."""
+# Servers being refreshed after a notification -> whether another came meanwhile: a server that
+# announces changes in a loop costs one listing at a time, and the last announcement is never lost.
+_refreshing: dict[str, bool] = {}
+_refreshing_lock = threading.Lock()
+
+
+def _refresh_catalog(name: str) -> None:
+    """The server said its tool list changed (MC-4): the catalog is refreshed, as `catalog refresh`
+    does, from a listing of its own (a new process on an empty workspace, a new HTTP session). Not
+    the list of the process that spoke: a stdio server runs once per workspace, and one user's
+    process (its tools grown or dropped by that user's calls) rewrote the catalog of everyone."""
+    with _refreshing_lock:
+        if name in _refreshing:
+            _refreshing[name] = True
+            return
+        _refreshing[name] = False
+    try:
+        while True:
+            _refresh_once(name)
+            with _refreshing_lock:
+                if not _refreshing[name]:
+                    return
+                _refreshing[name] = False
+    finally:
+        with _refreshing_lock:
+            _refreshing.pop(name, None)
+
+
+def _refresh_once(name: str) -> None:
     close_old_connections()
     try:
         server = McpServer.objects.filter(name=name, enabled=True).first()
         if server is not None:
-            result = mcp_server_apply_listing(server=server, listed=listed)
+            result = mcp_server_import(server=server)
             logger.info("MCP server %s changed its tools: %s", name, result.summary())
+    except McpServerImportFailed as exc:  # a failed refresh leaves the catalog as it was
+        logger.warning("MCP server %s changed its tools; listing them failed: %s", name, exc.message)
     finally:
         databases.close_all()
 

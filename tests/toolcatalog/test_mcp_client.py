@@ -333,6 +333,10 @@ def test_an_http_server_with_a_bearer_reference_maps_results_and_fails_clearly(
 def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_reach_the_catalog(tmp_path, settings):
     call_log = tmp_path / CALL_LOG
     probe_only = _reference_servers(only=("probe",))
+    extra_tools = tmp_path / "installed" / "extra-tools.json"  # its folder is mounted read-only
+    extra_tools.parent.mkdir()
+    extra_tools.write_text("[]")
+    probe_only["probe"]["args"] += ["--extra-tools", str(extra_tools)]
     call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, probe_only)))
     Tool.objects.filter(server__name="probe", name="echo").update(max_calls_per_run=2)
     toolbox = run_toolbox(workspace=tmp_path, deferral=False)
@@ -359,13 +363,22 @@ def test_a_stdio_server_is_reused_restarted_after_a_crash_and_its_list_changes_r
     restarted = json.loads(toolbox.execute("probe__whoami", {})["text"])
     assert restarted["instance"] != json.loads(first)["instance"]
 
-    # The server announces a new tool: the catalog learns it (deferred, like any new tool).
-    toolbox.execute("probe__grow", {"name": "sprout"})
+    # The server's installation gains a tool and the server announces a change: the catalog learns
+    # it (deferred, like any new tool) from a listing of its own. Not from the process that spoke:
+    # one runs per workspace, and what this user's calls grew in it ("local-only") is not the
+    # server's (QA: one user's process rewrote everyone's catalog, dropping what others had).
+    before = set(Tool.objects.filter(server__name="probe", enabled=True).values_list("name", flat=True))
+    extra_tools.write_text(json.dumps(["sprout"]))
+    toolbox.execute("probe__grow", {"name": "local-only"})
     deadline = time.monotonic() + 30
     while not Tool.objects.filter(server__name="probe", name="sprout").exists():
         assert time.monotonic() < deadline, "the list_changed notification did not refresh the catalog"
         time.sleep(0.2)
     assert Tool.objects.get(server__name="probe", name="sprout").resident is False
+    assert set(Tool.objects.filter(server__name="probe", enabled=True).values_list("name", flat=True)) == {
+        *before,
+        "sprout",
+    }
     # A tool its server dropped answers a clear error in a run that still lists it.
     Tool.objects.filter(server__name="probe", name="whoami").update(server_missing=True, enabled=False)
     removed = toolbox.execute("probe__whoami", {})

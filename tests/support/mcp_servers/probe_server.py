@@ -6,6 +6,7 @@ without `Authorization: Bearer TOKEN`. Every call appends one JSON line to $PROB
 arguments and this process's `instance` (a random id: inside the sandbox every server is pid 2).
 `--tag TAG` is ignored: it marks the process's command line for the lifetime tests.
 `--die-at-start SIGNAL` writes an error to stderr and dies by that signal before serving.
+`--extra-tools FILE` names more tools (a JSON list), as an upgrade of the server would add them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ PIXEL = base64.b64decode(
 
 server = MCPServer("probe")
 INSTANCE = os.urandom(6).hex()
+EXTRA_TOOLS: Path | None = None
 
 
 def _log(tool: str, arguments: dict) -> None:
@@ -144,15 +146,28 @@ def crash() -> str:
     os._exit(3)
 
 
-@server.tool()
-async def grow(name: str, ctx: Context) -> str:
-    """Add a tool named NAME and tell the client that the tool list changed."""
-    _log("grow", {"name": name})
-
+def _add(name: str) -> None:
     def added() -> str:
         return f"{name} answers"
 
-    server.add_tool(added, name=name, description=f"A tool added at run time: {name}.")
+    if name not in {tool.name for tool in server._tool_manager.list_tools()}:
+        server.add_tool(added, name=name, description=f"A tool added at run time: {name}.")
+
+
+def _add_installed() -> None:
+    """The tools of `--extra-tools FILE` (a JSON list of names): what an upgrade of the server adds."""
+    if EXTRA_TOOLS is not None and EXTRA_TOOLS.exists():
+        for name in json.loads(EXTRA_TOOLS.read_text()):
+            _add(name)
+
+
+@server.tool()
+async def grow(name: str, ctx: Context) -> str:
+    """Add a tool named NAME to this process alone, take the installed extra tools, and tell the
+    client that the tool list changed."""
+    _log("grow", {"name": name})
+    _add(name)
+    _add_installed()
     await ctx.session.send_tool_list_changed()
     return f"added {name}"
 
@@ -182,7 +197,10 @@ if __name__ == "__main__":
     parser.add_argument("--tag", default="")
     parser.add_argument("--v2", action="store_true", help="a new version: echo's schema changed, a tool added")
     parser.add_argument("--die-at-start", default="", help="a signal name: die by it before serving")
+    parser.add_argument("--extra-tools", type=Path, help="a JSON list of tool names this installation adds")
     options = parser.parse_args()
+    EXTRA_TOOLS = options.extra_tools
+    _add_installed()
     if options.die_at_start:
         # The secret the server was given, printed as a careless server's start-up error would.
         sys.stderr.write(f"cannot start: bad token {os.environ.get('PROBE_SECRET', '')}\n")
