@@ -439,7 +439,10 @@ def forward(name: str, arguments: dict[str, Any], workspace: Path) -> Observatio
         return None
     server = McpServer.objects.filter(name=server_name).first()
     if server is None:
-        return None
+        if Tool.objects.filter(name=name, server=None).exists():
+            return None  # a catalog tool of that name, no MCP server's
+        # Deleting a server deletes its tools; a conversation that pinned one still offers it.
+        return _unavailable(f"{name}: its MCP server {server_name} was removed; this tool cannot be called any more.")
     tool = Tool.objects.filter(server=server, name=tool_name).first()
     if tool is None or tool.server_missing:
         return _unavailable(f"{name}: this tool was removed from server {server_name}; it cannot be called any more.")

@@ -23,7 +23,8 @@ from conversations.services import conversation_create
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
 from toolcatalog.mcp_client import connections
-from toolcatalog.models import Tool
+from toolcatalog.models import McpServer, Tool
+from toolcatalog.services import mcp_server_delete
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("inprocess_runs")]
 
@@ -112,4 +113,11 @@ def test_a_refresh_changes_new_conversations_and_leaves_running_ones_as_they_beg
         run, _ = turn(running, "use probe__whoami")
         [result] = RunEvent.objects.filter(run=run, type="tool_result").values_list("payload", flat=True)
         assert "this tool was removed from server probe" in result["output"]["error"]
+
+        # The whole server deleted: its tools go with it, and a conversation that still offers one
+        # says so (QA: "is in the catalog but has no implementation", both parts false).
+        mcp_server_delete(server=McpServer.objects.get(name="probe"))
+        run, _ = turn(running, "use probe__picture")
+        [result] = RunEvent.objects.filter(run=run, type="tool_result").values_list("payload", flat=True)
+        assert "its MCP server probe was removed; this tool cannot be called any more" in result["output"]["error"]
     connections.close()
