@@ -747,10 +747,13 @@ def _subagent_cancelled(subagent_id: int) -> bool:
     The parent's cancel is read directly: the child's commands die within a poll of it, not once
     the parent's own loop has noticed it and ended.
     """
-    child = (
-        Subagent.objects.filter(pk=subagent_id)
-        .values("cancel_requested", "parent__cancel_requested", "parent__status")
-        .first()
+    # Reconnecting, as a run's check does: a PostgreSQL drop mid-answer failed the child (QA).
+    child = reconnecting(
+        lambda: (
+            Subagent.objects.filter(pk=subagent_id)
+            .values("cancel_requested", "parent__cancel_requested", "parent__status")
+            .first()
+        )
     )
     return (
         child is None
@@ -851,13 +854,10 @@ def _retry_of(run: Run) -> dict[str, Any] | None:
 
 
 def _subagents_reap_orphans(*, live: Collection[str], settled: datetime) -> int:
-    """Fail the running children whose worker is gone, so their parent hears it now, not at its timeout."""
-    with db_turn():
-        lost = (
-            Subagent.objects.filter(unvouched_since(settled), status=Run.Status.RUNNING)
-            .exclude(worker__in=live)
-            .update(status=Run.Status.FAILED, finished_at=timezone.now(), error=SUBAGENT_WORKER_LOST)
-        )
+    """Fail the running children whose worker is gone, so their parent hears it now, not at its
+    timeout, and so does a page watching the parent (a `subagent_status` event each)."""
+    orphans = Subagent.objects.filter(unvouched_since(settled), status=Run.Status.RUNNING).exclude(worker__in=live)
+    lost = subagents.subagents_end(orphans, Run.Status.FAILED, error=SUBAGENT_WORKER_LOST)
     if lost:
         logger.warning("failed %d subagent(s) whose worker stopped mid-turn", lost)
     return lost

@@ -34,12 +34,13 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents.approvals import approvals_expire, subagent_payload
 from agents.events import RunEventPublisher
 from agents.models import Run, Subagent
-from controlcenter.db import db_turn
+from controlcenter.db import db_turn, reconnecting
 from engine.request import text_block
 from engine.scratchpad.offload import observation_size
 from engine.scratchpad.summary import text_summary
@@ -303,25 +304,28 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any], children: ChildDispa
         children.enqueue(child.pk)
     finished, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id, run_here=children.run_here)
     observation = fanout_observation(parent=parent, shape=shape, children=finished, waited_out=waited_out)
-    if Run.objects.filter(pk=run_id, cancel_requested=True).exists():
+    if reconnecting(Run.objects.filter(pk=run_id, cancel_requested=True).exists):
         observation["cancelled"] = True  # the parent run was cancelled: its turn ends here (OP-3)
     return observation
 
 
 def _await_children(*, parent_id: int, fanout_id: str, run_here: Callable[[int], None]) -> tuple[list[Any], bool]:
     """Poll the children's rows until all have finished, the parent is cancelled, or the wait runs
-    out; run here, lowest index first, a child left queued for `RUN_HERE_AFTER_SECONDS`."""
+    out; run here, lowest index first, a child left queued for `RUN_HERE_AFTER_SECONDS`. The polls
+    reconnect: a PostgreSQL drop during a long wait failed `spawn_agents`, so the parent went on
+    without its children and they were cancelled as orphans (QA)."""
     deadline = time.monotonic() + settings.CC_SUBAGENT_TIMEOUT_SECONDS
     queued_since: dict[int, float] = {}
+    fanout = Subagent.objects.filter(fanout_id=fanout_id).order_by("index")
+    parent_gone = Run.objects.filter(pk=parent_id).exclude(status=Run.Status.RUNNING, cancel_requested=False)
     while True:
-        children = list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index"))
+        children = reconnecting(lambda: list(fanout.all()))
         if all(child.is_finished for child in children):
             return children, False
-        parent_gone = Run.objects.filter(pk=parent_id).exclude(status=Run.Status.RUNNING, cancel_requested=False)
         timed_out = time.monotonic() >= deadline
-        if timed_out or parent_gone.exists():
+        if timed_out or reconnecting(parent_gone.exists):
             subagents_cancel(parent_id=parent_id, fanout_id=fanout_id)
-            return list(Subagent.objects.filter(fanout_id=fanout_id).order_by("index")), timed_out
+            return reconnecting(lambda: list(fanout.all())), timed_out
         now = time.monotonic()
         # Queued again after an approval counts from then: the row's status is what is watched.
         queued_since = {c.pk: queued_since.get(c.pk, now) for c in children if c.status == Run.Status.QUEUED}
@@ -400,17 +404,32 @@ def subagents_cancel(*, parent_id: int, fanout_id: str | None = None) -> int:
     children = Subagent.objects.filter(parent_id=parent_id)
     if fanout_id is not None:
         children = children.filter(fanout_id=fanout_id)
+    stopped = subagents_end(
+        children.filter(status__in=[Run.Status.QUEUED, Run.Status.WAITING]),
+        Run.Status.CANCELLED,
+        error=STOPPED_WAITING,
+        cancel_requested=True,
+    )
     with db_turn():
-        stopped = children.filter(status__in=[Run.Status.QUEUED, Run.Status.WAITING]).update(
-            status=Run.Status.CANCELLED,
-            cancel_requested=True,
-            finished_at=timezone.now(),
-            error=STOPPED_WAITING,
-        )
         children.filter(status=Run.Status.RUNNING).update(cancel_requested=True)
         if stopped:
             approvals_expire(run_id=parent_id, subagents_only=True)
     return stopped
+
+
+def subagents_end(children: QuerySet[Subagent], status: str, *, error: str, **also: Any) -> int:
+    """End the children `children` selects (each still as selected when it is ended), and tell the
+    pages watching their parents (`subagent_status`): a child failed by the reaper or cancelled in
+    bulk stayed "running" on every live view, and in every catch-up, until the parent ended (QA)."""
+    ended = 0
+    for child in reconnecting(lambda: list(children.select_related("parent"))):
+        with db_turn():
+            if not children.filter(pk=child.pk).update(status=status, finished_at=timezone.now(), error=error, **also):
+                continue  # it moved on meanwhile: whoever moved it says so
+            publisher = RunEventPublisher(child.parent)
+        subagent_status_event(publisher, child, status, error=error)
+        ended += 1
+    return ended
 
 
 class SpawningToolBox(ToolBoxLayer):

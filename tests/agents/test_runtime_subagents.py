@@ -19,6 +19,7 @@ from conversations.models import Conversation, Message
 from engine.emulator import Emulator
 from engine.emulator.server import EmulatorServer
 from tests.support.catalog import CATALOG_PATH
+from tests.support.db import drop_this_connection
 from tests.support.waiting import wait_until as shared_wait_until
 from toolcatalog.models import Mode, ToolActivation
 from toolcatalog.services import catalog_import
@@ -552,6 +553,13 @@ def test_a_child_whose_worker_is_gone_is_failed_by_the_reaper_so_its_parent_hear
     assert kept.status == "running"
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING
+    # A page watching the parent, or catching up on its log, hears it too (QA: it kept showing
+    # "running" until the parent ended).
+    told = [
+        (event.payload["subagent"]["index"], event.payload["status"], event.payload["error"])
+        for event in RunEvent.objects.filter(run=run, type="subagent_status")
+    ]
+    assert told == [(0, "failed", "the worker running this subagent stopped before it finished.")]
     observation = fanout_observation(parent=run, shape="worker", children=[lost], waited_out=False)
     assert observation["results"] == [
         {
@@ -641,3 +649,30 @@ def test_a_mode_that_denies_spawn_agents_never_offers_it(alice):
     refused = denied.execute(SPAWN_AGENTS, {"tasks": ["anything"]})
     assert refused["ok"] is False and SPAWN_AGENTS in refused["error"]
     assert not Subagent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("TD-14", "CH-5")
+def test_a_database_connection_dropped_while_a_parent_waits_or_a_child_answers_is_opened_again(alice):
+    """QA, with pg_terminate_backend: during a parent's wait spawn_agents failed (the parent went on
+    and its children were cancelled as orphans, their commands killed); during a child's answer
+    the child failed with a raw OperationalError. A run's own checks already reconnected."""
+    from django.utils import timezone
+
+    from agents.lifecycle import _subagent_cancelled
+    from agents.subagents import _await_children
+
+    run = make_run(alice)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, worker="w@host", started_at=timezone.now())
+    fanout_id = "f" * 32
+    done, answering = (
+        Subagent.objects.create(parent=run, fanout_id=fanout_id, index=index, count=2, shape="worker",
+                                profile="worker", task="t", status=status, answer=answer)
+        for index, (status, answer) in enumerate([(Run.Status.SUCCEEDED, "first"), (Run.Status.RUNNING, "")])
+    )  # fmt: skip
+    drop_this_connection()
+    assert _subagent_cancelled(answering.pk) is False  # its parent still runs: it goes on
+    Subagent.objects.filter(pk=answering.pk).update(status=Run.Status.SUCCEEDED, answer="second")
+    drop_this_connection()
+    children, waited_out = _await_children(parent_id=run.pk, fanout_id=fanout_id, run_here=lambda pk: None)
+    assert ([child.answer for child in children], waited_out) == (["first", "second"], False)
