@@ -47,7 +47,7 @@ from controlcenter.db import db_turn, reconnecting
 from controlcenter.errors import ServiceUnavailable
 from conversations.models import Compaction, Conversation, Message
 from conversations.services import tip_back_to_latest_answer
-from engine.actions import ActionLimits, ApprovalNeeded, tool_result, tool_uses_of
+from engine.actions import ActionLimits, ApprovalNeeded, denied_observation, tool_result, tool_uses_of
 from engine.catalog.toolbox import CatalogToolBox
 from engine.context.transcript import RequestCount, overhead_count
 from engine.loop import (
@@ -266,6 +266,12 @@ CANCELLED_WAITING_CALL = {
     "cancelled": True,
     "error": "The run was cancelled while this call waited for approval; it did not run.",
 }
+# And one a person had approved, its run cancelled before it could run it.
+CANCELLED_APPROVED_CALL = {
+    "ok": False,
+    "cancelled": True,
+    "error": "The run was cancelled after this call was approved, before it ran; it did not run.",
+}
 
 
 def run_cancel_now(run: Run) -> bool:
@@ -286,22 +292,33 @@ def run_cancel_now(run: Run) -> bool:
         Run.objects.filter(pk=run.pk).update(
             status=Run.Status.CANCELLED, cancel_requested=True, finished_at=timezone.now(), pending_turn=None
         )
+        # Decided before the cancel took the run's lock (a decision and a cancel sent together: both
+        # answered 200), a call says what was decided, not that it still waited (QA).
+        decisions = approvals.decisions_for(locked)
         approvals.approvals_expire(run_id=run.pk)
-        closed = tool_uses_of(paused.messages[-1]) if paused is not None and paused.messages else []
+        calls = tool_uses_of(paused.messages[-1]) if paused is not None and paused.messages else []
+        closed = [(call, _closing_result(call, decisions.get(call["id"]))) for call in calls]
         kept = None
         if paused is not None and paused.messages:
-            results = {"role": "user", "content": [tool_result(call["id"], CANCELLED_WAITING_CALL) for call in closed]}
+            results = {"role": "user", "content": [tool_result(call["id"], output) for call, output in closed]}
             kept = _append_turn(locked, [*paused.messages, *([results] if closed else [])])
         else:
             tip_back_to_latest_answer(conversation_id=locked.conversation_id, prompt_id=locked.trigger_id)
     publisher = RunEventPublisher(run)
     step = paused.step if paused is not None else 0
-    for call in closed:
-        publisher.publish(
-            "tool_result", {"step": step, "id": call["id"], "name": call["name"], "output": CANCELLED_WAITING_CALL}
-        )
+    for call, output in closed:
+        publisher.publish("tool_result", {"step": step, "id": call["id"], "name": call["name"], "output": output})
     publisher.publish("run_finished", _cancelled_payload(locked, kept))
     return True
+
+
+def _closing_result(call: dict[str, Any], decision: str | None) -> dict[str, Any]:
+    """The result of a call of a paused run that a cancel ended before it ran."""
+    if decision == Approval.Status.DENIED:
+        return denied_observation(call["name"])
+    if decision == Approval.Status.APPROVED:
+        return CANCELLED_APPROVED_CALL
+    return CANCELLED_WAITING_CALL
 
 
 def _cancelled_payload(run: Run, kept: Message | None) -> dict[str, Any]:

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
-from agents import heartbeat
+from agents import approvals, heartbeat
 from agents.lifecycle import enqueue_run, run_execute
 from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from agents.services import compaction_start, run_cancel
@@ -265,6 +265,34 @@ def test_cancelling_a_run_waiting_for_approval_closes_the_approval_and_nothing_r
         "tool_result",
         "run_finished",
     ]
+
+
+@pytest.mark.req("OP-3", "RN-4")
+@pytest.mark.parametrize("decision", ["approved", "denied"])
+def test_a_cancel_just_after_a_decision_closes_the_call_with_what_was_decided(setup, alice, alice_api, decision):
+    """QA: approve and cancel sent together both answered 200; the approval stayed "approved" and
+    the call said it was cancelled while it waited for approval."""
+    run = make_run(alice, "write the proof file")
+    with beating("test-cancel@host"):
+        run_execute(run.pk, worker="test-cancel@host")
+    approval = Approval.objects.get(run=run)
+    # The decision commits first (the run queued again, its task not yet taken), then the cancel.
+    with transaction.atomic():
+        approvals.approval_record(approval_id=approval.pk, user=alice, decision=decision)
+    assert Run.objects.get(pk=run.pk).status == Run.Status.QUEUED
+    assert alice_api.post(f"/api/runs/{run.pk}/cancel/").status_code == 200
+
+    approval.refresh_from_db()
+    assert approval.status == decision
+    _prompt, call, result = path_of(run.conversation_id)
+    closed = json.loads(result.content[0]["content"])
+    expected = (
+        "The run was cancelled after this call was approved, before it ran; it did not run."
+        if decision == "approved"
+        else "A person denied this call of bash; it did not run."
+    )
+    assert closed["error"] == expected
+    assert not (setup["root"] / f"conversation-{run.conversation_id}" / "proof.txt").exists()
 
 
 @contextlib.contextmanager
