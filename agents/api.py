@@ -258,7 +258,7 @@ class CompactApi(APIView):
             # Too little to free (CH-11): nothing recorded, the path sends what it sent before.
             return Response(
                 {"recorded": False, "detail": done.reason, "tokens_now": done.tokens_now,
-                 "tokens_after": done.result.tokens_after, "freed": done.freed, "required": done.required}
+                 "tokens_after": done.result.tokens_after, "freed": max(0, done.freed), "required": done.required}
             )  # fmt: skip
         return Response(CompactionSerializer(done.compaction).data, status=status.HTTP_201_CREATED)
 

@@ -47,6 +47,14 @@ class CompactionPass:
             return ""
         if self.freed >= self.required:
             return f"the view would still be {self.result.tokens_after} tokens; nothing was recorded"
+        if self.freed < 0:
+            # A pass starts again from the stored messages: after a summary, free rungs alone give
+            # back more than the summarised view sends (QA: "freed": -3827 with no word why).
+            return (
+                f"the pass starts again from the stored messages and would leave {self.result.tokens_after} "
+                f"tokens, more than the {self.tokens_now} the current view (an earlier compaction) sends; "
+                "nothing was recorded"
+            )
         return (
             f"the pass would free {max(0, self.freed)} tokens of the {self.tokens_now} its messages send now "
             "(the system prompt and tools are not compacted), "

@@ -432,6 +432,13 @@ def test_the_summary_rung_asked_for_runs_in_a_worker_with_the_conversations_mode
     client.force_login(alice)
     page = client.get(f"/conversations/{conversation.pk}/")
     assert page.status_code == 200 and f"run {run.pk}<" not in page.content.decode()
+    # Free rungs after it start again from the stored messages and would send more than the summary
+    # does: nothing recorded, and the answer says why (QA: "freed": -3827, "would free 0 tokens").
+    again = alice_api.post(url + "compact/", {"rungs": ["elide", "drop_images", "snapshot"]}, format="json")
+    assert again.status_code == 200 and again.json()["recorded"] is False
+    assert again.json()["tokens_after"] > again.json()["tokens_now"] and again.json()["freed"] == 0
+    assert "starts again from the stored messages" in again.json()["detail"]
+    assert Compaction.objects.filter(conversation=conversation).count() == 1
 
 
 @pytest.mark.req("CH-14")
