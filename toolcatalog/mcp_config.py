@@ -122,7 +122,8 @@ def resolve_references(server: str, field: str, values: dict[str, str]) -> dict[
             if variable not in os.environ:
                 raise McpConfigError(
                     f"MCP server {server!r}: {field} {key!r} refers to ${{{variable}}}, which is not set in the "
-                    "environment of this worker."
+                    "environment of the process starting the server (a worker for runs, the web process for /mcp "
+                    "and the API, the command for imports)."
                 )
             return os.environ[variable]
 

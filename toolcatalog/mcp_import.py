@@ -79,9 +79,12 @@ def _client(
 
 
 async def list_tools_of(client: Client, server: str) -> list[ImportedTool]:
-    """Every tool a connected client's server lists, all pages."""
+    """Every tool a connected client's server lists, all pages. A server whose pages never end (a
+    cursor it sent before, or more than `_MAX_PAGES`) is refused: its list was cut short silently,
+    and a refresh then took the tools past the cut for removed."""
     tools: list[ImportedTool] = []
     cursor: str | None = None
+    seen: set[str] = set()
     for _ in range(_MAX_PAGES):
         page = await client.list_tools(cursor=cursor)
         tools.extend(
@@ -95,8 +98,13 @@ async def list_tools_of(client: Client, server: str) -> list[ImportedTool]:
         )
         cursor = page.next_cursor
         if not cursor:
-            break
-    return tools
+            return tools
+        if cursor in seen:
+            raise McpImportError(
+                f"MCP server {server!r}: its tool list never ends (it sent the page cursor {cursor[:40]!r} twice)."
+            )
+        seen.add(cursor)
+    raise McpImportError(f"MCP server {server!r}: its tool list has more than {_MAX_PAGES} pages.")
 
 
 async def list_server_tools_async(spec: McpServerSpec) -> list[ImportedTool]:
@@ -122,6 +130,8 @@ async def _list_in(spec: McpServerSpec, workspace: Path) -> list[ImportedTool]:
             f"MCP server {spec.name!r} did not answer tools/list in time." + ending_note(started, spec)
         ) from exc
     except Exception as exc:
+        if isinstance(innermost(exc), McpImportError):
+            raise innermost(exc) from None  # our own verdict on the listing, through the SDK's task group
         raise McpImportError(
             f"MCP server {spec.name!r}: {describe(exc, spec)}." + answers.note() + ending_note(started, spec)
         ) from exc
@@ -145,13 +155,18 @@ def secrets_of(spec: McpServerSpec) -> list[str]:
     )
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """The real failure inside the exception groups a task group wraps it in."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def describe(exc: BaseException | None, spec: McpServerSpec) -> str:
     """A failure to reach or use `spec`'s server, for a message a user sees: its secrets hidden."""
     if exc is None:
         return "no reason given"
-    # Task groups wrap the real failure; name the innermost one.
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    exc = innermost(exc)
     if isinstance(exc, FileNotFoundError | PermissionError):
         return f"cannot start the server command: {exc.strerror or exc}"
     if isinstance(exc, mcp_stdio.ServerMountRefused | SandboxUnavailable):

@@ -371,6 +371,17 @@ def _not_one_request(body: bytes) -> str:
         return "The body must be one JSON-RPC message, a JSON object."
     if message.get("jsonrpc") != "2.0":
         return 'A JSON-RPC message needs "jsonrpc": "2.0".'
+    if "method" not in message and not ("id" in message and ("result" in message or "error" in message)):
+        return 'A JSON-RPC request needs a "method"; a response, an "id" and a "result" or an "error".'
+    if "method" in message:
+        if not isinstance(message["method"], str) or not message["method"]:
+            return 'A JSON-RPC "method" is a non-empty string.'
+        if "params" in message and not isinstance(message["params"], dict):
+            return 'MCP "params" are a JSON object.'
+        # Any other id was dropped with a 202 and no answer: its client waited for ever (QA).
+        ident = message.get("id", 0)
+        if isinstance(ident, bool) or not isinstance(ident, str | int):
+            return 'A JSON-RPC request "id" is a string or an integer.'
     return ""
 
 

@@ -110,8 +110,9 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
             "args": [str(PROBE), "--die-at-start", "SIGKILL"],
             "env": {"PROBE_SECRET": CANARY_ENV},
         },
+        "looping": {"command": sys.executable, "args": [str(PROBE.parent / "looping_server.py")]},
     }
-    with pytest.raises(CommandError, match="3 of 6 servers"):
+    with pytest.raises(CommandError, match="4 of 7 servers"):
         call_command("catalog", "import-mcp", "--config", str(_servers_file(tmp_path, servers)))
     out, err = capsys.readouterr()
     # A server that dies at start says how, and its last words, its secret hidden.
@@ -120,6 +121,8 @@ def test_a_servers_file_imports_each_server_all_or_nothing_and_a_reimport_report
         f"It exited with status 137 (killed by SIGKILL). Its stderr: cannot start: bad token {HIDDEN}."
     ) in err
     assert CANARY_ENV not in err
+    # A list whose pages never end is refused, not cut short (a refresh then took the rest for removed).
+    assert "looping: not imported, nothing changed: MCP server 'looping': its tool list never ends" in err
     assert "time: server added; 2 tools added (convert_time, get_current_time)" in out
     assert "git: server added;" in out and "git_status" in out and "probe: server added;" in out
     assert "broken: not imported, nothing changed: MCP server 'broken': cannot start the server command" in err

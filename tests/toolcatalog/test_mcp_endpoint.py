@@ -195,6 +195,13 @@ def test_a_batch_or_a_body_that_is_not_one_json_rpc_message_is_an_invalid_reques
         ([1, 2, 3], "Batches are not supported"),
         ("tools/list", "one JSON-RPC message, a JSON object"),
         ({**listing, "jsonrpc": "1.0"}, '"jsonrpc": "2.0"'),
+        # QA: these got a kilobyte of pydantic text, or a 202 and no answer at all.
+        ({"jsonrpc": "2.0", "id": 1}, 'needs a "method"'),
+        ({**listing, "params": "x"}, '"params" are a JSON object'),
+        ({**listing, "method": 7}, '"method" is a non-empty string'),
+        ({**listing, "id": {"a": 1}}, '"id" is a string or an integer'),
+        ({**listing, "id": 1.5}, '"id" is a string or an integer'),
+        ({**listing, "id": None}, '"id" is a string or an integer'),
     ]:
         response = httpx.post(server_url, json=body, headers=headers, timeout=10)
         assert response.status_code == 400, body
