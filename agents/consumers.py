@@ -6,18 +6,65 @@ is, so an event is encoded once however many sockets watch it (RN-1).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from agents import selectors
 from agents.events import conversation_group, dashboard_group, over_fresh_connection, run_group
 
+logger = logging.getLogger(__name__)
 
-class _EventsConsumer(AsyncWebsocketConsumer):
+
+# A websocket close code of RFC 6455's registry: "Try Again Later".
+TRY_AGAIN_LATER = 1013
+
+
+class _GroupConsumer(AsyncWebsocketConsumer):
+    """A socket that joins one channel-layer group and forwards what is sent to it.
+
+    With Redis down, a socket is accepted and closed "try again later" at once, with one line in
+    the log: each attempt was an HTTP 500 and a traceback (QA: 286 in 6 s of outage), though the
+    page only has to come back, as its backoff makes it, once Redis is."""
+
     group: str = ""
+    unreachable = False
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except RedisError as exc:
+            # The layer also fails on the socket's own channel, which Channels reads beside it.
+            if not self.unreachable:
+                logger.warning("websocket closed at once: the channel layer is unreachable (%s)", exc)
+                # Each refused by the server when already done (an open socket whose Redis went away).
+                for message in ({"type": "websocket.accept"}, {"type": "websocket.close", "code": TRY_AGAIN_LATER}):
+                    with contextlib.suppress(Exception):
+                        await send(message)
+
+    async def join(self) -> None:
+        try:
+            await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
+        except RedisError as exc:
+            logger.warning("websocket closed at once: the channel layer is unreachable (%s)", exc)
+            self.unreachable, self.group = True, ""  # joined nothing: nothing to leave
+            await self.accept()
+            await self.close(code=TRY_AGAIN_LATER)
+            return
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group:
+            with contextlib.suppress(RedisConnectionError):  # gone with Redis; nothing left to leave
+                await over_fresh_connection(lambda: self.channel_layer.group_discard(self.group, self.channel_name))
+
+
+class _EventsConsumer(_GroupConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -26,12 +73,7 @@ class _EventsConsumer(AsyncWebsocketConsumer):
         if not await self.may_watch(user):
             await self.close(code=4404)
             return
-        await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
-        await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if self.group:
-            await over_fresh_connection(lambda: self.channel_layer.group_discard(self.group, self.channel_name))
+        await self.join()
 
     async def run_event(self, message: dict[str, Any]) -> None:
         await self.send(text_data=message["text"])
@@ -56,10 +98,8 @@ class ConversationEventsConsumer(_EventsConsumer):
         )
 
 
-class DashboardConsumer(AsyncWebsocketConsumer):
+class DashboardConsumer(_GroupConsumer):
     """The signed-in user's dashboard figures, pushed when one of their runs finishes."""
-
-    group: str = ""
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -67,12 +107,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             await self.close(code=4401)
             return
         self.group = dashboard_group(user.pk)
-        await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
-        await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if self.group:
-            await over_fresh_connection(lambda: self.channel_layer.group_discard(self.group, self.channel_name))
+        await self.join()
 
     async def dashboard_update(self, message: dict[str, Any]) -> None:
         await self.send(text_data=message["text"])

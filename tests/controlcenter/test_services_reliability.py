@@ -386,3 +386,32 @@ def test_after_a_redis_restart_the_run_page_and_dashboard_sockets_reconnect_and_
     assert all(count == 1 for count in watcher.frames.values()), watcher.frames  # nothing doubled on a socket
     # The restart closed the sockets (their groups were gone with Redis), so both clients came back.
     assert watcher.connects["run"] >= 2 and watcher.connects["dashboard"] >= 2, watcher.connects
+
+
+@pytest.mark.req("OP-1")
+def test_a_websocket_opened_while_redis_is_down_is_told_to_try_again_later_and_stays_open_once_it_is_back(stack, alice):
+    """QA: each attempt during an outage was an HTTP 500 with a traceback in the web log (286 in 6 s)."""
+    web = stack.start_web()
+    cookies = _login(web.base_url)
+    url = web.base_url.replace("http", "ws") + "/ws/dashboard/"
+
+    async def attempt() -> int | None:
+        """The close code the server sent, or None while the socket stays open."""
+        async with websockets.connect(url, additional_headers={"Cookie": cookies, "Origin": web.base_url}) as socket_:
+            try:
+                await asyncio.wait_for(socket_.recv(), timeout=3)
+            except websockets.ConnectionClosed:
+                return socket_.close_code
+            except TimeoutError:
+                return None
+        return None
+
+    stack.redis.kill()
+    try:
+        codes = [asyncio.run(attempt()) for _ in range(3)]
+    finally:
+        stack.redis.start()
+    assert codes == [1013] * 3  # RFC 6455 "Try Again Later": the page's backoff comes back
+    log = web.log_path.read_text()
+    assert "Traceback" not in log and log.count("the channel layer is unreachable") == 3, log
+    assert asyncio.run(attempt()) is None
