@@ -504,8 +504,9 @@
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/conversations/${conversationId}/`);
+    let openedAt = 0;
     socket.onopen = () => {
-      retryDelay = 500;
+      openedAt = Date.now();
       root.dataset.live = "1";
       // Whatever happened before the socket joined is in the fragment and the logs: while the page
       // was away (a reconnect), or since the server drew it (the first connect, also after Back).
@@ -517,6 +518,7 @@
     socket.onclose = (close) => {
       delete root.dataset.live;
       if (close.code === 4401) { signIn(); return; }
+      if (window.ccSocketLived(openedAt, close)) retryDelay = 500;
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 8000);
     };

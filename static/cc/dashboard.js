@@ -160,10 +160,11 @@
   function connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/dashboard/`);
+    let openedAt = 0;
     socket.onopen = async () => {
       liveState.textContent = "live";
       root.dataset.live = "1";
-      retryDelay = 500;
+      openedAt = Date.now();
       // What was pushed before this socket joined is lost: after any reconnect, however quick
       // (OP-1), and on the first connect too, since the figures are only computed for a
       // dashboard that is open (the page's own snapshot may be older than a run that just ended).
@@ -174,9 +175,10 @@
       const data = JSON.parse(message.data);
       if (data.type === "dashboard_update") render(data.snapshot);
     };
-    socket.onclose = () => {
+    socket.onclose = (close) => {
       liveState.textContent = "reconnecting…";
       delete root.dataset.live;
+      if (window.ccSocketLived(openedAt, close)) retryDelay = 500;
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 8000);
     };

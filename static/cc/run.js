@@ -24,7 +24,8 @@
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/ws/runs/${runId}/`);
     // The run may have moved on between rendering (or the last socket) and this one.
-    socket.onopen = () => { retryDelay = 500; root.dataset.live = "1"; catchUp(); };
+    let openedAt = 0;
+    socket.onopen = () => { openedAt = Date.now(); root.dataset.live = "1"; catchUp(); };
     socket.onmessage = (message) => {
       const event = JSON.parse(message.data);
       apply(event);
@@ -32,8 +33,9 @@
       // flight); the log has it.
       if (event.seq > contiguous() + 1) catchUp();
     };
-    socket.onclose = () => {
+    socket.onclose = (close) => {
       delete root.dataset.live;
+      if (window.ccSocketLived(openedAt, close)) retryDelay = 500;
       setTimeout(connect, retryDelay);
       retryDelay = Math.min(retryDelay * 2, 8000);
     };
