@@ -109,7 +109,10 @@ class RewindDigestSerializer(serializers.ModelSerializer):
 class CompactSerializer(serializers.Serializer):
     rungs = serializers.ListField(
         # "summary" calls the conversation's model, in a worker (CH-14).
-        child=serializers.ChoiceField(choices=["elide", "drop_images", "snapshot", "summary"]),
+        child=serializers.ChoiceField(
+            choices=["elide", "drop_images", "snapshot", "summary"],
+            error_messages={"invalid_choice": '"{input}" is not a rung: use elide, drop_images, snapshot or summary.'},
+        ),
         required=False,
         allow_empty=False,
         default=["elide", "drop_images", "snapshot"],

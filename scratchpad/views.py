@@ -16,6 +16,7 @@ from django.shortcuts import render
 
 from controlcenter.api import request_user
 from controlcenter.errors import DomainError
+from engine.scratchpad import read_tool
 from scratchpad import selectors, services
 from scratchpad.models import Entry
 
@@ -39,8 +40,10 @@ def entry_viewer(request: HttpRequest, entry_id: str) -> HttpResponse:
     }
     status = 200
     if "mode" in request.GET:
-        # Empty fields are left out, as the script leaves them out.
-        params = {name: str(value) for name, value in request.GET.items() if value != ""}
+        # Empty fields, and those of other modes (a form sent without its script sends them all),
+        # are left out, as the script leaves them out.
+        wanted = {"mode", *read_tool.mode_arguments(request.GET["mode"])}
+        params = {name: str(value) for name, value in request.GET.items() if value != "" and name in wanted}
         try:
             result = services.read_slice(entry=entry, params=params)
         except DomainError as error:

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from engine.catalog.schemas import name_problem, qualified_name, schema_problem
+from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
 from engine.tokens import estimate_json_tokens
 from toolcatalog.mcp_config import config_problems
 
@@ -171,6 +171,17 @@ class Mode(models.Model):
                 raise ValidationError({field: 'A list of non-empty fnmatch patterns, e.g. ["git_*"].'})
         if self.output_action and any(fnmatchcase(self.output_action, p) for p in self.deny):
             raise ValidationError({"output_action": "The mode denies its own output action."})
+        if self.output_action and not _tool_named(self.output_action):
+            # Its runs would be told to finish with a tool nobody can call (QA: 'bogus' was saved).
+            missing = f"There is no tool named {self.output_action!r} in the catalog (an MCP tool: SERVER__tool)."
+            raise ValidationError({"output_action": missing})
+
+
+def _tool_named(qualified: str) -> bool:
+    server, separator, name = qualified.partition(NAMESPACE_SEPARATOR)
+    if separator and Tool.objects.filter(server__name=server, name=name).exists():
+        return True
+    return Tool.objects.filter(server=None, name=qualified).exists()
 
 
 class ModeVersion(models.Model):

@@ -65,6 +65,23 @@ SCHEMA: dict[str, Any] = {
 
 OpenEntry = Callable[[str], ChunkSource | None]
 
+# The arguments only some modes read, and those modes.
+_MODE_ONLY = {
+    "n": ("head", "tail"),
+    "start": ("range", "lines"),
+    "end": ("range", "lines"),
+    "pattern": ("grep",),
+    "ignore_case": ("grep",),
+    "context": ("grep",),
+    "max_matches": ("grep",),
+}
+_MODE_ONLY_FOR = {mode: {name for name, modes in _MODE_ONLY.items() if mode in modes} for mode in MODES}
+
+
+def mode_arguments(mode: str) -> set[str]:
+    """The arguments a read in `mode` takes besides scratchpad_id and mode (none for an unknown mode)."""
+    return set(_MODE_ONLY_FOR.get(mode, ()))
+
 
 class BadRead(Exception):
     pass
@@ -103,6 +120,17 @@ def _run(arguments: dict[str, Any], open_entry: OpenEntry, max_chars: int, grep_
     unknown = sorted(set(arguments) - known)
     if unknown:
         raise BadRead(f"Unknown argument(s) {', '.join(unknown)}; scratchpad_read takes {', '.join(sorted(known))}.")
+    # An argument of another mode was ignored, and the read answered something else than asked (QA:
+    # start and end without mode=range read the head).
+    others = _MODE_ONLY.keys() - _MODE_ONLY_FOR[mode]
+    stray = [name for name in _MODE_ONLY if name in others and arguments.get(name) is not None]
+    if stray:
+        owners = sorted({owner for name in stray for owner in _MODE_ONLY[name]})
+        default = " (the default)" if "mode" not in arguments else ""
+        raise BadRead(
+            f"{' and '.join(stray)} {'is' if len(stray) == 1 else 'are'} read by mode {' or '.join(owners)} only, "
+            f"and this read's mode is {mode}{default}: give the mode that uses {'it' if len(stray) == 1 else 'them'}."
+        )
     source = open_entry(entry_id)
     if source is None:
         raise BadRead(

@@ -449,6 +449,9 @@ def test_bad_compaction_requests_are_refused_and_store_nothing(alice, alice_api,
     for body in ({"rungs": ["summarise"]}, {"rungs": []}, {"rungs": "summary"}):
         response = alice_api.post(url, body, format="json")
         assert response.status_code == 400, (body, response.json())
+    # A misspelt rung is told which rungs there are.
+    misspelt = alice_api.post(url, {"rungs": ["summarise"]}, format="json").json()["error"]["message"]
+    assert '"summarise" is not a rung: use elide, drop_images, snapshot or summary.' in misspelt
     bad = alice_api.post(f"/api/conversations/{conversation.pk}/messages/", {"text": "/compact everything"})
     assert bad.status_code == 400 and "/compact [summary]" in bad.json()["error"]["message"]
     empty = conversation_create(owner=alice, title="empty")

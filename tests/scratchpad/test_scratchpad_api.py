@@ -83,6 +83,9 @@ def test_the_viewer_answers_a_bad_form_with_the_apis_message_and_changes_nothing
         ({"mode": "sideways"}, "mode must be one of"),
         ({"mode": "head", "n": "x"}, "n must be an integer; got 'x'"),
         ({"mode": "range", "start": 30, "end": 3}, "range needs start < end"),
+        # QA: a range asked without its mode read the head, silently.
+        ({"start": 10, "end": 20}, "start and end are read by mode lines or range only, and this read's mode is head"),
+        ({"mode": "tail", "pattern": "x"}, "pattern is read by mode grep only, and this read's mode is tail:"),
         ({"mode": "grep", "pattern": "[unclosed"}, "not a valid regular expression"),
         # Compiled, it would take 275 MB of the web process (`a{99999999}` took 23 GB).
         ({"mode": "grep", "pattern": "(?:a{1000}){1000}"}, "would write out up to 1,000,000 copies"),

@@ -240,3 +240,16 @@ def test_mcp_servers_are_managed_over_the_api_only_with_the_permissions_the_admi
     assert api.get("/api/mcp-servers/").json()[0]["command"] == "/bin/true"
     assert api.post("/api/mcp-servers/", new, format="json").status_code == 201
     assert api.delete(f"/api/mcp-servers/{server.pk}/").status_code == 403  # no delete permission
+
+
+@pytest.mark.req("TD-4")
+def test_a_modes_output_action_names_a_tool_of_the_catalog(catalog, admin_client):
+    """QA: the admin saved output_action 'bogus': its runs would be told to finish with a tool nobody can call."""
+    with pytest.raises(ValidationError, match="no tool named 'bogus' in the catalog"):
+        Mode(name="odd", allow=["*"], output_action="bogus").full_clean()
+    Mode(name="reporter", allow=["*"], output_action="submit_report").full_clean()
+    answer = admin_client.post(
+        "/admin/toolcatalog/mode/add/", {"name": "odd", "allow": '["*"]', "deny": "[]", "output_action": "bogus"}
+    )
+    assert answer.status_code == 200 and "no tool named" in answer.content.decode()
+    assert not Mode.objects.filter(name="odd").exists()
