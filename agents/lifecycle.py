@@ -69,12 +69,17 @@ logger = logging.getLogger(__name__)
 RUN_TASK = "agents.run_turn"
 SUBAGENT_TASK = "agents.run_subagent"
 
+# "No message": the model requests the turn made are recorded, since they were paid for.
 WORKER_LOST = (
-    "The worker running this turn stopped before the turn ended ({worker}); nothing of the turn was stored, "
+    "The worker running this turn stopped before the turn ended ({worker}); no message of the turn was stored, "
     "so the conversation's messages are exactly as they were before. Retry the run."
 )
+WORKER_LOST_COMPACTION = (
+    "The worker running this compaction stopped before it ended ({worker}); no compaction was recorded, so the "
+    "conversation sends what it sent before. Retry the run."
+)
 WORKER_LOST_CANCELLED = (
-    "Cancelled. Its worker ({worker}) had stopped before it could end the run; nothing of the turn was stored."
+    "Cancelled. Its worker ({worker}) had stopped before it could end the run; no message of the turn was stored."
 )
 # OP-4: a tool that was running is killed with its worker, but what it did until then stays.
 WORKER_LOST_MID_TOOL = (
@@ -823,7 +828,8 @@ def runs_reap_orphans(*, live: Collection[str], grace_seconds: float | None = No
     candidates = Run.objects.filter(unvouched_since(settled), status=Run.Status.RUNNING).exclude(worker__in=live)
     reaped = []
     for run in candidates.select_related("conversation"):
-        error = WORKER_LOST.format(worker=run.worker or "unknown worker")
+        lost = WORKER_LOST_COMPACTION if run.compact_rungs else WORKER_LOST
+        error = lost.format(worker=run.worker or "unknown worker")
         interrupted = interrupted_calls(run.pk)
         if len(interrupted) == 1:
             error += WORKER_LOST_MID_TOOL.format(name=interrupted[0]["name"], tool_use_id=interrupted[0]["id"])

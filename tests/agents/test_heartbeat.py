@@ -96,3 +96,17 @@ def test_a_run_reaped_in_a_step_of_several_calls_names_every_call_without_a_resu
         run.error
     )
     assert "any of them may have been cut off" in run.error
+
+
+@pytest.mark.django_db
+@pytest.mark.req("OP-4", "CH-14")
+def test_a_reaped_compaction_run_says_no_compaction_was_recorded_not_that_a_turn_stopped():
+    """QA: a /compact summary run killed with its worker said "The worker running this turn…"."""
+    run = RunFactory(
+        status=Run.Status.RUNNING, worker="gone@host", started_at=timezone.now() - timedelta(minutes=5),
+        compact_rungs=["summary"],
+    )  # fmt: skip
+    assert runs_reap_orphans(live=[], grace_seconds=0) == [run.pk]
+    run.refresh_from_db()
+    assert run.error.startswith("The worker running this compaction stopped before it ended (gone@host); no ")
+    assert "turn" not in run.error
