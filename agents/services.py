@@ -41,12 +41,18 @@ def run_start(*, conversation: Conversation, trigger: Message, compact_rungs: li
 
 def run_retry(*, run: Run) -> Run:
     """Run the turn again: a new run answering the same user message, or going on from the end of
-    what a cancelled run kept (OP-3)."""
+    what a cancelled run kept (OP-3). The tip moves there first, as Regenerate moves it: a run
+    retried after the conversation moved on answered off the path, its reply on a branch nobody
+    was shown (QA)."""
     if not run.retryable:
         raise Conflict(f"Run {run.pk} is {run.status}; only a failed or cancelled run can be retried.")
     with transaction.atomic():
         locked = conversation_locked(run.conversation)
-        return run_start(conversation=locked, trigger=lifecycle.retry_trigger(run), compact_rungs=run.compact_rungs)
+        trigger = lifecycle.retry_trigger(run)
+        if run.compact_rungs is None and locked.tip_id != trigger.pk:
+            locked.tip = trigger
+            locked.save(update_fields=["tip", "updated_at"])
+        return run_start(conversation=locked, trigger=trigger, compact_rungs=run.compact_rungs)
 
 
 def compaction_start(*, conversation: Conversation, rungs: Sequence[str]) -> Run:

@@ -99,3 +99,30 @@ def test_retry_of_a_succeeded_or_running_run_is_refused_and_changes_nothing(alic
     assert response.status_code == 409
     assert "only a failed or cancelled run" in response.json()["error"]["message"]
     assert Run.objects.count() == 1
+
+
+@pytest.mark.req("CH-5", "CH-7")
+def test_a_run_retried_after_the_conversation_moved_on_answers_on_the_path(celery_worker_process, alice, alice_api):
+    """QA: the reply of such a retry went on a branch off the path, and the tip stayed where it was."""
+    conversation = Conversation.objects.create(owner=alice, title="moved on")
+    prompt = Message.objects.create(conversation=conversation, role="user", content=[{"type": "text", "text": "first"}])
+    failed = Run.objects.create(
+        conversation=conversation, trigger=prompt, provider="offline", model="offline-1", status=Run.Status.FAILED
+    )
+    later = Message.objects.create(
+        conversation=conversation, parent=prompt, role="user", content=[{"type": "text", "text": "second"}]
+    )
+    answer = Message.objects.create(
+        conversation=conversation, parent=later, role="assistant", content=[{"type": "text", "text": "answered"}]
+    )
+    Conversation.objects.filter(pk=conversation.pk).update(tip=answer)
+
+    retried = alice_api.post(f"/api/runs/{failed.pk}/retry/")
+    assert retried.status_code == 201, retried.content
+    conversation.refresh_from_db()
+    assert conversation.tip_id == prompt.pk  # as Regenerate: the path now ends at what the retry answers
+    done = _wait(lambda: Run.objects.filter(pk=retried.json()["id"], status="succeeded").first(), 30, "the retry")
+    reply = Message.objects.filter(conversation=conversation, parent=prompt, role="assistant").get()
+    conversation.refresh_from_db()
+    assert conversation.tip_id == reply.pk and done.trigger_id == prompt.pk
+    assert Message.objects.filter(pk__in=[later.pk, answer.pk]).count() == 2  # the other branch stays
