@@ -34,7 +34,9 @@ class Run(models.Model):
     provider = models.CharField(max_length=32)
     model = models.CharField(max_length=128)
     # The conversation's mode when the run was started (its tool filter, TD-8); none is the default.
-    mode = models.ForeignKey("toolcatalog.Mode", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Protected: a mode deleted under a queued run let it run under the default mode, every tool its
+    # mode denied offered again, and a past run lost which mode it ran (QA). Runs are audit data.
+    mode = models.ForeignKey("toolcatalog.Mode", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     worker = models.CharField(max_length=255, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     # When it last became queued: created, its approvals decided, or its turn handed off by a

@@ -12,9 +12,9 @@ from rest_framework.test import APIClient
 
 from agents.chat import message_send
 from agents.lifecycle import run_execute
-from agents.models import ModelRequest
+from agents.models import ModelRequest, Run
 from agents.turns import SYSTEM_PROMPT
-from conversations.models import Message
+from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from engine.emulator.validation import tool_use_system_prompt_tokens
 from engine.loop import run_turn
@@ -253,3 +253,22 @@ def test_a_modes_output_action_names_a_tool_of_the_catalog(catalog, admin_client
     )
     assert answer.status_code == 200 and "no tool named" in answer.content.decode()
     assert not Mode.objects.filter(name="odd").exists()
+
+
+@pytest.mark.req("TD-4", "UX-7")
+def test_a_mode_a_run_used_cannot_be_deleted_and_one_no_run_used_can(admin_client, alice, catalog):
+    """QA: deleting a mode under a queued run let it run under the default mode, offered every tool
+    its mode denied, and past runs lost which mode they ran."""
+    used = Mode.objects.create(name="careful", allow=["*"], deny=["bash"])
+    unused = Mode.objects.create(name="spare", allow=["*"])
+    conversation = conversation_create(owner=alice, title="careful")
+    Conversation.objects.filter(pk=conversation.pk).update(mode=used)
+    conversation.refresh_from_db()
+    _, run = message_send(conversation=conversation, text="hello")
+    assert run.mode_id == used.pk
+
+    refused = admin_client.post(f"/admin/toolcatalog/mode/{used.pk}/delete/", {"post": "yes"})
+    assert refused.status_code == 200 and "Cannot delete mode" in refused.content.decode()
+    assert Mode.objects.filter(pk=used.pk).exists() and Run.objects.get(pk=run.pk).mode_id == used.pk
+    deleted = admin_client.post(f"/admin/toolcatalog/mode/{unused.pk}/delete/", {"post": "yes"})
+    assert deleted.status_code == 302 and not Mode.objects.filter(pk=unused.pk).exists()
