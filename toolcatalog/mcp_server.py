@@ -169,8 +169,18 @@ def _session_limiter(user_id: int, session_key: str | None) -> CallLimiter:
     # caller's calls form one implicit session per user that ends after an idle period.
     key = session_key or IMPLICIT_SESSION
 
-    def take(name: str, limit: int) -> bool:
-        return mcp_session_take_call(user_id=user_id, session_key=key, tool_name=name, limit=limit)
+    def take(name: str, limit: int) -> str | None:
+        if mcp_session_take_call(user_id=user_id, session_key=key, tool_name=name, limit=limit):
+            return None
+        refused = f"{name} may be called at most {limit} times in one session."
+        if session_key:
+            return refused
+        # QA: a new client was refused at its first call, with no word of what it shared.
+        minutes = max(1, settings.CC_MCP_SESSION_IDLE_SECONDS // 60)
+        return (
+            f"{refused} Calls without an Mcp-Session-Id header share one session per user, from every client, "
+            f"which ends once none has come for {minutes} minutes."
+        )
 
     return take
 

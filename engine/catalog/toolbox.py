@@ -33,8 +33,9 @@ Executor = Callable[[str, dict[str, Any]], Observation | None]
 # The approval decision point: None lets the call run, an observation stops it.
 ApprovalGate = Callable[[ToolRecord, dict[str, Any]], Observation | None]
 # Counts one call of a limited tool against a shared ledger (an MCP session's, say):
-# (name, limit) -> False when the limit is already reached. A run's own Counter needs none.
-CallLimiter = Callable[[str, int], bool]
+# (name, limit) -> None when the call may go ahead, else the refusal, in the ledger's own words.
+# A run's own Counter needs none.
+CallLimiter = Callable[[str, int], str | None]
 
 DISCOVERY_TOOLS = ("search_tools", "describe_tool", "list_tool_groups")
 # Set on an observation when the tool cannot run at all here (no implementation, its MCP server
@@ -219,10 +220,9 @@ class CatalogToolBox:
         if (
             tool.max_calls_per_run is not None
             and self._limiter is not None
-            and not self._limiter(name, tool.max_calls_per_run)
+            and (refused := self._limiter(name, tool.max_calls_per_run)) is not None
         ):
-            limit = tool.max_calls_per_run
-            return {"ok": False, "error": f"{name} may be called at most {limit} times in one session."}
+            return {"ok": False, "error": refused}
         self.calls[name] += 1
         if name in DISCOVERY_TOOLS:
             discovery: Callable[[dict[str, Any]], Observation] = getattr(self, f"_{name}")

@@ -197,7 +197,13 @@ def test_sessionless_calls_share_one_implicit_session_per_user_until_it_idles(
     Tool.objects.filter(name="todo_add").update(max_calls_per_run=2)
     # The 2026 protocol has no sessions: two connections of one user share the count...
     assert [r.is_error for r in _run(server_url, alice_token, _three_todo_adds)] == [False, False, True]
-    assert [r.is_error for r in _run(server_url, alice_token, _three_todo_adds)] == [True, True, True]
+    another_client = _run(server_url, alice_token, _three_todo_adds)
+    assert [r.is_error for r in another_client] == [True, True, True]
+    # ...and a client refused at its first call is told what it shares, and until when.
+    assert (
+        "share one session per user, from every client, which ends once none has come for"
+        in (another_client[0].structured_content["error"])
+    )
     # ...which is the user's own: bob has his.
     bob_token = Token.objects.create(user=bob).key
     assert [r.is_error for r in _run(server_url, bob_token, _three_todo_adds)] == [False, False, True]
