@@ -433,7 +433,9 @@ def run_execute(run_id: int, *, worker: str) -> None:
             owner_id=run.conversation.owner_id,
             mode=run.mode,
             children=subagents.ChildDispatch(
-                enqueue=enqueue_subagent, run_here=lambda child_id: subagent_execute(child_id, worker=worker)
+                enqueue=enqueue_subagent,
+                run_here=lambda child_id: subagent_execute(child_id, worker=worker),
+                all_here=_draining.is_set,
             ),
         )
         system = turns.turn_system(catalog)

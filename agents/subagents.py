@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -71,6 +71,10 @@ class ChildDispatch:
 
     enqueue: Callable[[int], None]
     run_here: Callable[[int], None]
+    # True once this worker is stopping (OP-4): it takes no new task, so its free threads sit idle,
+    # and every child left queued runs here at once, each on a thread of its own. One after another
+    # on the parent's thread, six 8-second children held the stop 46 s (QA).
+    all_here: Callable[[], bool] = lambda: False
 
 
 STOPPED_WAITING = "cancelled: its parent run stopped waiting for it."
@@ -302,20 +306,21 @@ def spawn_agents(*, run_id: int, arguments: dict[str, Any], children: ChildDispa
         subagent_status_event(publisher, child, Run.Status.QUEUED)
     for child in created:
         children.enqueue(child.pk)
-    finished, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id, run_here=children.run_here)
+    finished, waited_out = _await_children(parent_id=run_id, fanout_id=fanout_id, dispatch=children)
     observation = fanout_observation(parent=parent, shape=shape, children=finished, waited_out=waited_out)
     if reconnecting(Run.objects.filter(pk=run_id, cancel_requested=True).exists):
         observation["cancelled"] = True  # the parent run was cancelled: its turn ends here (OP-3)
     return observation
 
 
-def _await_children(*, parent_id: int, fanout_id: str, run_here: Callable[[int], None]) -> tuple[list[Any], bool]:
+def _await_children(*, parent_id: int, fanout_id: str, dispatch: ChildDispatch) -> tuple[list[Any], bool]:
     """Poll the children's rows until all have finished, the parent is cancelled, or the wait runs
     out; run here, lowest index first, a child left queued for `RUN_HERE_AFTER_SECONDS`. The polls
     reconnect: a PostgreSQL drop during a long wait failed `spawn_agents`, so the parent went on
     without its children and they were cancelled as orphans (QA)."""
     deadline = time.monotonic() + settings.CC_SUBAGENT_TIMEOUT_SECONDS
     queued_since: dict[int, float] = {}
+    started_here: set[int] = set()
     fanout = Subagent.objects.filter(fanout_id=fanout_id).order_by("index")
     parent_gone = Run.objects.filter(pk=parent_id).exclude(status=Run.Status.RUNNING, cancel_requested=False)
     while True:
@@ -330,10 +335,24 @@ def _await_children(*, parent_id: int, fanout_id: str, run_here: Callable[[int],
         # Queued again after an approval counts from then: the row's status is what is watched.
         queued_since = {c.pk: queued_since.get(c.pk, now) for c in children if c.status == Run.Status.QUEUED}
         unclaimed = [pk for pk, since in queued_since.items() if now - since >= RUN_HERE_AFTER_SECONDS]
-        if unclaimed:
-            run_here(unclaimed[0])
+        if unclaimed and dispatch.all_here():
+            for pk in unclaimed:
+                if pk not in started_here:  # its thread may not have claimed it yet
+                    started_here.add(pk)
+                    threading.Thread(target=_run_on_own_thread, args=(dispatch.run_here, pk), daemon=True).start()
+        elif unclaimed:
+            dispatch.run_here(unclaimed[0])
             continue
         time.sleep(_POLL_SECONDS)
+
+
+def _run_on_own_thread(run_here: Callable[[int], None], child_id: int) -> None:
+    try:
+        run_here(child_id)
+    except Exception:  # a child's own failure is stored by its run; this is what escaped it
+        logger.exception("subagent %s failed on its own thread", child_id)
+    finally:
+        connections.close_all()
 
 
 def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_out: bool) -> dict[str, Any]:

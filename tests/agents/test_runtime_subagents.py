@@ -660,7 +660,7 @@ def test_a_database_connection_dropped_while_a_parent_waits_or_a_child_answers_i
     from django.utils import timezone
 
     from agents.lifecycle import _subagent_cancelled
-    from agents.subagents import _await_children
+    from agents.subagents import ChildDispatch, _await_children
 
     run = make_run(alice)
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, worker="w@host", started_at=timezone.now())
@@ -674,5 +674,6 @@ def test_a_database_connection_dropped_while_a_parent_waits_or_a_child_answers_i
     assert _subagent_cancelled(answering.pk) is False  # its parent still runs: it goes on
     Subagent.objects.filter(pk=answering.pk).update(status=Run.Status.SUCCEEDED, answer="second")
     drop_this_connection()
-    children, waited_out = _await_children(parent_id=run.pk, fanout_id=fanout_id, run_here=lambda pk: None)
+    nowhere = ChildDispatch(enqueue=lambda pk: None, run_here=lambda pk: None)
+    children, waited_out = _await_children(parent_id=run.pk, fanout_id=fanout_id, dispatch=nowhere)
     assert ([child.answer for child in children], waited_out) == (["first", "second"], False)

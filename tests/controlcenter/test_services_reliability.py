@@ -415,3 +415,35 @@ def test_a_websocket_opened_while_redis_is_down_is_told_to_try_again_later_and_s
     log = web.log_path.read_text()
     assert "Traceback" not in log and log.count("the channel layer is unreachable") == 3, log
     assert asyncio.run(attempt()) is None
+
+
+@pytest.mark.req("OP-4", "TD-14")
+def test_a_stopping_worker_runs_the_children_left_queued_at_once_not_one_after_another(tmp_path, api):
+    """QA: one after another on the parent's thread, six 8-second children held a warm shutdown 46 s.
+    A stopping worker takes no new task, so the parent runs every child left queued, each on a
+    thread of its own; its turn then hands off at the next step, and a restart finishes it."""
+    stack = Stack(connection.settings_dict["NAME"], tmp_path, {"CC_TOOL_AUTO_APPROVE": "bash"})
+    tasks = "; ".join(f"run `sleep 5 && echo {name} >> calls.txt`" for name in "abcd")
+    try:
+        client = api(stack.start_web())
+        worker = stack.start_worker(concurrency=1)  # its one thread holds the parent
+        conversation = client.post("/api/conversations/", json={"title": "drain"}).json()
+        sent = client.post(f"/api/conversations/{conversation['id']}/messages/", json={"text": f"in parallel: {tasks}"})
+        run_id = sent.json()["run"]["id"]
+        wait_until(lambda: RunEvent.objects.filter(run_id=run_id, type="tool_call").exists(), 30, "the fan-out")
+        stopping = time.monotonic()
+        worker.process.send_signal(signal.SIGTERM)  # before any child was claimed
+        worker.process.wait(timeout=60)
+        held = time.monotonic() - stopping
+        # 2 s before a queued child is run here, then the four together: 4 × 5 s one after another.
+        assert held < 14, f"the stopping worker was held {held:.1f} s"
+        assert sorted(Run.objects.get(pk=run_id).subagents.values_list("status", flat=True)) == ["succeeded"] * 4
+
+        worker.start()
+        worker.wait_ready()
+        run = wait_until(lambda: Run.objects.filter(pk=run_id, status__in=["succeeded", "failed"]).first(), 90, "run")
+    finally:
+        stack.stop()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    (calls,) = Path(stack.env["CC_WORKSPACE_ROOT"]).glob("**/calls.txt")
+    assert sorted(calls.read_text().split()) == ["a", "b", "c", "d"]  # each child's command ran once
