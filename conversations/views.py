@@ -33,7 +33,7 @@ def conversation_tree(request: HttpRequest, conversation_id: int) -> HttpRespons
             "on_path": tree["on_path"],
             "rewinds": selectors.rewinds_for(conversation=conversation).order_by("-id")[:10],
             # Through the reverse relation: runs are a layer above this app, which never imports them.
-            "running": conversation.runs.active().exists(),
+            "running": conversation.runs.active().values_list("pk", flat=True).first(),
         },
     )
 

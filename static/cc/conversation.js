@@ -45,7 +45,11 @@
   const runHeld = (body) => Boolean(body && body.error && body.error.code === "run_in_progress");
 
   // --- the session: an expired one goes to the sign-in page instead of showing raw errors ---
+  // What the box held is kept for the page signed in again: the expired session lost a message.
+  const draftKey = `cc-draft-${conversationId}`;
   function signIn() {
+    const box = document.getElementById("composer-input");
+    if (box && box.value.trim()) sessionStorage.setItem(draftKey, box.value);
     window.location = `/login/?next=${encodeURIComponent(location.pathname + location.search)}`;
   }
   const api = (url, options = {}) => busyWhile(request(url, options));
@@ -104,7 +108,8 @@
 
   // What a run holds the conversation against (the server answers 409 run_in_progress): offered
   // disabled while it works, saying why, rather than refused after a click.
-  const HELD_BY_A_RUN = "button[data-regenerate], button[data-branch], button[data-sibling], button[data-retry], button[data-answer]";
+  // An open edit's "Save and run" too; the edit itself stays open, to prepare a prompt meanwhile.
+  const HELD_BY_A_RUN = "button[data-regenerate], button[data-branch], button[data-sibling], button[data-retry], button[data-answer], .edit-inline button[type=submit]";
   const HELD_TITLE = "A run is answering: wait for it to finish, or stop it.";
 
   function setActiveRun(runId) {
@@ -119,7 +124,9 @@
     for (const button of messagesBox().querySelectorAll(HELD_BY_A_RUN)) {
       if (button.dataset.title === undefined) button.dataset.title = button.title;
       button.disabled = Boolean(activeRun);
-      button.title = activeRun ? HELD_TITLE : button.dataset.title;
+      if (activeRun) button.title = HELD_TITLE;
+      else if (button.dataset.title) button.title = button.dataset.title;
+      else button.removeAttribute("title");
     }
   }
 
@@ -138,7 +145,8 @@
         do {
           refreshAgain = false;
           // An open edit form is not swapped away under the person's hands; it refreshes once closed.
-          if (messagesBox().querySelector(".edit-inline")) { deferred = true; return; }
+          // What a run holds is still told: a run started in another tab left Regenerate enabled.
+          if (messagesBox().querySelector(".edit-inline")) { deferred = true; await runStateOnly(); return; }
           const headers = shown ? { "If-None-Match": shown } : {};
           const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin", headers });
           if (response.redirected && new URL(response.url).pathname.startsWith("/login")) { signIn(); return; }
@@ -155,6 +163,17 @@
     return refreshing;
   }
   let deferred = false;
+
+  async function runStateOnly() {
+    const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin" });
+    if (!response.ok || response.redirected) return;
+    const template = document.createElement("template");
+    template.innerHTML = (await response.text()).trim();
+    const box = template.content.getElementById("messages");
+    const next = box && box.dataset.activeRun ? Number(box.dataset.activeRun) : null;
+    if (next && next !== activeRun) statusLine.textContent = "A run is answering: it shows here once you close the edit.";
+    setActiveRun(next);
+  }
 
   // The usage bar and context meter alone, after each model request of a run in flight: each
   // request is stored as its reply comes in, and the messages stay as they are drawn live.
@@ -565,6 +584,7 @@
     area.setAttribute("aria-label", "Edit this prompt");
     const save = el("button", null, "Save and run");
     save.type = "submit";
+    if (activeRun) { save.disabled = true; save.dataset.title = ""; save.title = HELD_TITLE; }
     const cancel = el("button", "secondary", "Cancel");
     cancel.type = "button";
     const row = el("div", "row");
@@ -586,7 +606,7 @@
       // Closed only once the edit is taken: refused (a run works), the edited text stays to send again.
       save.disabled = true;
       act(`/api/conversations/${conversationId}/messages/${messageId}/edit/`, { text: area.value }, "Edited: a new branch runs.", close)
-        .finally(() => { save.disabled = false; });
+        .finally(() => { save.disabled = Boolean(activeRun); });
     });
   }
 
@@ -737,6 +757,14 @@
     afterChange();
   }
 
+  const draft = sessionStorage.getItem(draftKey);
+  if (draft !== null) {
+    sessionStorage.removeItem(draftKey);
+    if (!input.value) {
+      input.value = draft;
+      statusLine.textContent = "Your session had ended; the message you were writing is back in the box.";
+    }
+  }
   const pendingNote = sessionStorage.getItem("cc-command-note");
   if (pendingNote) {
     sessionStorage.removeItem("cc-command-note");

@@ -30,6 +30,7 @@
       statusLine.className = "error";
       statusLine.setAttribute("role", "alert");
       statusLine.textContent = (body.error && body.error.message) || `Error ${response.status}`;
+      out.textContent = "";  // the slice shown before answered another question
       return;
     }
     statusLine.className = "muted";

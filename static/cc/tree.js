@@ -8,6 +8,16 @@
   const statusLine = document.getElementById("tree-status");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
   const tree = document.getElementById("tree");
+  // The note a run at the tip puts here keeps its word: the page is drawn again once the run ends.
+  const running = document.getElementById("tree-running");
+  if (running) {
+    const poll = setInterval(async () => {
+      const response = await fetch(`/api/runs/${running.dataset.runId}/`, { credentials: "same-origin" }).catch(() => null);
+      if (!response || !response.ok) return;
+      const run = await response.json();
+      if (["succeeded", "failed", "cancelled"].includes(run.status)) { clearInterval(poll); location.reload(); }
+    }, 2000);
+  }
   // Live, not a snapshot: opening a fold adds rows.
   const items = () => [...document.querySelectorAll("#tree [role=treeitem]")];
   const editForm = document.getElementById("edit-form");

@@ -703,6 +703,15 @@ def test_an_expired_session_goes_to_the_sign_in_page(context, embedded_server_mo
     expect(page).to_have_url(re.compile(r"/login/\?next="))
     assert parse_qs(urlsplit(page.url).query)["next"] == [f"/conversations/{conversation}/"]
     expect(page.locator("body")).not_to_contain_text("Authentication credentials")
+    # Signed in again, the page has the message back in its box and says why (QA: it was lost).
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(rf"/conversations/{conversation}/$"))
+    expect(page.locator("#composer-input")).to_have_value("are you there?")
+    expect(page.locator("#status")).to_have_text(
+        "Your session had ended; the message you were writing is back in the box."
+    )
     context.close()
 
 

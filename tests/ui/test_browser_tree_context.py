@@ -221,7 +221,8 @@ def test_context_view_links_the_turns_scratchpad_entries_to_a_slice_viewer(embed
     page.fill("input[name=end]", "1")  # reversed: the API's message, nothing else
     page.click("#slice-form button")
     expect(page.locator("#slice-status.error")).to_contain_text("start <= end")
-    expect(slice_text).to_have_text("line 1 ok\nline 2 ok\n")
+    # The slice shown before answered another question: never left under the error (QA).
+    expect(slice_text).to_have_text("")
     screenshot(page, "scratchpad-viewer")
 
 
@@ -298,3 +299,24 @@ def test_a_long_tree_is_windowed_and_folds_open_by_keyboard_then_the_tip_moves_i
     expect(page.locator("#tree li.fold").last).to_contain_text(f"Show a branch of 49 messages from #{ids[250]}")
     expect(items).to_have_count(102)
     screenshot(page, "tree-windowed-moved")
+
+
+@pytest.mark.req("CH-7", "UX-4")
+def test_the_tree_page_draws_the_answer_once_the_run_at_the_tip_ends(embedded_server_module, page):
+    """QA: its note said the answer "appears here when it ends", and it never did without a reload."""
+    base, _ = embedded_server_module
+    sign_in(page, base)
+    page.fill("#new-conversation input[name=title]", "tree live")
+    page.click("#new-conversation button")
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    page.fill("#composer-input", "please run `echo tree-live`")
+    page.keyboard.press("Enter")
+    approval = page.locator(".approval").last
+    expect(approval).to_contain_text("echo tree-live", timeout=15_000)  # the run waits: it holds the tip
+
+    tree = page.context.new_page()
+    tree.goto(page.url.rstrip("/") + "/tree/")
+    expect(tree.locator("#tree-running")).to_be_visible()
+    approval.locator("button.approve").click()
+    expect(tree.locator("#tree-running")).to_have_count(0, timeout=15_000)
+    expect(tree.locator("#tree")).to_contain_text("exited with 0")
