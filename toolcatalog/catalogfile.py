@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.catalog.schemas import name_problem, schema_problem
+from engine.catalog.schemas import catalog_name_problem, schema_problem
 from engine.catalog.surface import ToolRecord
 
 FORMAT_VERSION = 1
@@ -122,7 +122,7 @@ def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
         problems.append("a value contains the NUL character (\\u0000), which cannot be stored.")
     if unknown := sorted(set(tool) - _TOOL_KEYS):
         problems.append(f"unknown keys {', '.join(unknown)}.")
-    if problem := name_problem(tool.get("name")):
+    if problem := catalog_name_problem(tool.get("name")):
         problems.append(problem)
     if tool.get("group") not in groups:
         problems.append(f"group {tool.get('group')!r} is not one of the file's 'groups'.")

@@ -8,7 +8,13 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
+from engine.catalog.schemas import (
+    NAMESPACE_SEPARATOR,
+    catalog_name_problem,
+    name_problem,
+    qualified_name,
+    schema_problem,
+)
 from engine.tokens import estimate_json_tokens
 from toolcatalog.mcp_config import config_problems
 
@@ -116,6 +122,8 @@ class Tool(models.Model):
         # break every request that carries it.
         if problem := schema_problem(self.input_schema):
             raise ValidationError({"input_schema": f"Tool {self.name!r}: {problem}"})
+        if self.server_id is None and NAMESPACE_SEPARATOR in self.name:
+            raise ValidationError({"name": catalog_name_problem(self.name)})
         super().save(*args, **kwargs)
 
     @property
@@ -132,7 +140,8 @@ class Tool(models.Model):
     def clean(self) -> None:
         errors = {}
         # An empty name is the form field's own error (required, or too long and dropped).
-        if self.name and (problem := name_problem(self.name)):
+        check = name_problem if self.server_id else catalog_name_problem
+        if self.name and (problem := check(self.name)):
             errors["name"] = problem
         if problem := schema_problem(self.input_schema):
             errors["input_schema"] = problem

@@ -49,6 +49,16 @@ def name_problem(name: Any) -> str | None:
     return None
 
 
+def catalog_name_problem(name: Any) -> str | None:
+    """A tool that belongs to no MCP server: its name may not look like one that does. `weather__get`
+    beside server weather's `get` sent one name twice, and the API refused every request (QA)."""
+    if problem := name_problem(name):
+        return problem
+    if NAMESPACE_SEPARATOR in name:
+        return f"tool name {name!r} contains '__', which only an MCP server's tools have (SERVER__tool)."
+    return None
+
+
 def arguments_problem(schema: dict[str, Any], arguments: Any) -> str | None:
     """The first way `arguments` break `schema`, in words the model can act on, or None."""
     try:

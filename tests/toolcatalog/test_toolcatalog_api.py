@@ -7,6 +7,7 @@ import json
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
 
@@ -272,3 +273,22 @@ def test_a_mode_a_run_used_cannot_be_deleted_and_one_no_run_used_can(admin_clien
     assert Mode.objects.filter(pk=used.pk).exists() and Run.objects.get(pk=run.pk).mode_id == used.pk
     deleted = admin_client.post(f"/admin/toolcatalog/mode/{unused.pk}/delete/", {"post": "yes"})
     assert deleted.status_code == 302 and not Mode.objects.filter(pk=unused.pk).exists()
+
+
+@pytest.mark.req("TD-1", "MC-1")
+def test_a_catalog_tool_cannot_take_the_name_an_mcp_servers_tool_has(admin_client, tmp_path):
+    """QA: a plain tool named weather__get beside server weather's get sent one name twice, and the
+    API refused every request of every run (400: tool names must be unique)."""
+    catalog = {
+        "version": 1,
+        "groups": [{"heading": "Web", "order": 1}],
+        "tools": [{"name": "weather__get", "group": "Web", "description": "d", "input_schema": {"type": "object"}}],
+    }
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(catalog))
+    with pytest.raises(CommandError, match="contains '__', which only an MCP server's tools have"):
+        call_command("catalog", "import", str(path))
+    group = ToolGroup.objects.create(heading="Web", order=1)
+    with pytest.raises(ValidationError, match="only an MCP server's tools have"):
+        Tool.objects.create(name="weather__get", group=group, description="d", input_schema={"type": "object"})
+    assert not Tool.objects.filter(name="weather__get").exists()
