@@ -198,11 +198,15 @@ def _some_names(names: list[str], shown: int = 5) -> str:
 
 
 def activations_record(*, run_id: int, activations: Iterable[Activation], misses: Iterable[str]) -> None:
-    """What a run loaded and which searches found nothing (TD-15); called inside the turn's transaction."""
+    """What a run loaded and which searches found nothing (TD-15); called inside the turn's transaction.
+
+    The misses first: a turn's misses and loads are stored together at its end, and TS-3 counts a
+    load "found after a failed search" by time. Stored loads first, no load in the turn of its miss
+    ever counted (QA); a search that misses and then finds is the usual order within a turn."""
+    RetrievalMiss.objects.bulk_create(RetrievalMiss(run_id=run_id, query=query) for query in misses)
     ToolActivation.objects.bulk_create(
         ToolActivation(run_id=run_id, tool_name=a.tool_name, trigger=a.trigger, query=a.query) for a in activations
     )
-    RetrievalMiss.objects.bulk_create(RetrievalMiss(run_id=run_id, query=query) for query in misses)
 
 
 # --- built-in tools on a fresh installation -------------------------------------------

@@ -10,12 +10,13 @@ from django.utils import timezone
 
 from agents.models import ModelRequest, Run, RunEvent
 from agents.resident import resident_recommendation
+from engine.catalog.toolbox import Activation
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from tests.support.catalog import CATALOG_PATH
 from tests.support.factories import ModeFactory, ModelRequestFactory, RunFactory
 from toolcatalog.models import Mode, ModeVersion, RetrievalMiss, ToolActivation
 from toolcatalog.selectors import run_surface
-from toolcatalog.services import ResidentChangeRefused, catalog_import, mode_resident_apply
+from toolcatalog.services import ResidentChangeRefused, activations_record, catalog_import, mode_resident_apply
 from toolcatalog.toolbox import run_toolbox
 
 
@@ -56,6 +57,20 @@ def _history(owner) -> tuple[Mode, list[str]]:
         old = _run(owner, mode, days_ago=40)
         ToolActivation.objects.create(run=old, tool_name="web_search", trigger="direct")
     return mode, resident
+
+
+@pytest.mark.req("TS-3")
+@pytest.mark.django_db
+def test_a_load_stored_with_the_miss_of_its_own_turn_counts_as_found_after_it(alice):
+    """QA: a turn's loads were stored before its misses, so none ever counted as found after one."""
+    mode, _ = _history(alice)
+    run = _run(alice, mode)
+    ModelRequestFactory(run=run)
+    activations_record(
+        run_id=run.pk, activations=[Activation("git_status", "search", "git state")], misses=["repo state"]
+    )
+    (promoted,) = resident_recommendation(mode=mode, days=30).make_resident
+    assert (promoted.name, promoted.runs_using, promoted.found_after_miss) == ("git_status", 7, 3)
 
 
 @pytest.mark.req("TS-3")
