@@ -96,7 +96,10 @@ class ModeResidentAdmin(ModeAdmin):
                     make_deferred=request.POST.getlist("make_deferred"),
                     expected_version=int(given_version),
                     applied_by=request.user.get_username(),
-                    effect=recommendation.as_dict(),
+                    effect=resident_recommendation(
+                        mode=mode,
+                        applying=(request.POST.getlist("make_resident"), request.POST.getlist("make_deferred")),
+                    ).as_dict(),
                 )
             except ResidentChangeRefused as exc:
                 self.message_user(request, str(exc), messages.ERROR)
