@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from engine.catalog.surface import Surface, ToolRecord, name_index
+from engine.catalog.surface import SEARCH_TOOL, Surface, ToolRecord, name_index
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 
 KEEP_RESIDENT = frozenset({"search_tools", "describe_tool", "list_tool_groups"})
@@ -37,7 +37,9 @@ def fit_to_window(surface: Surface, *, budget_tokens: int, uses: Mapping[str, in
         resident.remove(tool)
         deferred.append(tool)
         moved.add(tool.name)
-    return replace(surface, resident=tuple(resident), deferred=tuple(deferred), index_text=name_index(deferred))
+    searchable = surface.get(SEARCH_TOOL) is not None
+    index = name_index(deferred, searchable=searchable)
+    return replace(surface, resident=tuple(resident), deferred=tuple(deferred), index_text=index)
 
 
 def resident_tokens(tools: Sequence[ToolRecord]) -> int:

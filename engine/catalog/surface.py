@@ -13,6 +13,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 INDEX_HEADER = "Deferred tools (call one by name, or find one with search_tools):"
+# A mode that does not admit search_tools: the index never sends the model to a tool it lacks (QA).
+INDEX_HEADER_NO_SEARCH = "Deferred tools (call one by name):"
+SEARCH_TOOL = "search_tools"
 
 
 @dataclass(frozen=True)
@@ -111,11 +114,12 @@ def build_surface(
     resident = tuple(tool for tool in admitted if mode.resident(tool) and tool.name not in unindexed)
     resident_names = {tool.name for tool in resident}
     deferred = tuple(tool for tool in admitted if tool.name not in resident_names)
-    index = name_index(tool for tool in deferred if tool.name not in unindexed)
+    searchable = any(tool.name == SEARCH_TOOL for tool in admitted)
+    index = name_index((tool for tool in deferred if tool.name not in unindexed), searchable=searchable)
     return Surface(mode, True, resident, deferred, index, {tool.name: tool for tool in admitted})
 
 
-def name_index(deferred: Iterable[ToolRecord]) -> str:
+def name_index(deferred: Iterable[ToolRecord], *, searchable: bool = True) -> str:
     """Deferred names grouped under their headings (TD-2): a few hundred tokens for a whole catalog.
 
     Names are separated by single spaces (a snake_case name has none of its own): a comma
@@ -128,7 +132,7 @@ def name_index(deferred: Iterable[ToolRecord]) -> str:
         groups.setdefault((tool.group_order, tool.group), []).append(tool.name)
     if not groups:
         return ""
-    lines = [INDEX_HEADER]
+    lines = [INDEX_HEADER if searchable else INDEX_HEADER_NO_SEARCH]
     for (_, heading), names in sorted(groups.items()):
         lines.append(f"{heading}: {' '.join(sorted(names))}")
     return "\n".join(lines)

@@ -193,10 +193,11 @@ class CatalogToolBox:
             # from the admitted names only, so they never reveal what the mode denies.
             close = difflib.get_close_matches(name, list(self.surface.admitted), n=3, cutoff=0.7)
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            search = "Use search_tools to find the right tool, or call" if self.surface.get("search_tools") else "Call"
             return {
                 "ok": False,
-                "error": f"There is no tool named {name!r} on this run's surface.{hint} Use search_tools to find "
-                "the right tool, or call one from the tool list or the name index.",
+                "error": f"There is no tool named {name!r} on this run's surface.{hint} {search} one from the "
+                "tool list or the name index.",
             }
         # TD-5: a deferred name called directly is loaded here, in the same step; its result loads the schema.
         observation = self._run(tool, name, arguments)
@@ -287,7 +288,8 @@ class CatalogToolBox:
             found.append(tool.definition())
         observation: Observation = {"ok": not unknown or bool(found), "tools": found}
         if unknown:
-            observation["error"] = f"Not on this run's surface: {', '.join(unknown)}. Try search_tools."
+            then = " Try search_tools." if self.surface.get("search_tools") else ""
+            observation["error"] = f"Not on this run's surface: {', '.join(unknown)}.{then}"
         if loaded:
             observation[LOADS_TOOLS] = loaded
         return observation

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.catalog.surface import ModeSpec, build_surface
+from engine.catalog.toolbox import CatalogToolBox
 from engine.request import ModelRequestSpec, text_block
 from engine.tokens import estimate_json_tokens, estimate_text_tokens
 from tests.support.catalog import reference_records
@@ -101,3 +102,16 @@ def test_deferral_off_request_is_byte_identical_to_one_built_without_deferral_lo
     ]
     without = ModelRequestSpec(model="m", system=system, tools=plain_tools, messages=messages)
     assert with_switch.serialize() == without.serialize()
+
+
+@pytest.mark.req("TD-2", "TD-8")
+def test_the_index_sends_the_model_to_search_tools_only_where_the_mode_admits_it():
+    """QA: a mode without search_tools was told "find one with search_tools", and its refusal said the same."""
+    records = reference_records()
+    searching = build_surface(records, ModeSpec(allow=("git_*", "search_tools")), deferral=True)
+    assert searching.index_text.splitlines()[0] == "Deferred tools (call one by name, or find one with search_tools):"
+    reading = build_surface(records, ModeSpec(allow=("git_*", "read_file")), deferral=True)
+    assert reading.index_text.splitlines()[0] == "Deferred tools (call one by name):"
+    toolbox = CatalogToolBox(surface=reading, index=lambda: None, executor=lambda name, arguments: None)
+    refused = toolbox.execute("search_tools", {"query": "x"})
+    assert "search_tools" not in refused["error"].replace("'search_tools'", "")
