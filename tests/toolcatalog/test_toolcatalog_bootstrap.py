@@ -7,6 +7,7 @@ import re
 import pytest
 from django.core.management import call_command
 
+from engine.catalog.surface import ModeSpec
 from engine.catalog.toolbox import DISCOVERY_TOOLS
 from tests.support.catalog import reference_catalog
 from toolcatalog.builtins import BUILTINS
@@ -41,12 +42,25 @@ def test_bootstrap_offers_starter_modes_once_and_keeps_an_operators_edits(quiet_
     call_command("bootstrap")
     assert set(Mode.objects.values_list("name", flat=True)) == {"chat", "code", "read-only"}
     chat = Mode.objects.get(name="chat")
-    assert "bash" in chat.deny and "write_file" in chat.deny
-    chat.deny = ["bash"]
+    chat.deny = ["fetch_url"]
     chat.save()
     call_command("bootstrap")
-    assert Mode.objects.get(name="chat").deny == ["bash"]
+    assert Mode.objects.get(name="chat").deny == ["fetch_url"]
     assert Mode.objects.count() == 3
+
+
+@pytest.mark.req("UX-7", "TD-8")
+def test_the_starter_modes_that_change_nothing_admit_no_tool_that_writes_or_runs(quiet_admin):
+    """QA: read-only and chat denied a few names and admitted multi_edit, apply_patch, delete_path,
+    git_push and every tool imported later. Every reference tool they admit is one of the catalog's
+    side-effect-free ones."""
+    call_command("bootstrap")
+    harmless = {entry["name"] for entry in reference_catalog()["tools"] if entry.get("side_effects") == "none"}
+    for name in ("chat", "read-only"):
+        spec = ModeSpec(allow=tuple(Mode.objects.get(name=name).allow), deny=tuple(Mode.objects.get(name=name).deny))
+        admitted = {entry["name"] for entry in reference_catalog()["tools"] if spec.admits(entry["name"])}
+        assert admitted and admitted <= harmless, (name, sorted(admitted - harmless))
+        assert not spec.admits("weather__set_alarm")  # a tool imported later is not admitted by default
 
 
 @pytest.mark.req("TD-1")

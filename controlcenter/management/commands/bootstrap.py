@@ -17,14 +17,25 @@ from toolcatalog.services import catalog_load_builtins
 DEMO_TITLE = "Welcome to Control Center"
 # Modes a fresh installation offers (UX-7), so the mode picker is never empty. Created once and
 # never overwritten: an operator's edits in the admin stay. The shell always asks for approval.
+# The two that change nothing list what they admit: their deny lists left multi_edit, apply_patch,
+# delete_path, git_push and every tool imported later admitted (QA).
+_DISCOVERY = ["search_tools", "describe_tool", "list_tool_groups"]
+_READING = ["read_*", "search_*", "list_*", "get_*", "describe_*", "find_*", "glob", "file_info", "diff_files",
+            "grep_code", "git_status", "git_log", "git_diff", "git_show_commit", "git_blame"]  # fmt: skip
+_ANSWERING = ["ask_user", "final_answer", "context_usage"]
 STARTER_MODES = [
-    ("chat", "Conversation only: no shell, no writes.", ["*"], ["bash", "write_file", "edit_file"]),
+    (
+        "chat",
+        "Conversation only: memory and the web to read, no workspace, no shell, no writes.",
+        [*_DISCOVERY, "search_memory", "list_memories", "web_search", "fetch_url", *_ANSWERING],
+        [],
+    ),
     ("code", "Everything: read, write and run commands (the shell asks for your approval).", ["*"], []),
     (
         "read-only",
         "Read the workspace and the catalog; nothing that changes a file, memory or the todo list.",
-        ["*"],
-        ["bash", "write_file", "edit_file", "save_memory", "todo_add", "todo_update"],
+        [*_DISCOVERY, *_READING, *_ANSWERING],
+        [],
     ),
 ]
 
