@@ -23,7 +23,7 @@ _DISCOVERY = ["search_tools", "describe_tool", "list_tool_groups"]
 _READING = ["read_*", "search_*", "list_*", "get_*", "describe_*", "find_*", "glob", "file_info", "diff_files",
             "grep_code", "git_status", "git_log", "git_diff", "git_show_commit", "git_blame"]  # fmt: skip
 _ANSWERING = ["ask_user", "final_answer", "context_usage"]
-STARTER_MODES = [
+STARTER_MODES: list[tuple[str, str, list[str], list[str]]] = [
     (
         "chat",
         "Conversation only: memory and the web to read, no workspace, no shell, no writes.",
