@@ -120,14 +120,31 @@ def _toolret_record(item: dict[str, Any]) -> ToolRecord:
 
 
 def load_queries(path: Path) -> list[dict[str, Any]]:
+    """The queries of a file: JSON lines of {"query", "gold"}, or a JSON list of {"query", "labels" or
+    "tool"}. A file of another shape is a ValueError naming the item (it was a TypeError traceback)."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    data = json.loads(text)
+        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        items = json.loads(text)
+        if not isinstance(items, list):
+            raise ValueError(f"{path}: a JSON list of queries was expected")
     queries = []
-    for i, item in enumerate(data):
-        gold = [label["id"] for label in item["labels"]] if "labels" in item else list(item["tool"])
-        queries.append({"id": str(item.get("id", i)), "query": item["query"], "gold": gold})
+    for i, item in enumerate(items):
+        try:
+            if "gold" in item:
+                gold = list(item["gold"])
+            elif "labels" in item:
+                gold = [label["id"] for label in item["labels"]]
+            else:
+                gold = list(item["tool"])
+            query = item["query"]
+        except (KeyError, TypeError) as exc:
+            shape = '{"query", "gold" | "labels" | "tool"}'
+            raise ValueError(f"{path}: query {i + 1} is not {shape} ({exc!r})") from None
+        if not isinstance(query, str) or not all(isinstance(name, str) for name in gold):
+            raise ValueError(f"{path}: query {i + 1} needs a text query and tool names as its gold")
+        queries.append({"id": str(item.get("id", i)), "query": query, "gold": gold})
     return queries
 
 
@@ -284,6 +301,8 @@ def measure(
 def run(options: dict[str, Any]) -> dict[str, Any]:
     rankers = _rankers(options)
     k = options["k"]
+    if options.get("queries") and not options.get("catalog"):
+        raise ValueError("--queries needs --catalog: the tools its gold names are in (it was silently ignored)")
     if options.get("catalog"):
         tools = load_tools(Path(options["catalog"]))
         if options["synthetic"]:

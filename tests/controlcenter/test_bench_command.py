@@ -41,6 +41,13 @@ def _manage_bench(*argv: str, database: str) -> subprocess.CompletedProcess[str]
         (["scratchpad", "--size-mb", "0"], "bench scratchpad: argument --size-mb: must be at least 1, not 0"),
         (["search", "--k", "0"], "bench search: argument --k: must be at least 1, not 0"),
         (["search", "--limit", "-1"], "bench search: argument --limit: must be at least 0, not -1"),
+        # QA: ignored without --catalog, and a traceback for a file of another shape.
+        (["search", "--queries", str(ROOT / "pyproject.toml")], "bench search: --queries needs --catalog"),
+        (
+            ["search", "--catalog", str(ROOT / "tests/data/toolcatalog.json"),
+             "--queries", str(ROOT / "bench/search_data/toolret-apigen.split.json")],
+            "toolret-apigen.split.json: a JSON list of queries was expected",
+        ),  # fmt: skip
         (["compaction", "--windows", "abc"], "bench compaction: argument --windows: 'abc' is not a whole number"),
         (["compaction", "--turns", "0"], "bench compaction: argument --turns: must be at least 1, not 0"),
         (["small_window", "--window", "10"], "bench small_window: argument --window: must be at least 1024, not 10"),

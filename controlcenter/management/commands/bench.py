@@ -75,8 +75,9 @@ class Command(BaseCommand):
                     figures = module.run(bench_options)
             else:
                 figures = module.run(bench_options)
-        except (OSError, json.JSONDecodeError) as exc:
-            # A data file named on the command line that is missing, unreadable or not JSON.
+        except (OSError, ValueError) as exc:
+            # A data file named on the command line that is missing, unreadable, not JSON or not
+            # of the shape the benchmark reads (json.JSONDecodeError is a ValueError).
             raise CommandError(f"bench {options['name']}: {exc}") from exc
         if as_json:
             self.stdout.write(json.dumps(figures, sort_keys=True))
