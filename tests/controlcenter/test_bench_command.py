@@ -44,8 +44,13 @@ def _manage_bench(*argv: str, database: str) -> subprocess.CompletedProcess[str]
         # QA: ignored without --catalog, and a traceback for a file of another shape.
         (["search", "--queries", str(ROOT / "pyproject.toml")], "bench search: --queries needs --catalog"),
         (
-            ["search", "--catalog", str(ROOT / "tests/data/toolcatalog.json"),
-             "--queries", str(ROOT / "bench/search_data/toolret-apigen.split.json")],
+            [
+                "search",
+                "--catalog",
+                str(ROOT / "tests/data/toolcatalog.json"),
+                "--queries",
+                str(ROOT / "bench/search_data/toolret-apigen.split.json"),
+            ],
             "toolret-apigen.split.json: a JSON list of queries was expected",
         ),  # fmt: skip
         (["compaction", "--windows", "abc"], "bench compaction: argument --windows: 'abc' is not a whole number"),
