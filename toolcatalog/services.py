@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from controlcenter.errors import DomainError
 from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
-from engine.catalog.toolbox import Activation
+from engine.catalog.toolbox import DISCOVERY_TOOLS, Activation
 from toolcatalog.builtins import builtin_names
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
 from toolcatalog.mcp_config import (
@@ -173,9 +173,19 @@ def mode_resident_apply(
                 "meanwhile. Reload the recommendation."
             )
         spec = mode_spec(mode)
-        admitted = {tool.name for tool in catalog_records() if spec.admits(tool.name)}
-        if unknown := sorted((add | remove) - admitted):
+        records = [tool for tool in catalog_records() if spec.admits(tool.name)]
+        if unknown := sorted((add | remove) - {tool.name for tool in records}):
             raise ResidentChangeRefused(f"Not tools of mode {mode.name}: {_some_names(unknown)}.")
+        # A version that changes nothing would still change the tools prefix's version (QA).
+        resident = {tool.name for tool in records if spec.resident(tool)}
+        if already := sorted((add & resident) | (remove - resident)):
+            raise ResidentChangeRefused(
+                f"Already as asked in mode {mode.name}: {_some_names(already)}. Nothing was applied."
+            )
+        if discovery := sorted(remove & set(DISCOVERY_TOOLS)):
+            raise ResidentChangeRefused(
+                f"{_some_names(discovery)} find and load the deferred tools: they stay resident. Nothing was applied."
+            )
         changed = spec.with_resident(add, remove)
         mode.resident_add = sorted(changed.resident_add)
         mode.resident_remove = sorted(changed.resident_remove)

@@ -162,10 +162,16 @@ def test_a_stale_unknown_or_contradictory_change_is_refused_and_changes_nothing(
         ({"make_resident": ["x" * 100_000], "make_deferred": [], "expected_version": 2}, r"reader: 'x{64}…'\.$"),
         ({"make_resident": ["git_log"], "make_deferred": ["git_log"], "expected_version": 2}, "resident and deferred"),
         ({"make_resident": [], "make_deferred": [], "expected_version": 2}, "Nothing to apply"),
+        # QA: a change that changed nothing, and deferring a discovery tool, made new versions.
+        ({"make_resident": ["git_status"], "make_deferred": [], "expected_version": 2}, "Already as asked in mode"),
+        ({"make_resident": [], "make_deferred": ["git_log"], "expected_version": 2}, "Already as asked in mode"),
     ]
     for arguments, message in bad:
         with pytest.raises(ResidentChangeRefused, match=message):
             mode_resident_apply(mode_id=mode.pk, **arguments)
+    everything = ModeFactory(name="everything", allow=["*"])
+    with pytest.raises(ResidentChangeRefused, match="they stay resident"):
+        mode_resident_apply(mode_id=everything.pk, make_resident=[], make_deferred=["search_tools"], expected_version=1)
     mode.refresh_from_db()
     assert (mode.version, mode.resident_add, mode.resident_remove, ModeVersion.objects.count()) == before
 
