@@ -31,7 +31,7 @@ from engine.context.transcript import RequestCount
 from engine.loop import MakeRoom, ReactiveCompaction, RequestSize, Room
 from engine.providers.protocol import PromptTooLong, ProviderError
 from engine.pruning import PruneResult, prune_stale_tool_output
-from engine.request import ModelRequestSpec, text_block
+from engine.request import ModelRequestSpec, called_tools, referenced_tools, text_block, tools_by_recency
 from engine.room import turn_room
 from engine.tokens import CHARS_PER_TOKEN, estimate_text_tokens, tool_prompt_tokens
 from scratchpad.selectors import entries_visible_to_turn
@@ -460,6 +460,10 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
     )
     path = selectors.current_path(conversation)
     pruning = turn_pruned(selectors.view_of_path(conversation_id=conversation.pk, path=path))
+    # The tools earlier turns loaded go out again, as the loop restores them (engine/loop.py): the
+    # view left them out, a thousand tokens short of what the next request sent (QA).
+    if referenced := referenced_tools(pruning.messages):
+        toolbox.restore_loaded(referenced, tools_by_recency(pruning.messages), called=called_tools(pruning.messages))
     request = ModelRequestSpec(
         model=conversation.model or settings.CC_MODEL,
         system=turn_system(catalog),

@@ -17,6 +17,7 @@ import pytest
 from django.db import connection
 
 from agents.models import ModelRequest, Run, RunEvent
+from agents.turns import context_view
 from controlcenter.processes import WorkerProcess, services_env
 from conversations.models import Conversation, Message
 from engine.emulator import Emulator
@@ -143,6 +144,11 @@ def test_on_anthropic_an_activation_keeps_the_whole_previous_prefix_in_the_cache
     assert called.cache_read_input_tokens == searched.prompt_tokens
     assert answered.cache_read_input_tokens == called.prompt_tokens
     assert all(r.cache_miss == "" for r in requests)
+    # The Context view shows the next request with the tools this turn loaded, as the loop sends them
+    # again (QA: it left them out, a thousand tokens short).
+    sent_last = {tool["name"] for tool in payloads[-1]["tools"]}
+    shown = context_view(conversation=run.conversation)
+    assert {*loaded_by_search, "save_memory"} <= set(shown["extra_tools"]) <= sent_last
 
     # What went over the wire: the resident block, system and history byte-identical; the
     # loaded schemas deferred; the results that loaded them carry the references.
