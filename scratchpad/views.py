@@ -35,6 +35,8 @@ def entry_viewer(request: HttpRequest, entry_id: str) -> HttpResponse:
     asked = {name: value for name, value in request.GET.items() if name in {*FORM_DEFAULTS, "ignore_case"}}
     context: dict[str, Any] = {
         "entry": entry,
+        # What the tool said of its own output (a cut, bytes omitted): the slice is only what it kept (QA).
+        "tool_note": _tool_note(entry),
         "modes": TEXT_MODES if entry.kind == Entry.Kind.TEXT else BINARY_MODES,
         "form": {**FORM_DEFAULTS, **asked},
     }
@@ -51,6 +53,14 @@ def entry_viewer(request: HttpRequest, entry_id: str) -> HttpResponse:
         else:
             context["slice"], context["slice_facts"] = _shown(result)
     return render(request, "scratchpad/viewer.html", context, status=status)
+
+
+def _tool_note(entry: Entry) -> str:
+    envelope = entry.envelope if isinstance(entry.envelope, dict) else {}
+    omitted = [f"{name.removesuffix('_omitted').replace('_', ' ')}: {value:,}" for name, value in envelope.items()
+               if name.endswith("_omitted") and isinstance(value, int)]  # fmt: skip
+    note = str(envelope.get("_note", ""))
+    return " ".join(part for part in (note, f"({'; '.join(omitted)} omitted)" if omitted else "") if part)
 
 
 def _shown(result: dict[str, Any]) -> tuple[str, str]:

@@ -136,3 +136,16 @@ def test_admin_shows_metadata_and_a_short_preview_not_the_blob(admin_client, ali
     assert text.splitlines()[0] in page
     assert text[5000:5100] not in page
     assert admin_client.get("/admin/scratchpad/entry/").status_code == 200
+
+
+@pytest.mark.req("SP-6")
+def test_the_viewer_says_what_the_tool_said_of_its_cut_output(client, alice, alice_entry):
+    """QA: `seq 1 200000` was cut at 1 MB by bash; the viewer showed a size and lines, no word of
+    the cut, and a grep for the last numbers answered "No line matches"."""
+    _, entry, _ = alice_entry
+    Entry.objects.filter(pk=entry.pk).update(
+        envelope={"ok": True, "_note": "Output above 1000000 bytes per stream was cut.", "stdout_bytes_omitted": 288895}
+    )
+    client.force_login(alice)
+    html = client.get(f"/scratchpad/{entry.pk}/").content.decode()
+    assert "The tool said: Output above 1000000 bytes per stream was cut. (stdout bytes: 288,895 omitted)" in html
