@@ -110,15 +110,23 @@ read_arguments = st.fixed_dictionaries(
     },
 )
 
-well_formed_reads = st.fixed_dictionaries(
-    {"scratchpad_id": st.just("ENTRY"), "mode": st.sampled_from(["full", "head", "tail", "range", "lines", "grep"])},
-    optional={
-        "n": st.integers(min_value=1, max_value=5000),
-        "start": st.integers(min_value=0, max_value=3000),
-        "end": st.integers(min_value=0, max_value=3000),
-        "pattern": st.sampled_from(["line 1", "of the", "^line 2\\d$"]),
-        "context": st.integers(min_value=0, max_value=10),
-    },
+
+def _read_in(modes: list[str], **optional: st.SearchStrategy) -> st.SearchStrategy:
+    """Reads in one of `modes` with only the arguments those modes take (another mode's is refused)."""
+    return st.fixed_dictionaries({"scratchpad_id": st.just("ENTRY"), "mode": st.sampled_from(modes)}, optional=optional)
+
+
+well_formed_reads = st.one_of(
+    _read_in(["full"]),
+    _read_in(["head", "tail"], n=st.integers(min_value=1, max_value=5000)),
+    _read_in(
+        ["range", "lines"], start=st.integers(min_value=0, max_value=3000), end=st.integers(min_value=0, max_value=3000)
+    ),
+    _read_in(
+        ["grep"],
+        pattern=st.sampled_from(["line 1", "of the", "^line 2\\d$"]),
+        context=st.integers(min_value=0, max_value=10),
+    ),
 )
 
 
