@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.catalog.schemas import catalog_name_problem, schema_problem
+from engine.catalog.schemas import catalog_name_problem, description_problem, schema_problem
 from engine.catalog.surface import ToolRecord
 
 FORMAT_VERSION = 1
@@ -128,6 +128,8 @@ def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
         problems.append(f"group {tool.get('group')!r} is not one of the file's 'groups'.")
     if not isinstance(tool.get("description"), str) or not tool["description"].strip():
         problems.append("a non-empty 'description' is required.")
+    elif problem := description_problem(tool["description"]):
+        problems.append(problem)
     if "input_schema" not in tool:
         problems.append("'input_schema' is required.")
     elif problem := schema_problem(tool["input_schema"]):

@@ -11,6 +11,7 @@ from django.db import models
 from engine.catalog.schemas import (
     NAMESPACE_SEPARATOR,
     catalog_name_problem,
+    description_problem,
     name_problem,
     qualified_name,
     schema_problem,
@@ -145,6 +146,8 @@ class Tool(models.Model):
             errors["name"] = problem
         if problem := schema_problem(self.input_schema):
             errors["input_schema"] = problem
+        if problem := description_problem(self.description or ""):
+            errors["description"] = problem
         if (self.source == self.Source.MCP) != bool(self.server_id):
             errors["server"] = "MCP tools, and only they, belong to an MCP server."
         if errors:

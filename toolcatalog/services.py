@@ -14,7 +14,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlcenter.errors import DomainError
-from engine.catalog.schemas import NAMESPACE_SEPARATOR, name_problem, qualified_name, schema_problem
+from engine.catalog.schemas import (
+    NAMESPACE_SEPARATOR,
+    description_problem,
+    name_problem,
+    qualified_name,
+    schema_problem,
+)
 from engine.catalog.toolbox import DISCOVERY_TOOLS, Activation
 from toolcatalog.builtins import builtin_names
 from toolcatalog.catalogfile import dump_catalog, parse_catalog
@@ -52,6 +58,8 @@ class ImportResult:
     updated: int
     unchanged: int
     groups_created: int
+    # Catalog tools the file does not name: left as they are, but said (QA: nothing was).
+    not_in_file: tuple[str, ...] = ()
 
 
 _FIELDS = (
@@ -102,18 +110,19 @@ def catalog_import(*, text: str) -> ImportResult:
                 Tool.objects.create(name=entry["name"], group=groups[entry["group"]], source=source, **values)
                 created += 1
                 continue
-            changed = [field for field in _FIELDS if getattr(tool, field) != values[field]]
+            changed = [name for name in _FIELDS if getattr(tool, name) != values[name]]
             if tool.group_id != groups[entry["group"]].pk:
                 tool.group = groups[entry["group"]]
                 changed.append("group")
             if not changed:
                 unchanged += 1
                 continue
-            for field in _FIELDS:
-                setattr(tool, field, values[field])
+            for name in _FIELDS:
+                setattr(tool, name, values[name])
             tool.save()
             updated += 1
-    return ImportResult(created, updated, unchanged, groups_created)
+    named = {entry["name"] for entry in parsed.tools}
+    return ImportResult(created, updated, unchanged, groups_created, tuple(sorted(set(existing) - named)))
 
 
 def catalog_export() -> str:
@@ -355,7 +364,7 @@ def _imported_problem(server: McpServer, tool: ImportedTool) -> str | None:
     problem = name_problem(tool.name) or name_problem(qualified_name(tool.name, server.name))
     if problem is None and NAMESPACE_SEPARATOR in tool.name:
         problem = f"tool name {tool.name!r} contains '__', which separates server and tool."
-    return problem or schema_problem(tool.input_schema)
+    return problem or schema_problem(tool.input_schema) or description_problem(tool.description)
 
 
 def mcp_server_listing(server: McpServer) -> list[ImportedTool]:

@@ -49,6 +49,19 @@ def name_problem(name: Any) -> str | None:
     return None
 
 
+# A resident tool's description is in every request: a 2 MB one was imported (QA).
+MAX_DESCRIPTION_CHARS = 10_000
+
+
+def description_problem(description: str) -> str | None:
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        return (
+            f"the description is {len(description):,} characters, over {MAX_DESCRIPTION_CHARS:,}: a resident "
+            "tool's description goes into every request."
+        )
+    return None
+
+
 def catalog_name_problem(name: Any) -> str | None:
     """A tool that belongs to no MCP server: its name may not look like one that does. `weather__get`
     beside server weather's `get` sent one name twice, and the API refused every request (QA)."""

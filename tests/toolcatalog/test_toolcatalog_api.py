@@ -281,7 +281,7 @@ def test_a_catalog_tool_cannot_take_the_name_an_mcp_servers_tool_has(admin_clien
     API refused every request of every run (400: tool names must be unique)."""
     catalog = {
         "version": 1,
-        "groups": [{"heading": "Web", "order": 1}],
+        "groups": ["Web"],
         "tools": [{"name": "weather__get", "group": "Web", "description": "d", "input_schema": {"type": "object"}}],
     }
     path = tmp_path / "catalog.json"
@@ -292,3 +292,27 @@ def test_a_catalog_tool_cannot_take_the_name_an_mcp_servers_tool_has(admin_clien
     with pytest.raises(ValidationError, match="only an MCP server's tools have"):
         Tool.objects.create(name="weather__get", group=group, description="d", input_schema={"type": "object"})
     assert not Tool.objects.filter(name="weather__get").exists()
+
+
+@pytest.mark.req("TD-1")
+def test_a_catalog_import_refuses_a_huge_description_and_names_the_tools_it_leaves_as_they_are(tmp_path, capsys):
+    """QA: a 2 MB description imported fine (a resident one is in every request), and a re-import
+    that left ten tools out said nothing of them."""
+
+    def catalog_file(tools: list[dict]) -> str:
+        path = tmp_path / "catalog.json"
+        path.write_text(json.dumps({"version": 1, "groups": ["Web"], "tools": tools}))
+        return str(path)
+
+    def tool(name: str, description: str = "d") -> dict:
+        return {"name": name, "group": "Web", "description": description, "input_schema": {"type": "object"}}
+
+    with pytest.raises(CommandError, match="the description is 10,001 characters, over 10,000"):
+        call_command("catalog", "import", catalog_file([tool("big", "x" * 10_001)]))
+    assert not Tool.objects.filter(name="big").exists()
+    call_command("catalog", "import", catalog_file([tool("one"), tool("two"), tool("three")]))
+    capsys.readouterr()
+    call_command("catalog", "import", catalog_file([tool("one")]))
+    out = capsys.readouterr().out
+    assert "2 catalog tools are not in the file and were left as they are" in out and "three, two" in out
+    assert set(Tool.objects.values_list("name", flat=True)) == {"one", "two", "three"}

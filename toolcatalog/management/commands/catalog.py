@@ -61,6 +61,12 @@ class Command(BaseCommand):
                 f"{path}: {result.created} tools created, {result.updated} updated, {result.unchanged} unchanged, "
                 f"{result.groups_created} groups created."
             )
+            if result.not_in_file:
+                shown = ", ".join(result.not_in_file[:10]) + (" …" if len(result.not_in_file) > 10 else "")
+                self.stdout.write(
+                    f"{len(result.not_in_file)} catalog tools are not in the file and were left as they are "
+                    f"(disable or delete them in the admin): {shown}."
+                )
             return
         text = catalog_export()
         if options["output"]:
