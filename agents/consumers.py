@@ -33,29 +33,20 @@ class _GroupConsumer(AsyncWebsocketConsumer):
     page only has to come back, as its backoff makes it, once Redis is."""
 
     group: str = ""
-    unreachable = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         except RedisError as exc:
-            # The layer also fails on the socket's own channel, which Channels reads beside it.
-            if not self.unreachable:
-                logger.warning("websocket closed at once: the channel layer is unreachable (%s)", exc)
-                # Each refused by the server when already done (an open socket whose Redis went away).
-                for message in ({"type": "websocket.accept"}, {"type": "websocket.close", "code": TRY_AGAIN_LATER}):
-                    with contextlib.suppress(Exception):
-                        await send(message)
+            # Joining the group failed, or the socket's own channel, which Channels reads beside it.
+            logger.warning("websocket closed at once: the channel layer is unreachable (%s)", exc)
+            # Each refused by the server when already done (an open socket whose Redis went away).
+            for message in ({"type": "websocket.accept"}, {"type": "websocket.close", "code": TRY_AGAIN_LATER}):
+                with contextlib.suppress(Exception):
+                    await send(message)
 
     async def join(self) -> None:
-        try:
-            await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
-        except RedisError as exc:
-            logger.warning("websocket closed at once: the channel layer is unreachable (%s)", exc)
-            self.unreachable, self.group = True, ""  # joined nothing: nothing to leave
-            await self.accept()
-            await self.close(code=TRY_AGAIN_LATER)
-            return
+        await over_fresh_connection(lambda: self.channel_layer.group_add(self.group, self.channel_name))
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
