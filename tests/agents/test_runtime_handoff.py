@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from agents import lifecycle
+from agents import heartbeat, lifecycle
 from agents.models import ModelRequest, Run, RunEvent
 from conversations.models import Conversation, Message
 
@@ -21,6 +21,9 @@ def _queued_run(owner, text: str, *, created_ago: dt.timedelta) -> Run:
     run = Run.objects.create(conversation=conversation, trigger=trigger, provider="offline", model="offline-1")
     created = timezone.now() - created_ago
     Run.objects.filter(pk=run.pk).update(created_at=created, queued_at=created)
+    # Sent to a broker nobody took it from, as `enqueue_run` leaves it: marked held. Unmarked,
+    # the session's real worker (same database) sweeps it as lost and runs it mid-test.
+    heartbeat.redis_client().set(lifecycle._mark("run", run.pk), "sent", ex=lifecycle.QUEUE_MARK_TTL_SECONDS)
     return run
 
 
