@@ -13,6 +13,7 @@ the caller's thread only, because the publisher numbers them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -194,16 +195,36 @@ class StepExecutor:
 # jsonb refuse U+0000: a NUL a tool printed (`find -print0`, `cat` of a binary) or a model wrote
 # failed the whole run. It is shown as U+2400 SYMBOL FOR NULL, which says what was there.
 NUL_STAND_IN = "\u2400"
+# They refuse a lone surrogate too, which is what Python makes of a file name that is not UTF-8
+# (os.listdir's surrogateescape: byte 0xff becomes U+DCFF) and what a model's "\udcff" decodes
+# to. An escaped byte is shown as `\xff`, the byte it stands for; any other lone surrogate as U+FFFD.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def without_nul(value: Any) -> Any:
-    """`value` with every NUL in its strings (keys included) replaced by NUL_STAND_IN; bytes are kept."""
+def _shown_surrogate(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
+
+
+def _storable_text(text: str) -> str:
+    if "\x00" in text:
+        text = text.replace("\x00", NUL_STAND_IN)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub(_shown_surrogate, text)
+    return text
+
+
+def storable(value: Any) -> Any:
+    """`value` with its strings (keys included) storable as PostgreSQL text: NULs shown as
+    NUL_STAND_IN, lone surrogates as the byte they escape or U+FFFD; bytes are kept."""
     if isinstance(value, str):
-        return value.replace("\x00", NUL_STAND_IN) if "\x00" in value else value
+        return _storable_text(value)
     if isinstance(value, dict):
-        return {without_nul(key): without_nul(item) for key, item in value.items()}
+        return {storable(key): storable(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [without_nul(item) for item in value]
+        return [storable(item) for item in value]
     return value
 
 

@@ -19,9 +19,9 @@ from engine.actions import (
     ApprovalNeeded,
     Decision,
     StepExecutor,
+    storable,
     tool_uses_of,
     turn_observations,
-    without_nul,
 )
 from engine.breakpoints import place_breakpoints
 from engine.context.calibration import Measured
@@ -444,9 +444,9 @@ def _request(
 
     def shown(event: ProviderEvent) -> None:
         if isinstance(event, TextDelta):
-            emit("text_delta", {"step": step, "text": without_nul(event.text)})
+            emit("text_delta", {"step": step, "text": storable(event.text)})
         elif isinstance(event, ToolUseBlock):
-            emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": without_nul(event.input)})
+            emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": storable(event.input)})
 
     for attempt in (1, 2):
         request = ModelRequestSpec(
@@ -470,7 +470,7 @@ def _request(
             history = [_as_blocks(message) for message in replacement]
             previous_end = None
             continue
-        return request, replace(done, content=without_nul(done.content)), duration_ms
+        return request, replace(done, content=storable(done.content)), duration_ms
     raise AssertionError("unreachable")
 
 

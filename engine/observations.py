@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from engine.actions import ATTACHED_IMAGES, LOADS_TOOLS, without_loads, without_nul
+from engine.actions import ATTACHED_IMAGES, LOADS_TOOLS, storable, without_loads
 from engine.scratchpad import read_tool as scratchpad_tool
 from engine.scratchpad.offload import jsonable_observation, needs_offload
 from engine.scratchpad.references import UnresolvableReference, has_references, resolve
@@ -78,7 +78,7 @@ class ScratchpadToolBox(ToolBoxLayer):
                 arguments = resolve(arguments, self._lookup)
             except UnresolvableReference as exc:
                 return self._keep(step, {"ok": False, "error": f"{name} was not run: {exc}"})
-        observation = without_nul(self.inner.execute(name, arguments))
+        observation = storable(self.inner.execute(name, arguments))
         stored = without_loads(observation)
         # Loaded schemas and attached images travel beside the text, offloaded or not: the
         # model sees an image itself, so its bytes do not count towards the threshold.

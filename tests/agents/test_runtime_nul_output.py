@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -86,3 +87,28 @@ def test_a_nul_the_model_writes_in_a_call_or_its_answer_is_shown_as_a_symbol_and
     ]
     (call_event,) = RunEvent.objects.filter(run=run, type="tool_call")
     assert call_event.payload["input"] == {"path": "x\u2400y"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("SP-3")
+@pytest.mark.req("SB-5")
+def test_a_file_name_that_is_not_utf8_and_a_lone_surrogate_the_model_writes_are_shown_and_the_run_goes_on(
+    settings, tmp_path, alice
+):
+    # QA: list_dir, glob and search_files over such a name, or a call holding "\udcff", ended the
+    # run `failed` with PostgreSQL's "Unicode low surrogate must follow a high surrogate".
+    listing = {"type": "tool_use", "name": "list_dir", "input": {"path": "."}}
+    call = {"type": "tool_use", "name": "read_file", "input": {"path": "odd\udcffname\ud800"}}
+    with EmulatorServer(Emulator(policy=ScriptedPolicy([[listing], [call], "Listed."]))) as server:
+        settings.ANTHROPIC_API_KEY = "test-key"
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        run = make_run(alice)
+        (workspace_root(run.conversation_id) / os.fsdecode(b"bad\xffname")).write_text("x")
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    (listed, _) = [event.payload["output"] for event in RunEvent.objects.filter(run=run, type="tool_result")]
+    assert [entry["name"] for entry in listed["entries"]] == ["bad\\xffname"]
+    (_, call_event) = RunEvent.objects.filter(run=run, type="tool_call").order_by("id")
+    assert call_event.payload["input"] == {"path": "odd\\xffname\ufffd"}
