@@ -148,7 +148,7 @@ def _run(arguments: dict[str, Any], open_entry: OpenEntry, max_chars: int, grep_
     if mode == "lines":
         return {**base, **_lines(arguments, source, max_chars)}
     if mode == "grep":
-        return {**base, **_grep(arguments, source, grep_timeout)}
+        return {**base, **_grep(arguments, source, grep_timeout, max_chars)}
 
     if mode == "full":
         start, end = 0, shape.length
@@ -195,7 +195,7 @@ def _lines(arguments: dict[str, Any], source: ChunkSource, max_chars: int) -> di
     return {"start": first, "end": last, "total_lines": total, "content": content}
 
 
-def _grep(arguments: dict[str, Any], source: ChunkSource, timeout: float) -> dict[str, Any]:
+def _grep(arguments: dict[str, Any], source: ChunkSource, timeout: float, max_chars: int) -> dict[str, Any]:
     pattern_text = arguments.get("pattern")
     if not isinstance(pattern_text, str) or not pattern_text:
         raise BadRead("grep needs a non-empty 'pattern' (a regular expression).")
@@ -210,7 +210,9 @@ def _grep(arguments: dict[str, Any], source: ChunkSource, timeout: float) -> dic
     except PatternError as exc:
         raise BadRead(f"pattern {pattern_text!r} is not a valid regular expression: {exc}.") from None
     try:
-        found = grep(source, pattern, context=context, max_matches=max_matches, timeout_seconds=timeout)
+        found = grep(
+            source, pattern, context=context, max_matches=max_matches, timeout_seconds=timeout, max_chars=max_chars
+        )
     except TimeoutError:
         raise BadRead(
             f"pattern {pattern_text!r} took more than {timeout:g} s and was stopped (it backtracks too much on "
@@ -221,6 +223,7 @@ def _grep(arguments: dict[str, Any], source: ChunkSource, timeout: float) -> dic
         "matches": found.matches,
         "more_matches": found.more,
         "content": found.content,
+        **({"stopped_before_line": found.full_at_line} if found.full_at_line is not None else {}),
     }
     notes = []
     if found.matches == 0:
@@ -229,6 +232,11 @@ def _grep(arguments: dict[str, Any], source: ChunkSource, timeout: float) -> dic
         notes.append(
             f"More matches follow: only the first {found.matches} are shown. Narrow the pattern, raise max_matches "
             "(up to 500), or read further with mode=lines."
+        )
+    if found.full_at_line is not None:
+        notes.append(
+            f"The lines shown fill the {max_chars} characters one read may return; they stop before line "
+            f"{found.full_at_line}. Narrow the pattern, lower max_matches or context, or read on with mode=lines."
         )
     if found.split_lines:
         notes.append(

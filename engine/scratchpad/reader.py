@@ -150,6 +150,12 @@ class GrepResult:
     matches: int
     more: bool
     split_lines: list[int] = field(default_factory=list)
+    # Set when the lines shown reached `max_chars`: the first line left out.
+    full_at_line: int | None = None
+
+
+class _Full(Exception):
+    pass
 
 
 def grep(
@@ -159,6 +165,7 @@ def grep(
     context: int,
     max_matches: int,
     timeout_seconds: float,
+    max_chars: int,
     total_seconds: float = 60.0,
 ) -> GrepResult:
     """Lines matching `pattern`, `grep -n` style, with `context` lines around each match.
@@ -166,20 +173,27 @@ def grep(
     Raises TimeoutError when one search over a block takes more than `timeout_seconds`
     (catastrophic backtracking), or the pattern more than `total_seconds` in all; time
     spent fetching chunks does not count. A match is reported at the line where it starts.
+    The lines shown stop before they would pass `max_chars`, as any read does (SP-6).
     """
     spent = [0.0]
     out: list[str] = []
     state = {"matches": 0, "more": False, "last": 0, "after": 0}
-    before: deque[tuple[int, str]] = deque(maxlen=max(context, 1))
+    before: deque[tuple[int, str, int]] = deque(maxlen=max(context, 1))
     split_lines: list[int] = []
+    shown = [0]
 
-    def emit(number: int, text: str, is_match: bool) -> None:
-        if out and number > state["last"] + 1:
-            out.append("--")
+    def emit(number: int, text: str, is_match: bool, offset: int) -> None:
         if len(text) > GREP_DISPLAY_LINE_CHARS:
-            extra = len(text) - GREP_DISPLAY_LINE_CHARS
-            text = f"{text[:GREP_DISPLAY_LINE_CHARS]} [... {extra} more characters: read this line with mode=lines]"
-        out.append(f"{number}{':' if is_match else '-'}{text}")
+            # mode=lines refuses a line longer than one read, and grep gives no offset otherwise.
+            extra, rest = len(text) - GREP_DISPLAY_LINE_CHARS, offset + GREP_DISPLAY_LINE_CHARS
+            text = f"{text[:GREP_DISPLAY_LINE_CHARS]} [... {extra} more characters: mode=range from start={rest}]"
+        line = f"{number}{':' if is_match else '-'}{text}"
+        separator = ["--"] if out and number > state["last"] + 1 else []
+        added = sum(len(part) + 1 for part in (*separator, line))
+        if shown[0] + added > max_chars:
+            raise _Full(number)
+        out.extend((*separator, line))
+        shown[0] += added
         state["last"] = number
 
     def matching_lines(block: str) -> set[int]:
@@ -203,7 +217,7 @@ def grep(
             pos = newline + 1
         return found_lines
 
-    def scan(block: str, first_line: int) -> bool:
+    def scan(block: str, first_line: int, block_offset: int) -> bool:
         """Scan one block of whole lines; False once more than `max_matches` were found."""
         hits = matching_lines(block)
         lines = block.split("\n")
@@ -211,53 +225,61 @@ def grep(
             lines.pop()
         if not hits and not state["after"]:
             # Nothing to show here: only remember the last lines as context for later.
+            at = block_offset + sum(len(text) + 1 for text in lines[: max(0, len(lines) - context)])
             for offset in range(max(0, len(lines) - context), len(lines)):
-                before.append((first_line + offset, lines[offset]))
+                before.append((first_line + offset, lines[offset], at))
+                at += len(lines[offset]) + 1
             return True
+        at = block_offset
         for offset, text in enumerate(lines):
-            number = first_line + offset
+            number, line_offset = first_line + offset, at
+            at += len(text) + 1
             if number <= state["last"]:
                 continue
             if offset in hits:
                 if state["matches"] >= max_matches:
                     state["more"] = True
                     return False
-                for ctx_number, ctx_text in before:
+                for ctx_number, ctx_text, ctx_offset in before:
                     if ctx_number > state["last"] and ctx_number >= number - context:
-                        emit(ctx_number, ctx_text, False)
-                emit(number, text, True)
+                        emit(ctx_number, ctx_text, False, ctx_offset)
+                emit(number, text, True, line_offset)
                 state["matches"] += 1
                 state["after"] = context
             elif state["after"]:
-                emit(number, text, False)
+                emit(number, text, False, line_offset)
                 state["after"] -= 1
             if context:
-                before.append((number, text))
+                before.append((number, text, line_offset))
         return True
 
-    carry = ""
-    carry_line = 1  # number of the first line in `carry`
+    carry, carry_line, carry_offset = "", 1, 0  # `carry` starts at line `carry_line`, offset `carry_offset`
     finished = True
-    for chunk in source.chunks(0):
-        assert isinstance(chunk.value, str)
-        block = carry + chunk.value
-        cut = block.rfind("\n") + 1
-        if cut == 0:
-            carry = block
-            if len(carry) > GREP_LONG_LINE_CHARS:
-                # A line with no end in sight: search it in overlapping pieces and say so.
-                if not split_lines or split_lines[-1] != carry_line:
-                    split_lines.append(carry_line)
-                if not scan(carry, carry_line):
-                    finished = False
-                    break
-                carry = carry[-GREP_OVERLAP_CHARS:]
-            continue
-        if not scan(block[:cut], carry_line):
-            finished = False
-            break
-        carry_line += block.count("\n", 0, cut)
-        carry = block[cut:]
-    if finished and carry:
-        scan(carry, carry_line)
-    return GrepResult("\n".join(out), int(state["matches"]), bool(state["more"]), split_lines)
+    full_at: int | None = None
+    try:
+        for chunk in source.chunks(0):
+            assert isinstance(chunk.value, str)
+            block, block_offset = carry + chunk.value, carry_offset
+            cut = block.rfind("\n") + 1
+            if cut == 0:
+                carry = block
+                if len(carry) > GREP_LONG_LINE_CHARS:
+                    # A line with no end in sight: search it in overlapping pieces and say so.
+                    if not split_lines or split_lines[-1] != carry_line:
+                        split_lines.append(carry_line)
+                    if not scan(carry, carry_line, carry_offset):
+                        finished = False
+                        break
+                    carry_offset += len(carry) - GREP_OVERLAP_CHARS
+                    carry = carry[-GREP_OVERLAP_CHARS:]
+                continue
+            if not scan(block[:cut], carry_line, block_offset):
+                finished = False
+                break
+            carry_line += block.count("\n", 0, cut)
+            carry, carry_offset = block[cut:], block_offset + cut
+        if finished and carry:
+            scan(carry, carry_line, carry_offset)
+    except _Full as full:
+        full_at = full.args[0]
+    return GrepResult("\n".join(out), int(state["matches"]), bool(state["more"]), split_lines, full_at)

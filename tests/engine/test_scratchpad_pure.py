@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from engine.scratchpad.chunks import encode
 from engine.scratchpad.offload import needs_offload, rebuild_observation, split_observation
+from engine.scratchpad.read_tool import run_read
 from engine.scratchpad.reader import MemoryChunkSource, grep, read_lines, read_slice, shape_of
 from engine.scratchpad.references import UnresolvableReference, resolve
 from engine.scratchpad.summary import binary_summary, text_summary
@@ -144,7 +145,7 @@ def test_grep_matches_plain_line_by_line_grep(context):
     text = "".join(rnd.choice(["ok\n", "ERROR x\n", "warn\n", "€\n"]) for _ in range(500))
     source = MemoryChunkSource(encode(text, chunk_size=37), shape_of(text))
     pattern = regex.compile("ERROR", regex.MULTILINE)
-    result = grep(source, pattern, context=context, max_matches=10_000, timeout_seconds=5)
+    result = grep(source, pattern, context=context, max_matches=10_000, timeout_seconds=5, max_chars=10**9)
     lines = text.splitlines()
     shown: dict[int, bool] = {}
     for number, line in enumerate(lines):
@@ -197,8 +198,43 @@ def test_pure_core_modules_import_without_django():
 def test_grep_finds_a_match_deep_inside_a_line_longer_than_a_million_characters():
     text = "start\n" + "a" * 2_500_000 + "NEEDLE" + "b" * 10 + "\nnext NEEDLE\n"
     source = MemoryChunkSource(encode(text), shape_of(text))
-    result = grep(source, regex.compile("NEEDLE", regex.MULTILINE), context=0, max_matches=10, timeout_seconds=5)
+    result = grep(
+        source, regex.compile("NEEDLE", regex.MULTILINE), context=0, max_matches=10, timeout_seconds=5, max_chars=10**9
+    )
     assert result.matches == 2 and result.split_lines == [2]
     first, second = result.content.splitlines()
     assert first.startswith("2:") and "more characters" in first
     assert second == "3:next NEEDLE"
+
+
+@pytest.mark.req("SP-6")
+def test_a_grep_read_is_bounded_like_any_read_and_says_where_it_stopped():
+    # QA: 3,000 matching lines of 1,500 characters with max_matches=500 returned 532,187 characters
+    # in one read (133,000 input tokens on the next request).
+    text = "".join(f"x{number:05} " + "y" * 1493 + "\n" for number in range(3000))
+    source = MemoryChunkSource(encode(text), shape_of(text))
+    found = run_read(
+        {"scratchpad_id": "e1", "mode": "grep", "pattern": "x", "max_matches": 500},
+        lambda entry_id: source,
+        max_chars=20_000,
+    )
+    assert found["ok"] and len(found["content"]) <= 20_000
+    shown = found["content"].splitlines()
+    assert shown[0].startswith("1:x00000") and found["matches"] == len(shown) < 500
+    assert found["stopped_before_line"] == len(shown) + 1
+    assert f"stop before line {len(shown) + 1}" in found["_note"]
+
+
+@pytest.mark.req("SP-6")
+def test_a_cut_line_in_grep_names_the_range_read_that_shows_the_rest():
+    # QA: the marker said "read this line with mode=lines", which refuses a line longer than one read.
+    text = "first\nsecond\n" + "a" * 1500 + "NEEDLE" + "b" * 30_000 + "\n"
+    source = MemoryChunkSource(encode(text), shape_of(text))
+    found = run_read({"scratchpad_id": "e1", "mode": "grep", "pattern": "NEEDLE"}, lambda entry_id: source)
+    marker = regex.search(r"mode=range from start=(\d+)\]", found["content"])
+    assert marker, found["content"][-200:]
+    start = int(marker.group(1))
+    rest = run_read(
+        {"scratchpad_id": "e1", "mode": "range", "start": start, "end": start + 506}, lambda entry_id: source
+    )
+    assert rest["content"] == "a" * 500 + "NEEDLE"
