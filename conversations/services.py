@@ -108,7 +108,7 @@ def conversation_branch(*, conversation: Conversation, message_id: int) -> Conve
     Refused while a run works, as every other move of the tip is: its answer is written under its
     prompt when the turn ends, and would land off the path the person moved to, unannounced."""
     target = selectors.message_in_conversation(conversation=conversation, message_id=message_id)
-    if transcript.tool_use_ids(selectors.as_plain(target)):
+    if _mid_turn(target):
         raise DomainError(
             f"Message {message_id} stops in the middle of a turn (a tool call without its result); "
             "branch to its tool result or to the turn's final answer."
@@ -269,12 +269,18 @@ def conversation_compact(
         )
 
 
+def _mid_turn(message: Message) -> bool:
+    """A tip here would send a tool call without its result, which every provider refuses (CH-5)."""
+    return bool(transcript.tool_use_ids(selectors.as_plain(message)))
+
+
 def message_delete(*, message: Message) -> Conversation:
     """Delete a message and the messages under it (the admin's delete), keeping a tip (CH-7).
 
-    A tip inside the deleted subtree moves to the message's parent, so the conversation
-    still names its branch. Deleting the root of the current path while other messages
-    remain is refused: no tip would be left to stand on.
+    A tip inside the deleted subtree moves to the nearest ancestor a branch could move to: the
+    parent, or above it when the parent is a tool call whose result is being deleted (a tip
+    there failed every later run with the provider's 400, CH-5). Deleting the root of the
+    current path while other messages remain is refused: no tip would be left to stand on.
     """
     with transaction.atomic():
         locked = conversation_locked(message.conversation)
@@ -286,7 +292,10 @@ def message_delete(*, message: Message) -> Conversation:
                     f"Message {message.pk} is the root of the current path and other messages remain; "
                     "branch to another message first, then delete this one."
                 )
-            Conversation.objects.filter(pk=locked.pk).update(tip_id=message.parent_id, updated_at=timezone.now())
+            tip = message.parent
+            while tip is not None and _mid_turn(tip):
+                tip = tip.parent
+            Conversation.objects.filter(pk=locked.pk).update(tip=tip, updated_at=timezone.now())
         Message.objects.filter(pk__in=subtree).delete()
     locked.refresh_from_db()
     return locked

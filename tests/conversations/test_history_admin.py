@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agents import chat
+from conversations import selectors
 from conversations.models import Conversation, Message
+from engine.context import transcript
 from tests.support.factories import CheckpointFactory, ConversationFactory, MessageFactory
 from tests.support.history import add_turn
 
@@ -26,6 +28,24 @@ def test_deleting_the_tip_moves_it_to_the_parent_and_retry_still_finds_the_trans
     # The unanswered prompt is the tip again: retry runs it rather than saying nothing is loaded.
     run = chat.conversation_retry(conversation=explored)
     assert run.trigger_id == prompt.pk
+
+
+@pytest.mark.req("CH-5", "CH-7")
+def test_deleting_a_tool_result_never_leaves_the_tip_on_its_tool_call(admin_client, explored):
+    """QA: deleting the answer, then the tool result, left the tip on a tool call with no result;
+    every later run failed with the provider's 400 and /branch refused to go there."""
+    prompt, call, result, answer = add_turn(explored, "Run it.", "Done.", tools=[("bash", "ok")])
+    _delete(admin_client, answer)
+    explored.refresh_from_db()
+    assert explored.tip_id == result.pk
+
+    _delete(admin_client, result)
+    explored.refresh_from_db()
+    assert Message.objects.filter(pk=call.pk).exists()
+    assert explored.tip_id == prompt.pk  # above the orphaned call, on the unanswered prompt
+    history = selectors.history_view(conversation_id=explored.pk, tip_id=explored.tip_id)
+    assert transcript.pairing_problems(history) == []
+    assert chat.conversation_retry(conversation=explored).trigger_id == prompt.pk
 
 
 def test_deleting_a_message_above_the_tip_moves_the_tip_out_of_the_deleted_subtree(admin_client, explored):
