@@ -59,6 +59,30 @@ def _choose_tool(prompt: str, offered: set[str]) -> tuple[str, dict[str, Any]] |
     return None
 
 
+# The intro of a compaction's replacement (engine/context/ladder.py): what follows it in the same
+# message is the pages or the summary of the discarded middle, then the latest prompt.
+_COMPACTION_INTRO = re.compile(r"\[(?:snapshot|summary) of .*; the database keeps them verbatim\]", re.DOTALL)
+
+
+def latest_prompt(blocks: list[dict[str, Any]]) -> str:
+    """The text the user message ends with, after its tool results, images and anything a compaction
+    merged in front of it: the latest prompt, never the first one or the pages' intro (CH-13).
+
+    A compaction view joins the first prompt, the replacement of the middle and the latest prompt
+    into one user message (roles must alternate); acting on all its text ran the first prompt's
+    command again. Notes written before a prompt (a rewind's digest, a subagent's role) stay with it.
+    """
+    trailing: list[str] = []
+    for block in reversed(blocks):
+        if block.get("type") != "text":
+            break
+        trailing.insert(0, str(block.get("text", "")))
+    if any(_COMPACTION_INTRO.fullmatch(text.strip()) for text in trailing):
+        # A summary is text too: only the last block is the prompt a person wrote.
+        trailing = trailing[-1:]
+    return " ".join(text for text in trailing if text)
+
+
 _shared: Emulator | None = None
 _shared_lock = threading.Lock()
 
@@ -89,11 +113,11 @@ class OfflineProvider:
         last = request.messages[-1] if request.messages else {"role": "user", "content": []}
         blocks = [block for block in last["content"] if isinstance(block, dict)]
         results = [block for block in blocks if block.get("type") == "tool_result"]
+        prompt = latest_prompt(blocks)
         call = None
-        if results:
+        if results and not prompt:
             text = self._describe_results(results)
         else:
-            prompt = " ".join(block.get("text", "") for block in blocks if block.get("type") == "text")
             text = self._answer(prompt)
             call = _choose_tool(prompt, {tool["name"] for tool in request.tools})
             if call is not None:
