@@ -41,8 +41,9 @@ class MessageAdmin(TranscriptAdmin):
     list_display = ["id", "conversation", "role", "parent", "created_at"]
     list_filter = ["role"]
 
-    # Through the service, so a deleted tip moves to its parent instead of leaving the
-    # conversation with no tip (CH-7); a refusal is shown with its reason.
+    # Through the service, so a deleted tip moves up to a message a branch could move to instead of
+    # leaving the conversation with no tip, or one on a tool call without its result (CH-5, CH-7);
+    # a refusal is shown with its reason.
     def delete_model(self, request: HttpRequest, obj: Message) -> None:
         try:
             services.message_delete(message=obj)
@@ -62,9 +63,17 @@ class CheckpointForm(forms.ModelForm):
 
     def clean_label(self) -> str:
         try:
-            return commands.validate_label(self.cleaned_data["label"])
+            label = commands.validate_label(self.cleaned_data["label"])
         except commands.CommandError as exc:
             raise forms.ValidationError(str(exc)) from None
+        # Said on the form, as the API says it: the unique constraint alone answered with a 500 (SB-5).
+        try:
+            services.check_label_free(
+                conversation_id=self.instance.conversation_id, label=label, renaming=self.instance
+            )
+        except DomainError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return label
 
 
 @admin.register(Checkpoint)

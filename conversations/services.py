@@ -191,9 +191,17 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
                 f"Message {locked.tip_id} is not a clean turn boundary (a finished answer); "
                 "checkpoints mark the end of a turn."
             )
-        if Checkpoint.objects.filter(conversation=locked, label=label).exists():
-            raise Conflict(f"A checkpoint named {label!r} already exists here; choose another label.")
+        check_label_free(conversation_id=locked.pk, label=label)
         return Checkpoint.objects.create(conversation=locked, label=label, message=locked.tip)
+
+
+def check_label_free(*, conversation_id: int, label: str, renaming: Checkpoint | None = None) -> None:
+    """Refuse a label another checkpoint of the conversation has (409): rewinding by it must name one place."""
+    others = Checkpoint.objects.filter(conversation_id=conversation_id, label=label)
+    if renaming is not None:
+        others = others.exclude(pk=renaming.pk)
+    if others.exists():
+        raise Conflict(f"A checkpoint named {label!r} already exists here; choose another label.")
 
 
 def conversation_rewind(*, conversation: Conversation, label: str | None = None) -> RewindDigest:

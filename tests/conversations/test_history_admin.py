@@ -6,7 +6,7 @@ import pytest
 
 from agents import chat
 from conversations import selectors
-from conversations.models import Conversation, Message
+from conversations.models import Checkpoint, Conversation, Message
 from engine.context import transcript
 from tests.support.factories import CheckpointFactory, ConversationFactory, MessageFactory
 from tests.support.history import add_turn
@@ -124,3 +124,27 @@ def test_the_admin_never_writes_the_tree_so_no_tip_points_into_another_users_con
     checkpoint.refresh_from_db()
     assert (checkpoint.label, checkpoint.message_id, checkpoint.conversation_id) == ("after", tip_before, explored.pk)
     assert admin_client.get("/admin/conversations/checkpoint/add/").status_code == 403
+
+
+@pytest.mark.req("SB-5", "CH-9")
+def test_renaming_a_checkpoint_to_a_label_the_conversation_has_is_a_form_error(admin_client, explored):
+    """QA: the rename hit the unique constraint and answered "Server Error (500)"."""
+    early = CheckpointFactory(conversation=explored, label="early")
+    late = CheckpointFactory(conversation=explored, label="late")
+    theirs = ConversationFactory()
+    MessageFactory(conversation=theirs, text="theirs", as_tip=True)
+    elsewhere = CheckpointFactory(conversation=theirs, label="other")
+    rows_before = list(Checkpoint.objects.order_by("id").values_list("id", "label", "message_id"))
+
+    page = admin_client.post(f"/admin/conversations/checkpoint/{late.pk}/change/", {"label": "early"})
+    assert page.status_code == 200
+    assert "A checkpoint named &#x27;early&#x27; already exists here" in page.content.decode()
+    assert list(Checkpoint.objects.order_by("id").values_list("id", "label", "message_id")) == rows_before
+
+    # Its own label, and a label only another conversation has, are free.
+    kept = admin_client.post(f"/admin/conversations/checkpoint/{early.pk}/change/", {"label": "early"})
+    moved = admin_client.post(f"/admin/conversations/checkpoint/{late.pk}/change/", {"label": "other"})
+    assert (kept.status_code, moved.status_code) == (302, 302)
+    late.refresh_from_db()
+    elsewhere.refresh_from_db()
+    assert (late.label, elsewhere.label) == ("other", "other")
