@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from PIL import Image
 
 from engine.emulator.cache import Entry, PrefixCache
 from engine.emulator.policy import Fault
@@ -18,6 +23,13 @@ from engine.tokens import estimate_json_tokens
 if TYPE_CHECKING:
     from engine.emulator.core import Emulator
 
+# OpenAI's vision guide ("Calculating costs"), GPT-4o class: other models scale these (gpt-4o-mini bills
+# 2833 + 5667 a tile) or count 32 px patches instead; the emulator answers every model with this rule.
+OPENAI_IMAGE_BASE_TOKENS = 85
+OPENAI_IMAGE_TILE_TOKENS = 170
+OPENAI_IMAGE_TILE = 512
+OPENAI_IMAGE_MAX_EDGE = 2048
+OPENAI_IMAGE_SHORT_EDGE = 768
 OPENAI_MIN_CACHE_TOKENS = 1024
 OPENAI_CACHE_STEP = 128
 OPENAI_CACHE_TTL = 300.0
@@ -242,6 +254,52 @@ def check_chat_request(payload: dict[str, Any]) -> None:
         )
 
 
+def openai_image_tokens(width: int, height: int, detail: str = "auto") -> int:
+    """One image's tokens as OpenAI's vision guide documents them for the GPT-4o class: `low` detail
+    is a flat 85; `high` (and `auto`, counted as high) fits the image in 2048 x 2048, brings its
+    shortest side down to 768 px, then costs 85 plus 170 per 512 px tile."""
+    if detail == "low" or width <= 0 or height <= 0:
+        return OPENAI_IMAGE_BASE_TOKENS
+    scale = min(1.0, OPENAI_IMAGE_MAX_EDGE / max(width, height))
+    scale *= min(1.0, OPENAI_IMAGE_SHORT_EDGE / (min(width, height) * scale))
+    w, h = round(width * scale), round(height * scale)
+    tiles = -(-w // OPENAI_IMAGE_TILE) * -(-h // OPENAI_IMAGE_TILE)
+    return OPENAI_IMAGE_BASE_TOKENS + OPENAI_IMAGE_TILE_TOKENS * tiles
+
+
+def _image_url_tokens(part: dict[str, Any]) -> int:
+    image_url = part.get("image_url")
+    url, detail = (image_url.get("url"), image_url.get("detail")) if isinstance(image_url, dict) else (image_url, None)
+    detail = detail if detail in ("low", "high") else "auto"
+    size = _data_url_size(url) if isinstance(url, str) else None
+    # The emulator fetches nothing: an image it cannot see is counted at the largest size the formula allows.
+    return openai_image_tokens(*size, detail) if size else openai_image_tokens(768, 2048, detail)
+
+
+def _data_url_size(url: str) -> tuple[int, int] | None:
+    header, _, data = url.partition(",")
+    if not header.startswith("data:") or not header.endswith(";base64"):
+        return None
+    try:
+        with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as image:
+            return image.size
+    except (binascii.Error, OSError, ValueError, Image.DecompressionBombError):
+        return None
+
+
+def chat_part_tokens(message: Any) -> int:
+    """A chat message's tokens: the JSON estimate of its text, and each image by the documented formula,
+    never by the length of its base64 data (EM-2)."""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, list):
+        return estimate_json_tokens(message)
+    images = [p for p in content if isinstance(p, dict) and p.get("type") == "image_url"]
+    if not images:
+        return estimate_json_tokens(message)
+    rest = {**message, "content": [p for p in content if not (isinstance(p, dict) and p.get("type") == "image_url")]}
+    return estimate_json_tokens(rest) + sum(_image_url_tokens(p) for p in images)
+
+
 def openai_begin(emulator: Emulator, payload: dict[str, Any], fault: Fault | None = None) -> OpenAIPendingResponse:
     started_at = emulator.clock.now()
     fault = emulator.next_fault_openai(fault)
@@ -254,7 +312,7 @@ def openai_begin(emulator: Emulator, payload: dict[str, Any], fault: Fault | Non
     for part in parts:
         digest = hashlib.sha256(digest + canonical_json(part)).digest()
         hashes.append(digest.hex())
-        total += estimate_json_tokens(part[1])
+        total += chat_part_tokens(part[1]) if part[0] == "m" else estimate_json_tokens(part[1])
         cumulative.append(total)
     if total > emulator.context_window:
         raise ApiError(
