@@ -29,9 +29,13 @@ import openai
 
 from engine.providers.protocol import (
     MALFORMED_ARGUMENTS,
+    InvalidRequest,
     MessageDone,
+    Overloaded,
     PromptTooLong,
+    ProviderError,
     ProviderEvent,
+    RateLimited,
     StreamInterrupted,
     TextDelta,
     ToolUseBlock,
@@ -120,6 +124,12 @@ class OpenAICompatProvider:
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
             raise StreamInterrupted(f"could not reach the model server at {self._base_url}: {cause}") from exc
+        except openai.APIResponseValidationError:
+            raise
+        except openai.APIError as exc:
+            # What remains is the SDK reading an `{"error": ...}` chunk in a 200 stream: the server
+            # failed after its answer began, which no status code tells the retrying provider.
+            raise _map_stream_error(exc) from exc
         except transport_errors() as exc:
             raise StreamInterrupted(f"the model server at {self._base_url} broke off the response: {exc}") from exc
 
@@ -405,15 +415,44 @@ def _map_error(exc: openai.APIStatusError) -> Exception:
     body = exc.body if isinstance(exc.body, dict) else {}
     error = body.get("error", body) if isinstance(body.get("error", body), dict) else {}
     message = str(error.get("message") or exc.message or exc)
-    too_long = error.get("code") == "context_length_exceeded" or error.get("type") == "exceed_context_size_error"
-    if too_long or _MAXIMUM.search(message):
-        maximum = _MAXIMUM.search(message)
-        measured = _MEASURED.search(message)
-        # llama.cpp's own server names both figures as fields.
-        tokens = int(next(g for g in measured.groups() if g)) if measured else error.get("n_prompt_tokens")
-        limit = int(maximum.group(1)) if maximum else error.get("n_ctx")
-        return PromptTooLong(message, tokens=tokens, maximum=limit)
+    too_long = _too_long(error, message)
+    if too_long is not None:
+        return too_long
     return error_for_status(exc.status_code, message, retry_after=parse_retry_after(exc.response.headers))
+
+
+# Mid-stream error chunks name their kind in `type` or `code`: OpenAI's `server_error`, vLLM's and
+# llama.cpp's own words, the emulator's `overloaded` (EM-3).
+_RATE_LIMIT_KINDS = {"rate_limit_exceeded", "rate_limit_error", "tokens", "requests"}
+_REFUSED_KINDS = {"invalid_request_error", "invalid_request", "BadRequestError"}
+
+
+def _map_stream_error(exc: openai.APIError) -> ProviderError:
+    """The typed error for an `{"error": ...}` chunk: transient unless it says the request itself was refused."""
+    error = exc.body if isinstance(exc.body, dict) else {}
+    message = str(error.get("message") or exc.message)
+    too_long = _too_long(error, message)
+    if too_long is not None:
+        return too_long
+    kinds = {str(error.get("type") or ""), str(error.get("code") or "")}
+    if kinds & _RATE_LIMIT_KINDS:
+        return RateLimited(message)
+    if kinds & _REFUSED_KINDS:
+        return InvalidRequest(f"the model server refused the request mid-stream: {message}")
+    # A server failing after it began to answer (OpenAI's `server_error`, an overload) is worth asking again.
+    return Overloaded(message)
+
+
+def _too_long(error: dict[str, Any], message: str) -> PromptTooLong | None:
+    too_long = error.get("code") == "context_length_exceeded" or error.get("type") == "exceed_context_size_error"
+    if not too_long and not _MAXIMUM.search(message):
+        return None
+    maximum = _MAXIMUM.search(message)
+    measured = _MEASURED.search(message)
+    # llama.cpp's own server names both figures as fields.
+    tokens = int(next(g for g in measured.groups() if g)) if measured else error.get("n_prompt_tokens")
+    limit = int(maximum.group(1)) if maximum else error.get("n_ctx")
+    return PromptTooLong(message, tokens=tokens, maximum=limit)
 
 
 def to_chat_payload(request: ModelRequestSpec, *, tool_results_as_text: bool = False) -> dict[str, Any]:

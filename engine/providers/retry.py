@@ -77,6 +77,8 @@ class RetryingProvider:
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
         seen = _Seen()
         attempt = 0
+        began = time.monotonic()
+        waited = 0.0
         while True:
             seen.began = False
             try:
@@ -86,16 +88,31 @@ class RetryingProvider:
                     yield from self._replay(request, seen)
                 return
             except ProviderError as exc:
-                if not exc.transient or attempt + 1 >= self.max_attempts:
+                if not exc.transient:
                     raise
-                wait = self.delay(attempt, getattr(exc, "retry_after", None))
+                # The last error alone ("Overloaded") read as if nothing had been tried: the run's
+                # error says why the client stopped asking.
+                attempts = f"{attempt + 1} attempt{'s' if attempt else ''}"
+                if attempt + 1 >= self.max_attempts:
+                    # The clock misses waits a test's `sleep` only pretends to take.
+                    elapsed = max(time.monotonic() - began, waited)
+                    _explain(exc, f"gave up after {attempts} over {elapsed:.0f} s, the most this client makes")
+                    raise
+                retry_after = getattr(exc, "retry_after", None)
+                wait = self.delay(attempt, retry_after)
                 if wait is None:
+                    _explain(
+                        exc,
+                        f"the server asked to wait {retry_after:.0f} s before trying again, longer than the "
+                        f"{self.max_retry_after:.0f} s this client waits at most; gave up after {attempts}",
+                    )
                     raise
                 if seen.began:
                     yield AttemptBroken(str(exc))
                 if self._on_retry is not None:
                     self._on_retry(attempt + 1, wait, exc)
                 self._sleep(wait)
+                waited += wait
                 abandoned = stream_abandoned.get()
                 if abandoned is not None and abandoned.is_set():
                     return  # nobody reads this stream any more: another request would be paid for nothing
@@ -165,6 +182,11 @@ class _Seen:
     text: str = ""
     tools: list[ToolUseBlock] = field(default_factory=list)
     began: bool = False  # the current attempt's answer began: it is paid for however it ends
+
+
+def _explain(exc: ProviderError, reason: str) -> None:
+    # Said on the error itself, so its type (and `retry_after`) stay what callers test for.
+    exc.args = (f"{exc} ({reason})", *exc.args[1:])
 
 
 def _merge_prefill(prefill: str, content: list[dict[str, Any]]) -> list[dict[str, Any]]:
