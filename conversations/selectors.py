@@ -166,16 +166,24 @@ def rewind_notes(*, conversation_id: int, path: list[PathMessage]) -> dict[int, 
     and later turns send the same note at the same place, so the prompt cache only grows.
     The explored path itself (written before the rewind) carries none.
     """
-    if len(path) < 2:
-        return {}
-    following = {parent.id: child for parent, child in zip(path, path[1:], strict=False)}
     notes: dict[int, list[str]] = {}
+    for carrier, record in rewinds_on_path(conversation_id=conversation_id, path=path):
+        notes.setdefault(carrier, []).append(export.rewind_note(record.label, record.digest))
+    return notes
+
+
+def rewinds_on_path(*, conversation_id: int, path: list[PathMessage]) -> list[tuple[int, RewindDigest]]:
+    """The rewind records whose notes the path carries, oldest first, each with its carrier's id (CH-9)."""
+    if len(path) < 2:
+        return []
+    following = {parent.id: child for parent, child in zip(path, path[1:], strict=False)}
+    carried = []
     # A conversation has few rewinds: all of them, rather than an IN list of the whole path.
     for record in RewindDigest.objects.filter(conversation_id=conversation_id).order_by("id"):
         child = following.get(record.target_id)
         if child is not None and record.created_at <= datetime.fromisoformat(child.created_at):
-            notes.setdefault(child.id, []).append(export.rewind_note(record.label, record.digest))
-    return notes
+            carried.append((child.id, record))
+    return carried
 
 
 def message_in_conversation(*, conversation: Conversation, message_id: int) -> Message:

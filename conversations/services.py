@@ -124,7 +124,8 @@ def conversation_fork(*, conversation: Conversation, title: str = "") -> Convers
     """Copy the current path into a new conversation with new ids, in one bulk insert (CH-8).
 
     Rows are never shared: a fork must not see the other's later messages. Checkpoints
-    on the copied path come along, pointing at the copies.
+    on the copied path come along, pointing at the copies, and so do the rewind records whose
+    notes the path carries, so the fork's model reads the same path, notes included (CH-9).
     """
     title = (title.strip() or f"{conversation.title} (fork)")[:TITLE_MAX]
     with transaction.atomic():
@@ -158,6 +159,23 @@ def conversation_fork(*, conversation: Conversation, title: str = "") -> Convers
             Checkpoint(conversation=fork, label=checkpoint.label, message_id=new_id_of[checkpoint.message_id])
             for checkpoint in Checkpoint.objects.filter(conversation=conversation, message_id__in=new_id_of)
         )
+        carried = [record for _, record in selectors.rewinds_on_path(conversation_id=conversation.pk, path=path)]
+        if carried:
+            RewindDigest.objects.bulk_create(
+                RewindDigest(
+                    conversation=fork,
+                    label=record.label,
+                    target_id=new_id_of[record.target_id],
+                    # A note is carried because the path left the exploration at the checkpoint, so
+                    # none of the explored messages were copied.
+                    explored_tip=None,
+                    digest=record.digest,
+                )
+                for record in carried
+            )
+            # A note goes on a prompt written after its rewind; the copies were all written just now,
+            # so the copied records take the fork's own creation time, which precedes every copy.
+            RewindDigest.objects.filter(conversation=fork).update(created_at=fork.created_at)
         Conversation.objects.filter(pk=fork.pk).update(tip=copies[-1])
     fork.refresh_from_db()
     return fork

@@ -173,3 +173,31 @@ def test_a_compaction_at_the_checkpoint_keeps_the_rewind_note_of_the_prompt_afte
     sent = _turn_history(run, overhead=RequestCount(), emit=lambda kind, payload: None)
     note, prompt = sent[-1]["content"]
     assert prompt["text"] == "Do the safe thing." and '"Try the risky idea."' in note["text"]
+
+
+@pytest.mark.req("CH-8", "CH-9")
+def test_a_fork_sends_the_rewind_notes_its_source_sends_and_no_others(explored):
+    """QA: the fork's Context showed rewind_notes: [] and its next request carried no note."""
+    services.checkpoint_create(conversation=explored, label="early")
+    add_turn(explored, "Try the risky idea.", "It broke the build.")
+    explored_tip = explored.tip_id
+    services.conversation_rewind(conversation=explored, label="early")
+    add_turn(explored, "Do the safe thing.", "Done safely.")
+    original = selectors.history_view(conversation_id=explored.pk, tip_id=explored.tip_id)
+    assert "[rewind note]" in json.dumps(original)
+
+    fork = services.conversation_fork(conversation=explored)
+    assert selectors.history_view(conversation_id=fork.pk, tip_id=fork.tip_id) == original
+    notes = chat.command_run(conversation=fork, text="/context").data["rewind_notes"]
+    prompt = Message.objects.get(conversation=fork, content=[{"type": "text", "text": "Do the safe thing."}])
+    assert [n["message"] for n in notes] == [prompt.pk]
+    _, run = chat.message_send(conversation=fork, text="Go on.")
+    sent = _turn_history(run, overhead=RequestCount(), emit=lambda kind, payload: None)
+    assert sent[: len(original)] == original
+
+    # The explored path was written before the rewind and carries no note; neither does its fork.
+    services.conversation_branch(conversation=explored, message_id=explored_tip)
+    explored_fork = services.conversation_fork(conversation=explored)
+    view = selectors.history_view(conversation_id=explored_fork.pk, tip_id=explored_fork.tip_id)
+    assert "[rewind note]" not in json.dumps(view)
+    assert view == selectors.history_view(conversation_id=explored.pk, tip_id=explored_tip)
