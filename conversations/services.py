@@ -103,7 +103,8 @@ def conversation_locked(conversation: Conversation, *, idle: bool = True) -> Con
 
 @transaction.atomic
 def conversation_branch(*, conversation: Conversation, message_id: int) -> Conversation:
-    """Move the tip to any message of the conversation: one UPDATE, nothing else written (CH-7).
+    """Move the tip to any message of the conversation: one UPDATE, nothing else written, and
+    nothing at all when the tip is already there (CH-7).
 
     Refused while a run works, as every other move of the tip is: its answer is written under its
     prompt when the turn ends, and would land off the path the person moved to, unannounced."""
@@ -113,7 +114,11 @@ def conversation_branch(*, conversation: Conversation, message_id: int) -> Conve
             f"Message {message_id} stops in the middle of a turn (a tool call without its result); "
             "branch to its tool result or to the turn's final answer."
         )
-    conversation_locked(conversation)
+    locked = conversation_locked(conversation)
+    if locked.tip_id == target.pk:
+        # Already there: touching updated_at would lift the conversation to the top of the list.
+        conversation.tip, conversation.updated_at = target, locked.updated_at
+        return conversation
     now = timezone.now()
     Conversation.objects.filter(pk=conversation.pk).update(tip=target, updated_at=now)
     conversation.tip, conversation.updated_at = target, now

@@ -46,6 +46,26 @@ def test_branch_is_one_update_of_the_tip_and_writes_nothing_else(explored):
 
 
 @pytest.mark.req("CH-7")
+def test_a_branch_to_the_tip_it_already_has_writes_nothing(alice_api, explored):
+    """QA: branching (or sibling navigation) to the current message moved the conversation to the top of the list."""
+    later = ConversationFactory(owner=explored.owner, title="Written to later")
+    add_turn(later, "Hello.", "Hi.")
+    explored.refresh_from_db()
+    updated_before = explored.updated_at
+    with CaptureQueriesContext(connection) as queries:
+        response = alice_api.post(
+            f"/api/conversations/{explored.pk}/branch/", {"message": explored.tip_id}, format="json"
+        )
+    assert response.status_code == 200, response.content
+    assert _writes(queries) == []
+    explored.refresh_from_db()
+    assert explored.updated_at == updated_before
+    listed = alice_api.get("/api/conversations/").json()
+    titles = [c["title"] for c in (listed["results"] if isinstance(listed, dict) else listed)]
+    assert titles.index("Written to later") < titles.index(explored.title)
+
+
+@pytest.mark.req("CH-7")
 def test_going_back_after_a_branch_is_another_pointer_move(explored):
     old_tip = explored.tip_id
     old_path = [m.pk for m in selectors.current_path(explored)]
