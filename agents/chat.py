@@ -203,7 +203,10 @@ def command_run(*, conversation: Conversation, text: str) -> CommandResult:
         )
     if name == "tree":
         tree = selectors.message_tree(conversation=conversation)
-        return CommandResult(name, f"{len(tree['messages'])} messages; the tip is {tree['tip']}.", tree)
+        count = len(tree["messages"])
+        if tree["tip"] is None:
+            return CommandResult(name, "The conversation has no messages yet; there is no tree to show.", tree)
+        return CommandResult(name, f"{count} message{'s' * (count != 1)}; the tip is message {tree['tip']}.", tree)
     if name == "branch":
         assert command.message_id is not None  # parse() refuses /branch without one
         conversation_branch(conversation=conversation, message_id=command.message_id)

@@ -232,3 +232,16 @@ def test_a_second_pass_says_its_rungs_count_from_the_stored_path_not_from_what_i
     # The first pass already elided the first read: less is sent now than the stored path holds.
     assert sent_now < second.data["tokens_before"]
     assert f"count from the whole stored path, {second.data['tokens_before']} tokens" in second.detail
+
+
+@pytest.mark.req("CH-10")
+def test_tree_says_in_words_where_the_tip_is_even_with_no_messages(alice):
+    """QA: /tree on an empty conversation said "the tip is None."."""
+    conversation = Conversation.objects.create(owner=alice, title="Empty")
+    empty = chat.command_run(conversation=conversation, text="/tree")
+    assert empty.detail == "The conversation has no messages yet; there is no tree to show."
+    add_turn(conversation, "Hello.", "Hi.")
+    conversation.refresh_from_db()
+    assert chat.command_run(conversation=conversation, text="/tree").detail == (
+        f"2 messages; the tip is message {conversation.tip_id}."
+    )
