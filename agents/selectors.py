@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from agents.models import Approval, ModelRequest, Run, RunEvent
+from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
 from agents.usage import ratio_of, ratio_sums, requests_ratio
 from controlcenter.errors import NotFound
 from conversations.models import Conversation
@@ -60,6 +60,10 @@ def cache_verdict(request: ModelRequest) -> str:
 
 
 def run_model_requests(*, run: Run) -> list[dict[str, Any]]:
+    """The run's requests, each with the subagent that made it (None for the run's own, TD-14): a child's
+    step 1 beside the run's step 1 is another agent's request, not a duplicate."""
+    children = Subagent.objects.filter(parent=run).only("fanout_id", "index", "profile")
+    by_label = {child.label: child for child in children}
     rows = []
     for request in ModelRequest.objects.filter(run=run).order_by("step", "id"):
         prompt = request.prompt_tokens
@@ -69,6 +73,7 @@ def run_model_requests(*, run: Run) -> list[dict[str, Any]]:
                 "prompt": prompt,
                 "verdict": cache_verdict(request),
                 "cache_ratio": requests_ratio([request]),
+                "subagent": by_label.get(request.subagent) if request.subagent else None,
             }
         )
     return rows

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from agents.models import Approval, ModelRequest, Run, RunEvent, Subagent
@@ -9,6 +11,18 @@ from conversations.serializers import CompactionSerializer
 class ModelRequestSerializer(serializers.ModelSerializer):
     usage_estimated = serializers.BooleanField(
         read_only=True, help_text="The server sent no usage: the figures were counted (see usage_source)."
+    )
+    # Stored as "" for the run's own request; null says so in the schema, as Approval.subagent does.
+    subagent = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="The subagent that made this request, as '<fan-out id>/<child index>' (TD-14); "
+        "null for the run's own. Each agent counts its own steps from 1.",
+    )
+    stop_reason = serializers.CharField(
+        read_only=True,
+        help_text="Why the answer ended: end_turn, tool_use, max_tokens, refusal, pause_turn, or 'retried' for an "
+        "attempt broken off mid-answer and asked again (paid for on its own; its retry follows with the same step).",
     )
 
     class Meta:
@@ -26,12 +40,18 @@ class ModelRequestSerializer(serializers.ModelSerializer):
             "usage_estimated",
             "cache_reported",
             "request_id",
+            "subagent",
             "breakpoints",
             "tools_loaded",
             "cache_miss",
             "stop_reason",
             "duration_ms",
         ]
+
+    def to_representation(self, instance: ModelRequest) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["subagent"] = data["subagent"] or None
+        return data
 
 
 class RunSerializer(serializers.ModelSerializer):

@@ -184,15 +184,18 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
     rows = page.locator("#model-requests tbody tr")
     expect(rows).to_have_count(2)  # the tool call step and the answer step
     headers = page.locator("#model-requests thead th").all_inner_texts()
-    assert headers[2:6] == ["Uncached input", "Cache writes", "Cache reads", "Output"]
-    reads = []
+    assert headers[1] == "Agent" and headers[3:7] == ["Uncached input", "Cache writes", "Cache reads", "Output"]
+    reads, stops = [], []
     for row in rows.all():
         cells = row.locator("td").all_inner_texts()
-        uncached, writes, read = (int(cells[i].replace(",", "")) for i in (2, 3, 4))
+        assert cells[1] == "this run"
+        uncached, writes, read = (int(cells[i].replace(",", "")) for i in (3, 4, 5))
         assert uncached + writes + read > 0  # the prompt was recorded, split as the provider reported it
         reads.append(read)
-        assert cells[7].split()[0] in ("hit", "miss", "uncached")
-        assert cells[8].endswith(" ms")
+        assert cells[8].split()[0] in ("hit", "miss", "uncached")
+        stops.append(cells[9])
+        assert cells[10].endswith(" ms")
+    assert stops == ["tool_use", "end_turn"]
     assert reads[1] > 0  # the answer step read the tool step's prefix from the cache (TD-13)
     timeline = page.locator("#timeline")
     expect(timeline.locator(".event-tool_call")).to_contain_text("list_dir")
