@@ -142,7 +142,7 @@ def _local_model(args: argparse.Namespace) -> int:
 
 
 def _with_local_model(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    supervisor = supervise_if_wanted()
+    supervisor = supervise_if_wanted(args.command)
     try:
         return command(args)
     finally:

@@ -1,11 +1,11 @@
 """The local model (LM-1): a llama.cpp server as a supervised child process.
 
 `CC_PROVIDER=local` points the OpenAI-compatible adapter at `127.0.0.1:CC_LOCAL_MODEL_PORT`;
-`controlcenter serve` and `worker` (and so `make run`) start this supervisor, and
-`controlcenter local-model` runs it alone. One server per host: supervisors take a lock
-file named after the port, the holder runs the server and restarts it if it dies, the
-others wait to take over. The server is stopped with the process that started it (and
-killed by the kernel if that process dies without stopping it).
+the processes that run runs (`controlcenter worker`, or `serve` in embedded mode; and so
+`make run`) start this supervisor, and `controlcenter local-model` runs it alone. One server
+per host: supervisors take a lock file named after the port, the holder runs the server and
+restarts it if it dies, the others wait to take over. The server is stopped with the process
+that started it (and killed by the kernel if that process dies without stopping it).
 
 This module reads the environment, not Django settings: the CLI starts it before Django.
 """
@@ -354,14 +354,21 @@ def local_model_wanted(environ: Mapping[str, str] | None = None) -> bool:
     return wanted and not environ.get("CC_LOCAL_MODEL_URL")
 
 
-def supervise_if_wanted() -> LocalModelSupervisor | None:
-    """For `serve` and `worker`: start the supervisor when the local provider is configured."""
-    if not local_model_wanted():
+def supervise_if_wanted(command: str, environ: Mapping[str, str] | None = None) -> LocalModelSupervisor | None:
+    """For `serve` and `worker`: start the supervisor when the local provider is configured and
+    this process runs runs, a worker, or `serve` in embedded mode (its worker thread).
+
+    In services mode `serve` never calls the model, and a server that was its child died with it:
+    restarting the web server cut the answers workers were streaming ("connection refused").
+    """
+    environ = os.environ if environ is None else environ
+    services = bool(environ.get("DATABASE_URL") and environ.get("REDIS_URL"))
+    if not local_model_wanted(environ) or (command == "serve" and services):
         return None
     try:
         import llama_cpp.server  # noqa: F401
     except ImportError as exc:
         raise ImproperEnvironment(f"CC_PROVIDER=local needs the [local] extra: {INSTALL_HINT}.") from exc
-    supervisor = LocalModelSupervisor(config_from_env()).start()
+    supervisor = LocalModelSupervisor(config_from_env(environ)).start()
     print(f"Local model: {supervisor.config.base_url} (log {supervisor.log_path})", flush=True)  # noqa: T201
     return supervisor

