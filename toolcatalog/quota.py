@@ -26,6 +26,7 @@ from django.conf import settings
 
 from controlcenter.db import reconnecting
 from toolcatalog.tools.base import ToolContext, ToolFailure
+from toolcatalog.workspace import DIRECTORY_FLAGS
 
 
 def quota_bytes() -> int:
@@ -34,24 +35,46 @@ def quota_bytes() -> int:
 
 def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
     """Every entry under `root` with its path relative to it, symlinks not followed; a file
-    vanishing mid-walk is skipped."""
-    stack = [("", str(root))]
-    while stack:
-        relative, directory = stack.pop()
-        try:
-            entries = os.scandir(directory)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        with entries:
-            for entry in entries:
+    vanishing mid-walk is skipped. Each directory is opened relative to its parent: a tree
+    deeper than PATH_MAX is measured too (QA: one such tree failed every later bash and
+    write_file call of its owner, in all her conversations, with "File name too long")."""
+    try:
+        root_fd = os.open(root, DIRECTORY_FLAGS)
+    except OSError:
+        return
+    # One descriptor per level being walked; each directory's names are read at once.
+    stack: list[tuple[int, str, Iterator[str]]] = [(root_fd, "", iter(_names(root_fd)))]
+    try:
+        while stack:
+            fd, relative, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            path = f"{relative}/{name}" if relative else name
+            yield path, info
+            if stat.S_ISDIR(info.st_mode):
                 try:
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
+                    inner = os.open(name, DIRECTORY_FLAGS, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError, PermissionError):
                     continue
-                name = f"{relative}/{entry.name}" if relative else entry.name
-                yield name, info
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append((name, entry.path))
+                stack.append((inner, path, iter(_names(inner))))
+    finally:
+        for fd, _relative, _names_left in stack:
+            os.close(fd)
+
+
+def _names(fd: int) -> list[str]:
+    try:
+        with os.scandir(fd) as entries:
+            return [entry.name for entry in entries]
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
 
 
 def tree_bytes(root: Path) -> int:

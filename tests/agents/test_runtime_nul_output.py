@@ -42,7 +42,7 @@ def test_a_nul_a_tool_prints_is_shown_as_a_symbol_and_the_run_goes_on(settings, 
         settings.CC_TOOL_AUTO_APPROVE = ["bash"]
         run = make_run(alice)
         # Text past the binary sniff, large enough to be offloaded to the scratchpad.
-        (workspace_root(run.conversation_id) / "records.txt").write_text("a" * 9000 + "\nfirst\x00second\n")
+        (workspace_root(run.conversation_id) / "records.txt").write_text(("a" * 99 + "\n") * 90 + "first\x00second\n")
         run_execute(run_id=run.pk, worker="test")
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error

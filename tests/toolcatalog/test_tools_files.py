@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from toolcatalog import quota
 from toolcatalog.builtins import BUILTINS, WorkspaceToolBox
 from toolcatalog.tools.base import ToolContext, ToolFailure
 from toolcatalog.tools.search import MAX_MATCH_LINES
@@ -277,3 +281,106 @@ def test_any_path_string_resolves_inside_the_workspace_or_is_refused(relative, w
     except ToolFailure:
         return
     assert resolved == workspace.resolve() or workspace.resolve() in resolved.parents
+
+
+@pytest.mark.req("RN-5")
+@pytest.mark.req("SB-1")
+def test_a_link_swapped_in_while_the_tools_run_never_takes_a_read_or_a_write_outside(box, workspace, outside):
+    # QA, as a user of a root worker: a sandboxed loop swapping directory `d` between a real one and
+    # a link out made read_file return the server's SECRET_KEY (2 of 45 calls) and write_file create
+    # a root-owned file outside (1 of 30). The check and the open were two lookups of one name.
+    (workspace / "d").mkdir()
+    (workspace / "d" / "secret.txt").write_text("harmless\n")
+    # Another process, as the sandboxed command is: `d` is a real folder, then a link out, then
+    # the folder again. A tool that made `d` while it was missing has its folder removed.
+    swapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, shutil, sys\n"
+            "os.chdir(sys.argv[1])\n"
+            "def attempt(step):\n"
+            "    try:\n"
+            "        step()\n"
+            "    except OSError:\n"
+            "        shutil.rmtree('d', ignore_errors=True)\n"
+            "while True:\n"
+            "    attempt(lambda: os.rename('d', 'd_away'))\n"
+            "    attempt(lambda: os.symlink(sys.argv[2], 'd'))\n"
+            "    attempt(lambda: os.unlink('d'))\n"
+            "    attempt(lambda: os.rename('d_away', 'd'))\n",
+            str(workspace),
+            str(outside),
+        ]
+    )
+    outputs = []
+    try:
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            outputs.append(box.execute("read_file", {"path": "d/secret.txt"}))
+            outputs.append(box.execute("write_file", {"path": "d/pwned.txt", "content": "pwned"}))
+            outputs.append(box.execute("search_files", {"pattern": "secret", "path": "d"}))
+            outputs.append(box.execute("list_dir", {"path": "d"}))
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert not [output for output in outputs if "top secret" in str(output)]
+    assert sorted(path.name for path in outside.iterdir()) == ["secret.txt"]
+    # The swap did happen under the calls: some of them met the link and were refused.
+    assert any(not output["ok"] for output in outputs) and any(output["ok"] for output in outputs)
+
+
+@pytest.mark.req("RN-5")
+def test_a_relative_link_that_stays_inside_is_followed(box, workspace):
+    (workspace / "docs").mkdir()
+    (workspace / "docs" / "notes.txt").write_text("inside\n")
+    (workspace / "alias.txt").symlink_to("docs/notes.txt")
+    (workspace / "docs" / "up").symlink_to("..")
+    read = box.execute("read_file", {"path": "alias.txt"})
+    assert read["ok"] and read["content"] == "     1\tinside" and read["path"] == "docs/notes.txt"
+    assert box.execute("read_file", {"path": "docs/up/docs/notes.txt"})["content"] == "     1\tinside"
+    written = box.execute("write_file", {"path": "docs/up/new/file.txt", "content": "made"})
+    assert written["ok"] and (workspace / "new" / "file.txt").read_text() == "made"
+
+
+@pytest.mark.req("SB-3")
+def test_a_tree_deeper_than_path_max_is_measured_and_leaves_the_tools_working(box, workspace):
+    # QA: 20 nested folders of 250 characters (5,000 > PATH_MAX) failed every later bash and
+    # write_file of the user, in all her conversations: "File name too long" from the quota walk.
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(20):
+        os.mkdir("d" * 250, dir_fd=fd)
+        inner = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    deep = os.open("deep.txt", os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+    os.write(deep, b"x" * 100_000)
+    os.close(deep)
+    os.close(fd)
+    assert quota.tree_bytes(workspace) >= 100_000
+    assert box.execute("write_file", {"path": "top.txt", "content": "still works"})["ok"]
+    assert box.execute("glob", {"pattern": "**/deep.txt"})["count"] == 1
+    assert box.execute("search_files", {"pattern": "works"})["total_matches"] == 1
+    assert box.execute("list_dir", {"path": ".", "depth": 3})["ok"]
+
+
+@pytest.mark.req("SB-4")
+def test_read_file_cuts_a_huge_line_and_counts_the_lines_past_the_page_without_keeping_them(box, workspace):
+    (workspace / "minified.js").write_text("a" * 3_000_000 + "\nshort\n" + "tail\n" * 50_000)
+    read = box.execute("read_file", {"path": "minified.js", "limit": 2})
+    assert read["total_lines"] == 50_002 and read["next_offset"] == 3
+    first, second = read["content"].split("\n")
+    assert first == "     1\t" + "a" * 2000 + " [... 2998000 more bytes on this line]"
+    assert second == "     2\tshort"
+
+
+@pytest.mark.req("SB-4")
+def test_a_fifo_is_refused_without_holding_the_call(box, workspace):
+    os.mkfifo(workspace / "pipe")
+    for name, arguments in [
+        ("read_file", {"path": "pipe"}),
+        ("write_file", {"path": "pipe", "content": "x"}),
+        ("edit_file", {"path": "pipe", "old_string": "a", "new_string": "b"}),
+    ]:
+        refused = box.execute(name, arguments)
+        assert refused["ok"] is False and "not a regular file" in refused["error"], (name, refused)

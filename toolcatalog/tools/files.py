@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import fnmatch
 import mimetypes
+import os
+import stat
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from pathlib import PurePosixPath
+from typing import Any, BinaryIO
 
 from toolcatalog import quota
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
+from toolcatalog.workspace import DIRECTORY_FLAGS, Located
 
 DEFAULT_READ_LIMIT = 2000
+# A line longer than this is cut (minified code, a one-line JSON dump): one line must not fill a page.
+MAX_LINE_CHARS = 2000
+_LINE_READ_BYTES = 4 * MAX_LINE_CHARS  # a UTF-8 character is at most 4 bytes
 _SNIFF_BYTES = 8192
 _DIFF_MAX_LINES = 60
 # Build output and version-control folders: listed by name in `skipped`, never descended.
@@ -22,9 +29,8 @@ SKIPPED_DIRS = frozenset(
 )  # fmt: skip
 
 
-def is_binary(path: Path) -> bool:
-    with path.open("rb") as handle:
-        head = handle.read(_SNIFF_BYTES)
+def looks_binary(head: bytes) -> bool:
+    """Whether the first bytes of a file say it is not text."""
     if b"\x00" in head:
         return True
     try:
@@ -35,72 +41,141 @@ def is_binary(path: Path) -> bool:
     return False
 
 
-def _describe_binary(path: Path) -> str:
-    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"{path.name} is a binary file ({path.stat().st_size} bytes, {mime}); read_file reads text only."
+def _describe_binary(relative: str, size: int) -> str:
+    name = PurePosixPath(relative).name
+    mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return f"{name} is a binary file ({size} bytes, {mime}); read_file reads text only."
 
 
-def _existing_file(context: ToolContext, relative: str) -> Path:
-    target = context.path(relative)
-    if not target.exists():
-        raise ToolFailure(f"{relative!r} does not exist in the workspace.")
-    if not target.is_file():
+def open_regular(here: Located, relative: str, flags: int) -> int:
+    """A descriptor of the regular file at `here`; a link planted there since, a directory, a
+    FIFO or a device is refused (non-blocking, so a FIFO cannot hold the call)."""
+    try:
+        fd = here.open(flags | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ToolFailure(f"{relative!r} does not exist in the workspace.") from None
+    except FileExistsError:
+        raise ToolFailure(f"{relative!r} already exists and mode is create_only.") from None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENOTDIR):
+            raise ToolFailure(f"{relative!r} is not a regular file.") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         raise ToolFailure(f"{relative!r} is not a regular file.")
-    return target
+    return fd
+
+
+def _open_file(context: ToolContext, relative: str, flags: int) -> tuple[int, str]:
+    with context.located(relative) as here:
+        return open_regular(here, relative, flags), here.relative
+
+
+def _shown_line(line: bytes, rest: int) -> str:
+    """One line as read_file shows it: decoded, without its end, cut at MAX_LINE_CHARS."""
+    text = line.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
+    if len(text) <= MAX_LINE_CHARS and not rest:
+        return text
+    more = len(text[MAX_LINE_CHARS:].encode("utf-8")) + rest
+    return f"{text[:MAX_LINE_CHARS]} [... {more} more bytes on this line]"
+
+
+def _page(handle: BinaryIO, offset: int, limit: int) -> tuple[list[str], int]:
+    """Lines offset..offset+limit-1 as shown, and the file's line count. Memory stays bounded
+    whatever the file: a long line is read in pieces and only its start kept, and the lines past
+    the page are counted in blocks, not decoded (QA: a 500 MB one-line file took 1.7 GB)."""
+    selected: list[str] = []
+    number = 0
+    while number < offset + limit - 1:
+        line = handle.readline(_LINE_READ_BYTES)
+        if not line:
+            return selected, number
+        number += 1
+        rest = 0
+        while not line.endswith(b"\n"):
+            more = handle.readline(_LINE_READ_BYTES)
+            if not more:
+                break
+            rest += len(more) - more.endswith(b"\n")
+            if more.endswith(b"\n"):
+                break
+        if number >= offset:
+            selected.append(_shown_line(line, rest))
+    last = b"\n"
+    while block := handle.read(1 << 20):
+        number += block.count(b"\n")
+        last = block
+    return selected, number + (not last.endswith(b"\n"))
 
 
 def read_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
     relative = arguments["path"]
-    target = _existing_file(context, relative)
-    if is_binary(target):
-        raise ToolFailure(_describe_binary(target))
+    fd, shown = _open_file(context, relative, os.O_RDONLY)
     offset = arguments.get("offset", 1)
     limit = arguments.get("limit", DEFAULT_READ_LIMIT)
-    selected: list[str] = []
-    total = 0
-    # Stream the file: a page of a huge file costs the page plus one pass, not a copy of the file.
-    with target.open(encoding="utf-8", errors="replace", newline="") as handle:
-        for total, line in enumerate(handle, start=1):  # noqa: B007 - total is the line count after the loop
-            if offset <= total < offset + limit:
-                selected.append(f"{total:6}\t{line.rstrip(chr(10)).rstrip(chr(13))}")
+    with open(fd, "rb") as handle:
+        if looks_binary(handle.read(_SNIFF_BYTES)):
+            raise ToolFailure(_describe_binary(shown, os.fstat(fd).st_size))
+        handle.seek(0)
+        selected, total = _page(handle, offset, limit)
     if total and offset > total:
         raise ToolFailure(f"offset {offset} is past the end of {relative!r}, which has {total} lines.")
     last = offset + len(selected) - 1
     observation: Observation = {
         "ok": True,
-        "path": context.relative(target),
+        "path": shown,
         "total_lines": total,
         "offset": offset,
         "lines_returned": len(selected),
-        "content": "\n".join(selected),
+        "content": "\n".join(f"{offset + index:6}\t{line}" for index, line in enumerate(selected)),
     }
     if last < total:
         observation["next_offset"] = last + 1
     return observation
 
 
+def _existing_size(context: ToolContext, relative: str) -> int | None:
+    """The size of the regular file at `relative`, None when there is none yet."""
+    try:
+        here = context.located(relative)
+    except ToolFailure:
+        # A directory on the way is missing: the write makes it. Any other refusal is said again
+        # by the resolution that writes.
+        return None
+    with here:
+        info = here.lstat()
+    if info is None:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise ToolFailure(f"{relative!r} exists and is not a regular file.")
+    return info.st_size
+
+
 def write_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
     relative = arguments["path"]
     content = arguments["content"]
     mode = arguments.get("mode", "overwrite")
-    target = context.path(relative)
-    if target.exists() and not target.is_file():
-        raise ToolFailure(f"{relative!r} exists and is not a regular file.")
-    if mode == "create_only" and target.exists():
+    size = _existing_size(context, relative)
+    if mode == "create_only" and size is not None:
         raise ToolFailure(f"{relative!r} already exists and mode is create_only.")
-    existed = target.exists()
     data = content.encode("utf-8")
-    quota.check_write(context, len(data) - (target.stat().st_size if existed and mode != "append" else 0))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with target.open("ab" if mode == "append" else "wb") as handle:
+    quota.check_write(context, len(data) - (size if size is not None and mode != "append" else 0))
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "append" else os.O_TRUNC)
+    if mode == "create_only":
+        flags |= os.O_EXCL
+    with context.located(relative, make_parents=True) as here:
+        fd, shown = open_regular(here, relative, flags), here.relative
+    with open(fd, "wb") as handle:
         handle.write(data)
+        handle.flush()
+        written = os.fstat(fd).st_size
     return {
         "ok": True,
-        "path": context.relative(target),
+        "path": shown,
         "mode": mode,
-        "created": not existed,
+        "created": size is None,
         "bytes_written": len(data),
-        "size": target.stat().st_size,
+        "size": written,
     }
 
 
@@ -112,23 +187,33 @@ def edit_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
         raise ToolFailure("old_string is empty; give the exact text to replace.")
     if old == new:
         raise ToolFailure("new_string is identical to old_string; nothing would change.")
-    target = _existing_file(context, relative)
-    if is_binary(target):
-        raise ToolFailure(_describe_binary(target))
-    with target.open(encoding="utf-8", newline="") as handle:
-        text = handle.read()
-    count = text.count(old)
-    if count == 0:
-        raise ToolFailure(f"old_string was not found in {relative!r}; it must match byte for byte, indentation too.")
-    if count > 1 and not replace_all:
-        raise ToolFailure(
-            f"old_string occurs {count} times in {relative!r}; add surrounding lines to make it unique "
-            "or set replace_all."
-        )
-    updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
-    quota.check_write(context, len(updated.encode("utf-8")) - len(text.encode("utf-8")))
-    with target.open("w", encoding="utf-8", newline="") as handle:
-        handle.write(updated)
+    fd, shown = _open_file(context, relative, os.O_RDWR)
+    with open(fd, "r+b") as handle:
+        data = handle.read()
+        if looks_binary(data[:_SNIFF_BYTES]):
+            raise ToolFailure(_describe_binary(shown, len(data)))
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ToolFailure(
+                f"{relative!r} is not valid UTF-8 (at byte {exc.start}); edit_file edits text only."
+            ) from None
+        count = text.count(old)
+        if count == 0:
+            raise ToolFailure(
+                f"old_string was not found in {relative!r}; it must match byte for byte, indentation too."
+            )
+        if count > 1 and not replace_all:
+            raise ToolFailure(
+                f"old_string occurs {count} times in {relative!r}; add surrounding lines to make it unique "
+                "or set replace_all."
+            )
+        updated = text.replace(old, new) if replace_all else text.replace(old, new, 1)
+        encoded = updated.encode("utf-8")
+        quota.check_write(context, len(encoded) - len(data))
+        handle.seek(0)
+        handle.write(encoded)
+        handle.truncate()
     diff = list(
         difflib.unified_diff(
             text.splitlines(), updated.splitlines(), f"a/{relative}", f"b/{relative}", lineterm="", n=1
@@ -136,7 +221,7 @@ def edit_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
     )
     observation: Observation = {
         "ok": True,
-        "path": context.relative(target),
+        "path": shown,
         "replacements": count if replace_all else 1,
         "diff": "\n".join(diff[:_DIFF_MAX_LINES]),
     }
@@ -145,41 +230,69 @@ def edit_file(arguments: dict[str, Any], context: ToolContext) -> Observation:
     return observation
 
 
-def _entry(path: Path) -> dict[str, Any]:
+def _entry(name: str, info: os.stat_result) -> dict[str, Any]:
     # lstat: a symlink is reported as one and never followed, wherever it points.
-    info = path.lstat()
-    kind = "symlink" if path.is_symlink() else "dir" if path.is_dir() else "file"
+    kind = "symlink" if stat.S_ISLNK(info.st_mode) else "dir" if stat.S_ISDIR(info.st_mode) else "file"
     return {
-        "name": path.name,
+        "name": name,
         "type": kind,
         "size": info.st_size if kind == "file" else None,
         "modified": datetime.fromtimestamp(info.st_mtime, tz=UTC).isoformat(timespec="seconds"),
     }
 
 
-def _list(directory: Path, depth: int, ignore: list[str], skipped: list[str], context: ToolContext) -> list[dict]:
+def _joined(directory: str, name: str) -> str:
+    return name if directory == "." else f"{directory}/{name}"
+
+
+def _list(fd: int, directory: str, depth: int, ignore: list[str], skipped: list[str]) -> list[dict]:
+    """The entries of the open directory `fd` (shown as `directory`), opened below it one by one."""
     entries = []
-    for child in sorted(directory.iterdir(), key=lambda p: p.name):
+    with os.scandir(fd) as found:
+        children = sorted(found, key=lambda child: child.name)
+    for child in children:
         if any(fnmatch.fnmatch(child.name, pattern) for pattern in ignore):
             continue
-        if child.name in SKIPPED_DIRS and child.is_dir() and not child.is_symlink():
-            skipped.append(context.relative(child))
+        try:
+            info = child.stat(follow_symlinks=False)
+        except FileNotFoundError:
             continue
-        entry = _entry(child)
+        if child.name in SKIPPED_DIRS and stat.S_ISDIR(info.st_mode):
+            skipped.append(_joined(directory, child.name))
+            continue
+        entry = _entry(child.name, info)
         if depth > 1 and entry["type"] == "dir":
-            entry["entries"] = _list(child, depth - 1, ignore, skipped, context)
+            try:
+                inner = os.open(child.name, DIRECTORY_FLAGS, dir_fd=fd)
+            except OSError:
+                inner = None  # replaced or removed since it was listed
+            if inner is not None:
+                try:
+                    entry["entries"] = _list(inner, _joined(directory, child.name), depth - 1, ignore, skipped)
+                finally:
+                    os.close(inner)
         entries.append(entry)
     return entries
 
 
+def open_directory(context: ToolContext, relative: str) -> tuple[int, str]:
+    """A descriptor of the workspace directory `relative`, opened without following links."""
+    with context.located(relative) as here:
+        try:
+            return os.open(here.name, DIRECTORY_FLAGS, dir_fd=here.parent), here.relative
+        except OSError:
+            raise ToolFailure(f"{relative!r} is not a directory in the workspace.") from None
+
+
 def list_dir(arguments: dict[str, Any], context: ToolContext) -> Observation:
     relative = arguments.get("path", ".")
-    target = context.path(relative)
-    if not target.is_dir():
-        raise ToolFailure(f"{relative!r} is not a directory in the workspace.")
+    fd, shown = open_directory(context, relative)
     skipped: list[str] = []
-    entries = _list(target, arguments.get("depth", 1), arguments.get("ignore", []), skipped, context)
-    observation: Observation = {"ok": True, "path": context.relative(target), "entries": entries}
+    try:
+        entries = _list(fd, shown, arguments.get("depth", 1), arguments.get("ignore", []), skipped)
+    finally:
+        os.close(fd)
+    observation: Observation = {"ok": True, "path": shown, "entries": entries}
     if skipped:
         observation["skipped"] = skipped
     return observation

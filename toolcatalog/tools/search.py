@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -13,31 +15,98 @@ from django.conf import settings
 
 from engine.patterns import PatternError, compile_pattern
 from toolcatalog.tools.base import Observation, ToolContext, ToolFailure, builtin
-from toolcatalog.tools.files import SKIPPED_DIRS, is_binary
+from toolcatalog.tools.files import SKIPPED_DIRS, looks_binary
+from toolcatalog.workspace import DIRECTORY_FLAGS
 
 MAX_MATCH_LINES = 500
 MAX_GLOB_RESULTS = 1000
 MAX_SEARCHED_FILE_BYTES = 20 * 1024 * 1024
 
 
-def walk_files(context: ToolContext, start: Path) -> Iterator[Path]:
-    """Regular files under `start`, never following symlinks, skipping build and VCS folders."""
-    if start.is_file():
-        yield start
-        return
-    for directory, dirnames, filenames in os.walk(start, followlinks=False):
-        dirnames[:] = sorted(name for name in dirnames if name not in SKIPPED_DIRS)
-        for name in sorted(filenames):
-            path = Path(directory) / name
-            if not path.is_symlink() and path.is_file():
-                yield path
+@dataclass(frozen=True)
+class FoundFile:
+    """A regular file met by `walk_files`: open it with `open()` while the walk is on it."""
+
+    relative: str  # from the workspace root
+    directory: int  # its directory, open for the time the walk is in it
+    name: str
+
+    def open(self) -> int | None:
+        """Its descriptor, or None when it was replaced by a link or a non-file meanwhile."""
+        try:
+            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.directory)
+        except OSError:
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def stat(self) -> os.stat_result | None:
+        try:
+            return os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)
+        except OSError:
+            return None
 
 
-def _included(context: ToolContext, path: Path, include: str | None) -> bool:
+def walk_files(context: ToolContext, relative: str, *, max_depth: int | None = None) -> Iterator[FoundFile]:
+    """Regular files under `relative` (or that file), never following links, skipping build
+    and VCS folders. Every directory is opened relative to its parent (os.fwalk), so neither a
+    link planted meanwhile nor a path longer than PATH_MAX can take the walk elsewhere."""
+    with context.located(relative) as here:
+        info = here.lstat()
+        if info is None:
+            raise ToolFailure(f"{relative!r} does not exist in the workspace.")
+        if stat.S_ISREG(info.st_mode):
+            yield FoundFile(here.relative, here.parent, here.name)
+            return
+        try:
+            start = os.open(here.name, DIRECTORY_FLAGS, dir_fd=here.parent)
+        except OSError:
+            raise ToolFailure(f"{relative!r} is neither a file nor a directory in the workspace.") from None
+        base = here.relative
+    try:
+        for directory, dirnames, filenames, fd in os.fwalk(".", dir_fd=start):
+            inner = directory[2:]  # after "./"
+            depth = inner.count("/") + 1 if inner else 0
+            dirnames[:] = sorted(
+                name for name in dirnames if name not in SKIPPED_DIRS and (max_depth is None or depth < max_depth)
+            )
+            prefix = "/".join(part for part in (base, inner) if part and part != ".")
+            for name in sorted(filenames):
+                if stat.S_ISREG(_lstat_mode(fd, name)):
+                    yield FoundFile(f"{prefix}/{name}" if prefix else name, fd, name)
+    finally:
+        os.close(start)
+
+
+def _lstat_mode(directory: int, name: str) -> int:
+    try:
+        return os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+    except OSError:
+        return 0
+
+
+def _included(found: FoundFile, include: str | None) -> bool:
     if not include:
         return True
-    target = context.relative(path) if "/" in include else path.name
-    return fnmatch.fnmatch(target, include)
+    return fnmatch.fnmatch(found.relative if "/" in include else found.name, include)
+
+
+def _read_text(found: FoundFile) -> tuple[str, int] | None:
+    """The file's text and size, or None for a binary file or one replaced meanwhile; a file
+    over the size limit gives its size and no text."""
+    fd = found.open()
+    if fd is None:
+        return None
+    with open(fd, "rb") as handle:
+        size = os.fstat(fd).st_size
+        if size > MAX_SEARCHED_FILE_BYTES:
+            return "", size
+        data = handle.read(MAX_SEARCHED_FILE_BYTES + 1)
+    if looks_binary(data[:8192]):
+        return None
+    return data.decode("utf-8", errors="replace"), size
 
 
 def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation:
@@ -51,9 +120,6 @@ def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation
     budget = settings.CC_REGEX_TIMEOUT_SECONDS
     deadline = time.monotonic() + budget
     relative = arguments.get("path", ".")
-    start = context.path(relative)
-    if not start.exists():
-        raise ToolFailure(f"{relative!r} does not exist in the workspace.")
     include = arguments.get("include")
     around = arguments.get("context_lines", 0)
     output = arguments.get("output", "lines")
@@ -61,16 +127,18 @@ def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation
     counts: dict[str, int] = {}
     total = 0
     skipped_large: list[str] = []
-    for path in walk_files(context, start):
-        if not _included(context, path, include):
+    for found in walk_files(context, relative):
+        if not _included(found, include):
             continue
-        if path.stat().st_size > MAX_SEARCHED_FILE_BYTES:
-            skipped_large.append(context.relative(path))
+        read = _read_text(found)
+        if read is None:
             continue
-        if is_binary(path):
+        text, size = read
+        name = found.relative
+        if size > MAX_SEARCHED_FILE_BYTES:
+            skipped_large.append(name)
             continue
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        name = context.relative(path)
+        lines = text.splitlines()
         for index, line in enumerate(lines):
             try:
                 found = pattern.search(line, timeout=max(deadline - time.monotonic(), 0.001), concurrent=True)
@@ -105,27 +173,39 @@ def search_files(arguments: dict[str, Any], context: ToolContext) -> Observation
     return observation
 
 
+def _glob_matches(pattern: tuple[str, ...], parts: tuple[str, ...]) -> bool:
+    """Path.glob's rule, on a path already found: `**` is any number of folders, other parts
+    match one name each (case-sensitive, as on the workspace's file system)."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_matches(pattern[1:], parts[index:]) for index in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_matches(pattern[1:], parts[1:])
+
+
 def glob(arguments: dict[str, Any], context: ToolContext) -> Observation:
     pattern = arguments["pattern"]
     if PurePosixPath(pattern).is_absolute() or Path(pattern).is_absolute():
         raise ToolFailure(f"pattern {pattern!r} is absolute; give a pattern relative to the workspace.")
-    if ".." in PurePosixPath(pattern).parts:
+    parts = PurePosixPath(pattern).parts
+    if ".." in parts:
         raise ToolFailure(f"pattern {pattern!r} climbs out with '..'; patterns stay inside the workspace.")
     relative = arguments.get("path", ".")
-    start = context.path(relative)
-    if not start.is_dir():
+    with context.located(relative) as here:
+        info = here.lstat()
+        base = here.relative
+    if info is None or not stat.S_ISDIR(info.st_mode):
         raise ToolFailure(f"{relative!r} is not a directory in the workspace.")
+    # Without `**`, no match lies deeper than the pattern's own folders.
+    deepest = None if "**" in parts else len(parts) - 1
     found = []
-    for path in start.glob(pattern):
-        # Path.glob may step through a symlinked directory: keep only what really lies inside.
-        if path.is_symlink() or not path.is_file():
+    for file in walk_files(context, relative, max_depth=deepest):
+        inside = file.relative if base == "." else file.relative[len(base) + 1 :]
+        if not _glob_matches(parts, tuple(inside.split("/"))):
             continue
-        real = path.resolve()
-        if real != context.root and context.root not in real.parents:
-            continue
-        if any(part in SKIPPED_DIRS for part in path.relative_to(start).parts[:-1]):
-            continue
-        found.append((path.stat().st_mtime, context.relative(path)))
+        info = file.stat()
+        if info is not None:
+            found.append((info.st_mtime, file.relative))
     found.sort(key=lambda item: (-item[0], item[1]))
     observation: Observation = {"ok": True, "pattern": pattern, "count": len(found)}
     observation["paths"] = [name for _, name in found[:MAX_GLOB_RESULTS]]
