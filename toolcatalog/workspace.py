@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+import shutil
 import stat
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 
 class PathEscapesWorkspace(ValueError):
@@ -29,6 +35,25 @@ def workspace_root(conversation_id: int) -> Path:
     root = Path(settings.CC_WORKSPACE_ROOT) / f"conversation-{conversation_id}"
     root.mkdir(parents=True, exist_ok=True)
     return root.resolve()
+
+
+def remove_conversation_workspace(sender: type, instance: Any, **kwargs: Any) -> None:
+    """A deleted conversation's files go with it, once the deletion is committed (QA: they stayed
+    on disk for good, and out of the owner's quota, which counts live conversations: delete and
+    write again, and one user filled the disk)."""
+    path = Path(settings.CC_WORKSPACE_ROOT) / f"conversation-{instance.pk}"
+
+    def remove() -> None:
+        try:
+            # rmtree works by descriptor here (rmtree.avoids_symlink_attacks): a link inside
+            # cannot make it delete outside.
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except Exception:  # a tree deeper than the recursion limit, a file the sandbox holds
+            logger.exception("could not remove the workspace of deleted conversation %s at %s", instance.pk, path)
+
+    transaction.on_commit(remove)
 
 
 def resolve_inside(root: Path, relative: str) -> Path:
