@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from controlcenter.localmodel import RestartWait
+from controlcenter.localmodel import NamesAForeignServer, RestartWait
 from engine.providers.offline import OfflineProvider
 from engine.providers.protocol import Provider
 from engine.providers.retry import RetryingProvider
@@ -56,5 +56,7 @@ def get_provider(name: str) -> Provider:
             context_window=settings.CC_LOCAL_MODEL_CONTEXT,
         )
         # A server being restarted (by this host's supervisor) is waited for, not a failed run.
-        return RetryingProvider(local, sleep=RestartWait(settings.CC_LOCAL_MODEL_URL))
+        return RetryingProvider(
+            NamesAForeignServer(local, settings.CC_LOCAL_MODEL_URL), sleep=RestartWait(settings.CC_LOCAL_MODEL_URL)
+        )
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -32,7 +32,8 @@ from typing import IO
 import httpx
 
 from controlcenter.env import ImproperEnvironment, env_int, env_str
-from engine.providers.protocol import stream_abandoned
+from engine.providers.protocol import InvalidRequest, Provider, ProviderEvent, stream_abandoned
+from engine.request import ModelRequestSpec
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +202,34 @@ class RestartWait:
                 return
             self._sleep(0.25)
         self._gave_up = False
+
+
+class NamesAForeignServer:
+    """The local provider, whose refusals name the cause when another program holds its port.
+
+    Another program there (`python3 -m http.server`, say) answers a chat request with its own
+    status, and runs failed with "HTTP 501" and nothing more.
+    """
+
+    def __init__(self, inner: Provider, base_url: str) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.defers_tool_loading = bool(getattr(inner, "defers_tool_loading", False))
+        self.supports_prefill = bool(getattr(inner, "supports_prefill", False))
+        self.base_url = base_url
+
+    def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
+        try:
+            yield from self.inner.stream(request)
+        except InvalidRequest as exc:
+            holder = port_holder(self.base_url)
+            if holder is not None and holder != "model server":
+                exc.args = (
+                    f"{exc} (what answers at {self.base_url} is not a model server: {holder}; another program "
+                    "holds CC_LOCAL_MODEL_PORT, or CC_LOCAL_MODEL_URL names the wrong server)",
+                    *exc.args[1:],
+                )
+            raise
 
 
 def _die_with_parent() -> None:

@@ -23,7 +23,7 @@ from controlcenter.localmodel import MODEL_ALIAS, LocalModelConfig, LocalModelSu
 from controlcenter.processes import services_env
 from controlcenter.stack import WebProcess, free_port
 from engine.providers.openai_compat import OpenAICompatProvider
-from engine.providers.protocol import MessageDone, TextDelta
+from engine.providers.protocol import InvalidRequest, MessageDone, TextDelta
 from engine.request import ModelRequestSpec
 from tests.support.waiting import wait_until
 
@@ -170,3 +170,16 @@ def test_restarting_the_web_server_does_not_cut_an_answer_a_worker_is_streaming(
         if web.process.poll() is None:
             web.kill()
         worker.stop()
+
+
+@pytest.mark.req("LM-1")
+def test_a_run_answered_by_another_program_on_the_port_says_it_is_not_a_model_server(other_program, settings):
+    settings.CC_LOCAL_MODEL_URL = f"http://127.0.0.1:{other_program}/v1"
+    request = ModelRequestSpec(
+        model="m", system=[], tools=[], messages=[{"role": "user", "content": "Hello?"}], max_tokens=8
+    )
+    with pytest.raises(InvalidRequest) as refused:
+        list(get_provider("local").stream(request))
+    message = str(refused.value)
+    assert "501" in message  # what the other program answered the chat request with
+    assert "is not a model server" in message and "CC_LOCAL_MODEL_PORT" in message
