@@ -183,3 +183,24 @@ def test_a_run_answered_by_another_program_on_the_port_says_it_is_not_a_model_se
     message = str(refused.value)
     assert "501" in message  # what the other program answered the chat request with
     assert "is not a model server" in message and "CC_LOCAL_MODEL_PORT" in message
+
+
+@pytest.mark.req("LM-1")
+@pytest.mark.timeout(120)
+def test_a_server_that_keeps_failing_to_start_is_started_again_less_and_less_often(tmp_path, caplog, monkeypatch):
+    # It passes the check at start (the magic bytes), and llama.cpp fails to load it: about 3.5 s a
+    # start on 2 cores, which without a pause between starts is eight or nine starts in 30 s.
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + os.urandom(100_000))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    caplog.set_level(logging.WARNING, logger="controlcenter.localmodel")
+    supervisor = LocalModelSupervisor(LocalModelConfig(model_path=broken, port=free_port(), threads=1)).start()
+    try:
+        time.sleep(30)
+    finally:
+        supervisor.stop()
+    # Pauses of 1, 2, 4, 8 s between starts: five at most in 30 s, however fast a start fails.
+    assert 1 <= supervisor.restarts <= 5, supervisor.restarts
+    said = [record.getMessage() for record in caplog.records if "exited with" in record.getMessage()]
+    assert "restarting in 1 s" in said[0] and "restarting in 2 s" in said[1]
+    assert "Failed to load model from file" in supervisor.log()
