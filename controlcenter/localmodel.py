@@ -164,7 +164,7 @@ def _listening(base_url: str) -> bool:
     # it binds its port only once the model is loaded, so an accepted connection means ready.
     url = httpx.URL(base_url)
     try:
-        with socket.create_connection((url.host, url.port or 80), timeout=1.0):
+        with socket.create_connection((url.host, url.port or (443 if url.scheme == "https" else 80)), timeout=1.0):
             return True
     except OSError:
         return False
@@ -303,15 +303,22 @@ class LocalModelSupervisor:
                     "local model server exited with %s; restarting in %.0f s (log %s)",
                     self.process.returncode, delay, self.log_path,
                 )  # fmt: skip
+                self.process = None
                 if self._stopped.wait(delay):
                     break
-            if self.process is None or self.process.poll() is not None:
+            if self.process is None:
+                if self._ready.is_set() and _listening(self.config.base_url):
+                    # The model server found there is still up. Not asked GET /models again: it
+                    # answers that only after the request it is streaming.
+                    self._stopped.wait(2.0)
+                    continue
                 holder = port_holder(self.config.base_url)
                 if holder is None:
                     port_taken = False
+                    self._ready.clear()
                     self._spawn()
                 elif holder == "model server":
-                    # Not ours (a `controlcenter local-model` started apart, say): serve runs with it.
+                    # Not ours (a `controlcenter local-model` started apart, say): runs use it.
                     if not self._ready.is_set():
                         logger.info("a model server already answers at %s; using it", self.config.base_url)
                     self._ready.set()
