@@ -26,60 +26,16 @@ from django.conf import settings
 
 from controlcenter.db import reconnecting
 from toolcatalog.tools.base import ToolContext, ToolFailure
-from toolcatalog.workspace import DIRECTORY_FLAGS
+from toolcatalog.workspace import entries_beneath
 
 
 def quota_bytes() -> int:
     return settings.CC_WORKSPACE_QUOTA_MB * 1024 * 1024
 
 
-def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Every entry under `root` with its path relative to it, symlinks not followed; a file
-    vanishing mid-walk is skipped. Each directory is opened relative to its parent: a tree
-    deeper than PATH_MAX is measured too (QA: one such tree failed every later bash and
-    write_file call of its owner, in all her conversations, with "File name too long")."""
-    try:
-        root_fd = os.open(root, DIRECTORY_FLAGS)
-    except OSError:
-        return
-    # One descriptor per level being walked; each directory's names are read at once.
-    stack: list[tuple[int, str, Iterator[str]]] = [(root_fd, "", iter(_names(root_fd)))]
-    try:
-        while stack:
-            fd, relative, names = stack[-1]
-            name = next(names, None)
-            if name is None:
-                os.close(fd)
-                stack.pop()
-                continue
-            try:
-                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            path = f"{relative}/{name}" if relative else name
-            yield path, info
-            if stat.S_ISDIR(info.st_mode):
-                try:
-                    inner = os.open(name, DIRECTORY_FLAGS, dir_fd=fd)
-                except (FileNotFoundError, NotADirectoryError, PermissionError):
-                    continue
-                stack.append((inner, path, iter(_names(inner))))
-    finally:
-        for fd, _relative, _names_left in stack:
-            os.close(fd)
-
-
-def _names(fd: int) -> list[str]:
-    try:
-        with os.scandir(fd) as entries:
-            return [entry.name for entry in entries]
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return []
-
-
 def tree_bytes(root: Path) -> int:
     """Disk bytes under `root`, symlinks not followed; a file vanishing mid-walk counts as nothing."""
-    return sum(info.st_blocks * 512 for _name, info in walk(root))
+    return sum(info.st_blocks * 512 for _directory, _name, _path, info in entries_beneath(root))
 
 
 def owner_id(context: ToolContext) -> int | None:
@@ -149,9 +105,9 @@ class Before:
         # File times come from a coarse clock that can lag this one by a tick: a margin, so a file
         # the call writes at once is not taken for an old one.
         before = cls(0, {}, time.time_ns() - 1_000_000_000)
-        for name, info in walk(root):
+        for _directory, _name, path, info in entries_beneath(root):
             before.usage += info.st_blocks * 512
-            before.entries[name] = (info.st_ino, info.st_size)
+            before.entries[path] = (info.st_ino, info.st_size)
         return before
 
 

@@ -44,6 +44,7 @@ from typing import IO, Any
 from django.conf import settings
 
 from toolcatalog.cgroups import CallCgroup
+from toolcatalog.workspace import entries_beneath
 
 WORKSPACE = "/workspace"
 INNER_UID = 1000
@@ -168,8 +169,10 @@ def bwrap_options(
     cwd: str = ".",
     tmp_mb: int = 64,
     data_fds: dict[str, int] | None = None,
+    more: Sequence[str] = (),
 ) -> list[str]:
-    """bwrap's options for a sandbox whose workspace is the open directory `workspace_fd` (None: a probe).
+    """bwrap's options for a sandbox whose workspace is the open directory `workspace_fd` (None: a probe);
+    `more` are the caller's own (mounts among them), placed before the root is made read-only.
 
     The workspace goes in as a file descriptor opened by the worker, so a root worker's sandbox
     uid needs no access to the directories above it (var/ may be 0700).
@@ -203,11 +206,16 @@ def bwrap_options(
             options += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     for name, fd in (data_fds or {}).items():
         options += ["--ro-bind-data", str(fd), f"/etc/{name}"]
-    options += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    # bwrap's / and /dev are tmpfs with no size of their own (half the host's memory; QA wrote
+    # 3 GB into /dev/shm in one call): both become read-only, and the two places a program
+    # expects to write are sized tmpfs.
+    size = str(tmp_mb * 1024 * 1024)
+    options += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    options += ["--size", size, "--tmpfs", "/dev/shm", "--size", size, "--tmpfs", "/tmp"]
     if workspace_fd is None:
-        return [*options, "--chdir", "/"]
+        return [*options, *more, "--remount-ro", "/", "--chdir", "/"]
     inside = WORKSPACE if cwd in ("", ".") else f"{WORKSPACE}/{cwd}"
-    return [*options, "--bind-fd", str(workspace_fd), WORKSPACE, "--chdir", inside]
+    return [*options, "--bind-fd", str(workspace_fd), WORKSPACE, *more, "--remount-ro", "/", "--chdir", inside]
 
 
 def _hand_over(workspace: Path, uid: int) -> None:
@@ -223,18 +231,13 @@ def _hand_over(workspace: Path, uid: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         if workspace.lstat().st_uid != uid:
             os.lchown(workspace, uid, uid)
-    # It runs before every call: os.scandir's cached lstat, not pathlib's rglob, which cost
-    # about 10 ms for 200 files on a loaded machine (bench sandbox). Links are changed, never
-    # followed.
-    pending = [str(workspace)]
-    while pending:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.stat(follow_symlinks=False).st_uid != uid:
-                        os.lchown(entry.path, uid, uid)
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
+    # It runs before every call, while another call's command may be changing the tree: each
+    # entry is changed relative to its open directory, never through a path a link could redirect
+    # (a folder swapped for a link to /etc would have handed a host file to the sandbox uid).
+    for directory, name, _path, info in entries_beneath(workspace):
+        if info.st_uid != uid:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, uid, uid, dir_fd=directory, follow_symlinks=False)
 
 
 def _searchable_parents(directory: Path) -> None:
@@ -359,9 +362,14 @@ def start(
             fds[name] = _pipe_of(text.encode())
         fds["workspace"] = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         options = bwrap_options(
-            fds["workspace"], cwd=cwd, tmp_mb=limits.tmp_mb, data_fds={name: fds[name] for name in data}
+            fds["workspace"],
+            cwd=cwd,
+            tmp_mb=limits.tmp_mb,
+            data_fds={name: fds[name] for name in data},
+            more=_server_options(fds, read_only, env or {}),
         )
-        options += _server_options(fds, read_only, env or {}, chdir)
+        if chdir is not None:
+            options += ["--chdir", chdir]  # after bwrap_options' own: the last one counts
         if network:
             kept["info"], fds["info"] = os.pipe()
             fds["block"], kept["block"] = os.pipe()
@@ -428,9 +436,7 @@ def start(
     return sandboxed
 
 
-def _server_options(
-    fds: dict[str, int], read_only: Sequence[Path], env: Mapping[str, str], chdir: str | None
-) -> list[str]:
+def _server_options(fds: dict[str, int], read_only: Sequence[Path], env: Mapping[str, str]) -> list[str]:
     """bwrap options for `start()`'s server parameters; opened directories are added to `fds`.
 
     Each directory goes in as a descriptor the worker opened, like the workspace (bwrap still
@@ -443,8 +449,6 @@ def _server_options(
         options += ["--ro-bind-fd", str(fds[f"ro{number}"]), str(directory)]
     for name, value in env.items():
         options += ["--setenv", name, value]
-    if chdir is not None:
-        options += ["--chdir", chdir]
     return options
 
 

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -183,3 +184,48 @@ def _link_target(parent: int, name: str) -> str | None:
         return os.readlink(name, dir_fd=parent)
     except OSError:
         return None
+
+
+def entries_beneath(root: Path) -> Iterator[tuple[int, str, str, os.stat_result]]:
+    """Every entry under `root`: its directory's descriptor (open while the entry is the current
+    one), its name, its path from the root and its lstat. Links are never followed and each
+    directory is opened relative to its parent, so neither a folder swapped for a link nor a tree
+    deeper than PATH_MAX (QA: "File name too long" failed every later bash and write_file of the
+    user) takes the walk elsewhere; an entry vanishing mid-walk is skipped."""
+    try:
+        root_fd = os.open(root, DIRECTORY_FLAGS)
+    except OSError:
+        return
+    # One descriptor per level being walked; each directory's names are read at once.
+    stack: list[tuple[int, str, Iterator[str]]] = [(root_fd, "", iter(_names(root_fd)))]
+    try:
+        while stack:
+            fd, relative, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            path = f"{relative}/{name}" if relative else name
+            yield fd, name, path, info
+            if stat.S_ISDIR(info.st_mode):
+                try:
+                    inner = os.open(name, DIRECTORY_FLAGS, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError, PermissionError, OSError):
+                    continue
+                stack.append((inner, path, iter(_names(inner))))
+    finally:
+        for fd, _relative, _names_left in stack:
+            os.close(fd)
+
+
+def _names(fd: int) -> list[str]:
+    try:
+        with os.scandir(fd) as entries:
+            return [entry.name for entry in entries]
+    except OSError:
+        return []

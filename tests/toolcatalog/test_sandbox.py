@@ -61,6 +61,29 @@ def test_the_sandbox_sees_its_workspace_at_a_fixed_path_and_the_system_read_only
     assert "passwd" in etc and "shadow" not in etc and "postgresql" not in etc and "hostname" in etc
 
 
+@pytest.mark.req("SB-3")
+def test_only_tmp_and_dev_shm_are_writable_outside_the_workspace_and_both_are_sized(box, settings):
+    # QA: /, /etc, /dev and /dev/shm were tmpfs of half the host's memory: 3 GB in /dev/shm in one
+    # call (with the cgroup off), past CC_SANDBOX_TMP_MB and the memory limit of RLIMIT_AS.
+    settings.CC_SANDBOX_TMP_MB = 8
+    seen = _bash(
+        box,
+        "for target in /rootfile /etc/etcfile /dev/devfile; do "
+        "head -c 1000 /dev/zero > $target 2>/dev/null && echo wrote $target || echo refused $target; done; "
+        "for target in /tmp/big /dev/shm/big; do "
+        "head -c 20000000 /dev/zero > $target 2>/dev/null; echo $target $(stat -c %s $target); done; "
+        "echo ok > /dev/null && echo null-writable",
+    )
+    assert seen["stdout"].splitlines() == [
+        "refused /rootfile",
+        "refused /etc/etcfile",
+        "refused /dev/devfile",
+        "/tmp/big 8388608",
+        "/dev/shm/big 8388608",
+        "null-writable",
+    ], seen
+
+
 @pytest.mark.req("SB-1")
 def test_nothing_of_the_host_is_visible(box, tmp_path, settings):
     hidden = [str(ROOT), str(settings.VAR_DIR), str(tmp_path.parent), "/home", "/root", "/work", "/var", "/run"]
@@ -485,3 +508,51 @@ def test_a_missing_bubblewrap_refuses_to_run_anything(box, tmp_path, monkeypatch
     refused = _bash(box, "touch ran.txt")
     assert refused["ok"] is False and "bubblewrap" in refused["error"]
     assert not (tmp_path / "ran.txt").exists()
+
+
+@pytest.mark.req("SB-1")
+def test_handing_the_workspace_over_never_changes_a_file_outside_through_a_swapped_folder(tmp_path):
+    # Before every call a root worker gives the workspace's files to the sandbox uid, while another
+    # call's command may be changing the tree: by path, a folder swapped for a link between the
+    # listing and the chown handed the link's target (a host file) to that uid.
+    if os.geteuid() != 0:
+        pytest.fail("this test needs a root worker, as the product's own sandbox hand-over does")
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (workspace / "d").mkdir()
+    names = [f"victim-{number}" for number in range(200)]  # a long listing: a wide window
+    for name in names:
+        (outside / name).write_text("host file\n")
+        (workspace / "d" / name).write_text("own file\n")
+    swapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\n"
+            "os.chdir(sys.argv[1])\n"
+            "while True:\n"
+            "    os.rename('d', 'd_away'); os.symlink(sys.argv[2], 'd')\n"
+            "    os.unlink('d'); os.rename('d_away', 'd')\n",
+            str(workspace),
+            str(outside),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            sandbox._hand_over(workspace, sandbox.INNER_UID)
+            assert {(outside / name).stat().st_uid for name in names} == {0}
+            # The workspace's own file back to root, so the next hand-over changes it again.
+            for folder in ("d", "d_away"):
+                with contextlib.suppress(OSError):
+                    fd = os.open(workspace / folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                    try:
+                        for name in names:
+                            os.chown(name, 0, 0, dir_fd=fd, follow_symlinks=False)
+                    finally:
+                        os.close(fd)
+        assert swapper.poll() is None  # it swapped for the whole time
+    finally:
+        swapper.kill()
+        swapper.wait()
