@@ -37,6 +37,7 @@ from engine.providers.openai_compat import (
 from engine.providers.protocol import MessageDone, StreamInterrupted, TextDelta
 from engine.providers.retry import RetryingProvider
 from engine.request import ModelRequestSpec
+from tests.support.waiting import wait_until
 from toolcatalog.models import Mode
 
 MODEL = "smollm2-135m-instruct"
@@ -243,6 +244,19 @@ def test_killing_the_server_mid_stream_is_a_retryable_failure_and_it_is_restarte
     local_model.wait_ready(timeout=60)
     # As a run meets it: through the retrying provider, since a cut stream is retryable.
     list(RetryingProvider(provider, base_delay=0.5).stream(_story(max_tokens=4)))
+
+
+@pytest.mark.req("LM-1")
+def test_a_run_right_after_the_server_was_killed_waits_for_the_supervisor_to_bring_it_back(local_settings, local_model):
+    """QA: killed between runs, the server answered again 5.8 s later, and the next run had failed
+    after 5.5-8 s of the retries' own pauses with "connection refused"."""
+    process = local_model.process
+    os.killpg(process.pid, signal.SIGKILL)
+    wait_until(lambda: not server_ready(local_model.config.base_url, timeout=0.5), timeout=10, what="the kill")
+    # As a run asks for it: the provider the registry builds for `local`.
+    events = list(get_provider("local").stream(_story(max_tokens=4)))
+    assert isinstance(events[-1], MessageDone)
+    assert local_model.process is not process
 
 
 @pytest.mark.req("LM-1")
