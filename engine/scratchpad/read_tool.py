@@ -109,7 +109,11 @@ def _run(arguments: dict[str, Any], open_entry: OpenEntry, max_chars: int, grep_
     if not isinstance(arguments, dict):
         raise BadRead("The arguments of scratchpad_read must be an object.")
     entry_id = arguments.get("scratchpad_id")
-    if not isinstance(entry_id, str) or not entry_id:
+    if entry_id is not None and not isinstance(entry_id, str):
+        raise BadRead(
+            f"scratchpad_id must be a string (the 'scratchpad_id' of an earlier observation); got {entry_id!r}."
+        )
+    if not entry_id:
         raise BadRead("scratchpad_id is required: the 'scratchpad_id' of an earlier observation.")
     mode = arguments.get("mode", "head")
     if mode is None:

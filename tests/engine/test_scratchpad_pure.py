@@ -238,3 +238,13 @@ def test_a_cut_line_in_grep_names_the_range_read_that_shows_the_rest():
         {"scratchpad_id": "e1", "mode": "range", "start": start, "end": start + 506}, lambda entry_id: source
     )
     assert rest["content"] == "a" * 500 + "NEEDLE"
+
+
+@pytest.mark.req("SP-6")
+def test_a_scratchpad_id_of_the_wrong_type_is_named_as_such_not_as_missing():
+    source = MemoryChunkSource(encode("text\n"), shape_of("text\n"))
+    wrong = run_read({"scratchpad_id": ["x"], "mode": "head"}, lambda entry_id: source)
+    assert wrong == {"ok": False, "error": wrong["error"]} and "must be a string" in wrong["error"]
+    assert "['x']" in wrong["error"]
+    missing = run_read({"mode": "head"}, lambda entry_id: source)
+    assert "is required" in missing["error"]
