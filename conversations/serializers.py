@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
@@ -33,7 +34,20 @@ class ConversationSerializer(serializers.ModelSerializer):
         read_only_fields = ["tip", "model", "mode", "created_at", "updated_at"]
 
 
-class ConversationUpdateSerializer(serializers.Serializer):
+class RefusingUnknownFields(serializers.Serializer):
+    """A body with a field the endpoint does not take is refused, naming it: silently dropped, a
+    misspelt or unsupported field looked accepted while the server did something else (UX-8)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping) and (unknown := sorted(set(data) - set(self.fields))):
+            takes = ", ".join(self.fields)
+            raise serializers.ValidationError(
+                {str(name): [f"Unknown field; this endpoint takes {takes}."] for name in unknown}
+            )
+        return super().to_internal_value(data)
+
+
+class ConversationUpdateSerializer(RefusingUnknownFields):
     """The pickers (what the next run uses, checked against CC_MODELS and the catalog) and the title."""
 
     model = StrictCharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
@@ -66,8 +80,9 @@ class ConversationListQuerySerializer(serializers.Serializer):
     offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=10**18 - 1)
 
 
-class ConversationCreateSerializer(serializers.Serializer):
+class ConversationCreateSerializer(RefusingUnknownFields):
     title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
+    model = StrictCharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
 
 
 class MessageCreateSerializer(serializers.Serializer):

@@ -25,11 +25,23 @@ from toolcatalog.models import Mode
 TITLE_MAX = 200
 
 
-def conversation_create(*, owner: User, title: str = "") -> Conversation:
+def conversation_create(*, owner: User, title: str = "", model: str = "") -> Conversation:
+    """A new conversation; `model` as conversation_update takes it, checked before anything is stored."""
     title = title.strip()
     if len(title) > TITLE_MAX:
         raise DomainError(f"The title has {len(title)} characters; the limit is {TITLE_MAX}.")
-    return Conversation.objects.create(owner=owner, title=title or "New conversation")
+    _check_model(model)
+    return Conversation.objects.create(owner=owner, title=title or "New conversation", model=model)
+
+
+def _check_model(model: str) -> None:
+    """A name from CC_MODELS, or blank for the server default."""
+    if model and model not in settings.CC_MODELS:
+        offered = list(settings.CC_MODELS)
+        raise DomainError(
+            f"Model {model!r} is not offered here; choose one of {', '.join(offered)} (or blank for the default).",
+            {"model": offered},
+        )
 
 
 # "Not given" for conversation_update, where None means "clear".
@@ -51,12 +63,7 @@ def conversation_update(
             raise DomainError("The title is empty; write a title.")
         changes["title"] = title.strip()
     if model is not KEEP:
-        if model and model not in settings.CC_MODELS:
-            offered = list(settings.CC_MODELS)
-            raise DomainError(
-                f"Model {model!r} is not offered here; choose one of {', '.join(offered)} (or blank for the default).",
-                {"model": offered},
-            )
+        _check_model(model)
         changes["model"] = model
     with transaction.atomic():
         if mode_id is not KEEP:
