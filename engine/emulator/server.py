@@ -7,7 +7,9 @@ cut (an injected fault) is a connection dropped before the final chunk, which
 clients see as an incomplete body, exactly as with a real network failure.
 
 Every request gets an HTTP answer in the API's error shape; an unexpected
-exception is a 500 `api_error`, never a dropped connection. Faults and latency
+exception is a 500 `api_error`, never a dropped connection. A body comes with
+`Content-Length` or chunked (`Transfer-Encoding: chunked`), at most `MAX_BODY_BYTES`
+either way (413 `request_too_large` above). Faults and latency
 come over HTTP too, for both routes and both streaming modes: a request header
 `x-emulator-fault: KIND[;retry_after=S][;after_chars=N]` applies to that request
 only; `x-emulator-first-token-ms` / `x-emulator-delta-ms` set its latencies;
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -30,6 +33,7 @@ from typing import Any
 
 from engine.emulator import ApiError, Emulator, Fault, StreamCut
 from engine.emulator.openai_route import StreamEnded
+from engine.emulator.validation import invalid_request, milliseconds, parse_body, too_deep
 
 logger = logging.getLogger(__name__)
 FAULT_KINDS = ("rate_limit", "overloaded", "stream_cut", "stream_overloaded")
@@ -39,6 +43,9 @@ FAULT_HEADER = "x-emulator-fault"
 FIRST_TOKEN_HEADER = "x-emulator-first-token-ms"
 DELTA_HEADER = "x-emulator-delta-ms"
 ADMIN_PREFIX = "/_emulator/"
+# The Messages API's documented request size limit, applied to both routes.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+CHUNK_LINE_BYTES = 1024
 
 
 def parse_fault(value: str) -> Fault:
@@ -48,12 +55,30 @@ def parse_fault(value: str) -> Fault:
     for option in options:
         name, _, raw = option.partition("=")
         if name == "retry_after":
-            fields["retry_after"] = float(raw)
+            fields["retry_after"] = _seconds(raw)
         elif name == "after_chars":
-            fields["after_chars"] = int(raw)
+            fields["after_chars"] = _count(raw)
         else:
             raise ValueError(f"unknown fault option {name!r}")
     return Fault(kind, **fields)
+
+
+def _seconds(value: Any) -> float:
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"retry_after must be a finite number of seconds, 0 or more; got {value!r}")
+    return seconds
+
+
+def _count(value: Any) -> int:
+    count = int(value)
+    if count < 0:
+        raise ValueError(f"after_chars must be 0 or more; got {value!r}")
+    return count
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, "request_too_large", "Request exceeds the maximum allowed number of bytes.")
 
 
 def _anthropic_error(status: int, error_type: str, message: str) -> dict[str, Any]:
@@ -82,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
         openai = path.endswith("/chat/completions")
         started = False
         try:
-            payload = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+            payload = parse_body(self._read_body())
             if not isinstance(payload, dict):
                 raise ApiError(400, "invalid_request_error", "The request body must be a JSON object.")
             if path.startswith(ADMIN_PREFIX):
@@ -98,8 +123,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chat_completions(payload)
             else:
                 self._json(404, _anthropic_error(404, "not_found_error", f"Not found: {path}"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            error = ApiError(400, "invalid_request_error", f"The request body is not valid JSON: {exc}")
+        except RecursionError:
+            # Nesting within MAX_JSON_DEPTH that a recursive check (a tool's JSON schema) still cannot walk.
+            if self._stream_open:
+                self._cut()
+                return
+            error = too_deep()
             self._json(400, error.openai_body() if openai else error.anthropic_body())
         except ApiError as exc:
             self._json(exc.status, exc.openai_body() if openai else exc.anthropic_body(), exc.headers)
@@ -115,6 +144,43 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             if started:
                 self._request_latency = None
+
+    def _read_body(self) -> bytes:
+        """The body by `Content-Length` or chunked; a body not read to its end closes the connection."""
+        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+            return self._read_chunked()
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            self.close_connection = True
+            raise invalid_request("Content-Length must be a number of bytes") from None
+        if length < 0 or length > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise _too_large() if length > 0 else invalid_request("Content-Length must be a number of bytes")
+        return self.rfile.read(length)
+
+    def _read_chunked(self) -> bytes:
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(CHUNK_LINE_BYTES)
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                self.close_connection = True
+                raise invalid_request("The request body is not valid chunked transfer encoding") from None
+            if size == 0:
+                # Trailer fields, if any, up to the blank line that ends the body.
+                while self.rfile.readline(CHUNK_LINE_BYTES) not in (b"\r\n", b"\n", b""):
+                    pass
+                return bytes(body)
+            if size < 0 or len(body) + size > MAX_BODY_BYTES:
+                self.close_connection = True
+                raise _too_large()
+            chunk = self.rfile.read(size)
+            if len(chunk) != size or self.rfile.readline(CHUNK_LINE_BYTES) not in (b"\r\n", b"\n"):
+                self.close_connection = True
+                raise invalid_request("The request body is not valid chunked transfer encoding")
+            body += chunk
 
     _stream_open = False
     _fault: Fault | None = None
@@ -134,11 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
             first = self.headers.get(FIRST_TOKEN_HEADER)
             delta = self.headers.get(DELTA_HEADER)
             self._request_latency = (
-                float(first) / 1000 if first else self.server.first_token_seconds,
-                float(delta) / 1000 if delta else self.server.delta_seconds,
+                milliseconds(first, FIRST_TOKEN_HEADER) / 1000 if first else self.server.first_token_seconds,
+                milliseconds(delta, DELTA_HEADER) / 1000 if delta else self.server.delta_seconds,
             )
-        except ValueError:
-            raise ApiError(400, "invalid_request_error", "latency headers must be numbers of milliseconds") from None
+        except ValueError as exc:
+            raise invalid_request(f"latency headers must be numbers of milliseconds, 0 or more: {exc}") from None
 
     def _admin(self, action: str, payload: dict[str, Any]) -> None:
         """`POST /_emulator/faults` queues faults; `POST /_emulator/latency` sets the latencies."""
@@ -148,8 +214,8 @@ class _Handler(BaseHTTPRequestHandler):
                 parsed = [
                     Fault(
                         str(f["kind"]),
-                        retry_after=None if f.get("retry_after") is None else float(f["retry_after"]),
-                        after_chars=int(f.get("after_chars", 0)),
+                        retry_after=None if f.get("retry_after") is None else _seconds(f["retry_after"]),
+                        after_chars=_count(f.get("after_chars", 0)),
                     )
                     for f in faults
                 ]
@@ -159,8 +225,9 @@ class _Handler(BaseHTTPRequestHandler):
                 for fault in parsed:
                     self.server.emulator.inject(fault)
             elif action == "latency":
-                self.server.first_token_seconds = float(payload.get("first_token_ms", 0)) / 1000
-                self.server.delta_seconds = float(payload.get("delta_ms", 0)) / 1000
+                first = milliseconds(payload.get("first_token_ms", 0), "first_token_ms")
+                delta = milliseconds(payload.get("delta_ms", 0), "delta_ms")
+                self.server.first_token_seconds, self.server.delta_seconds = first / 1000, delta / 1000
             else:
                 self._json(404, _anthropic_error(404, "not_found_error", f"Not found: {ADMIN_PREFIX}{action}"))
                 return

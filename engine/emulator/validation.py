@@ -12,6 +12,7 @@ import functools
 import hashlib
 import hmac
 import json
+import math
 import re
 from typing import Any
 
@@ -50,6 +51,63 @@ class ApiError(Exception):
 
 def invalid_request(message: str) -> ApiError:
     return ApiError(400, "invalid_request_error", message)
+
+
+# Deeper than any real request goes, shallow enough that every check below (recursive, like the
+# API's own parser) runs within Python's recursion limit.
+MAX_JSON_DEPTH = 100
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_body(raw: bytes) -> Any:
+    """The request body as JSON, refused with a 400 where the API's parser refuses it: not JSON (`NaN`
+    included), a lone surrogate escape (not encodable text), an integer too long to convert, or nesting
+    deeper than `MAX_JSON_DEPTH`. An empty body is `{}`."""
+    try:
+        payload = json.loads(raw or b"{}", parse_constant=_reject_constant)
+    except RecursionError:
+        raise too_deep() from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError; so is an overlong int
+        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+    stack: list[tuple[Any, int]] = [(payload, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, dict | list):
+            if depth > MAX_JSON_DEPTH:
+                raise too_deep()
+            items = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+            for key, item in items:
+                if key is not None:
+                    _check_text(key)
+                stack.append((item, depth + 1))
+    return payload
+
+
+def _check_text(value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid_request(
+            "The request body is not valid JSON: it contains a lone surrogate escape (\\ud800-\\udfff), "
+            "which is not valid Unicode text"
+        ) from None
+
+
+def too_deep() -> ApiError:
+    return invalid_request(f"The request body is not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+def milliseconds(value: Any, name: str) -> float:
+    """A latency in ms as given over HTTP: a finite number, not negative."""
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number of milliseconds, 0 or more; got {value!r}")
+    return number
 
 
 class StreamCut(Exception):
