@@ -206,25 +206,26 @@ def _shown_surrogate(match: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
 
 
-def _storable_text(text: str) -> str:
-    if "\x00" in text:
-        text = text.replace("\x00", NUL_STAND_IN)
+def _storable_text(text: str, keep_undecodable: bool) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub(_shown_surrogate, text)
-    return text
+        if keep_undecodable:
+            return text  # the scratchpad stores it as the bytes it escapes
+        text = _LONE_SURROGATE.sub(_shown_surrogate, text)
+    return text.replace("\x00", NUL_STAND_IN) if "\x00" in text else text
 
 
-def storable(value: Any) -> Any:
+def storable(value: Any, *, keep_undecodable: bool = False) -> Any:
     """`value` with its strings (keys included) storable as PostgreSQL text: NULs shown as
-    NUL_STAND_IN, lone surrogates as the byte they escape or U+FFFD; bytes are kept."""
+    NUL_STAND_IN, lone surrogates as the byte they escape or U+FFFD; bytes are kept. With
+    `keep_undecodable`, a string holding lone surrogates is left whole (for the scratchpad)."""
     if isinstance(value, str):
-        return _storable_text(value)
+        return _storable_text(value, keep_undecodable)
     if isinstance(value, dict):
-        return {storable(key): storable(item) for key, item in value.items()}
+        return {storable(key): storable(item, keep_undecodable=keep_undecodable) for key, item in value.items()}
     if isinstance(value, list):
-        return [storable(item) for item in value]
+        return [storable(item, keep_undecodable=keep_undecodable) for item in value]
     return value
 
 

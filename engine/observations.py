@@ -78,15 +78,20 @@ class ScratchpadToolBox(ToolBoxLayer):
                 arguments = resolve(arguments, self._lookup)
             except UnresolvableReference as exc:
                 return self._keep(step, {"ok": False, "error": f"{name} was not run: {exc}"})
-        observation = storable(self.inner.execute(name, arguments))
-        stored = without_loads(observation)
+        raw = self.inner.execute(name, arguments)
+        observation = storable(raw)
+        # What goes to the scratchpad keeps a field that is not UTF-8 (bytes escaped as lone
+        # surrogates) as those exact bytes, a binary entry (SP-2, SP-5); only NULs in text change.
+        stored = without_loads(storable(raw, keep_undecodable=True))
         # Loaded schemas and attached images travel beside the text, offloaded or not: the
         # model sees an image itself, so its bytes do not count towards the threshold.
         beside = {key: observation[key] for key in (LOADS_TOOLS, ATTACHED_IMAGES) if observation.get(key)}
         if needs_offload(stored, self.threshold):
             synthetic = self.store.offload(step=step, tool=name, observation=stored)
             self._offloaded[step] = synthetic["scratchpad_id"]
-            return {**synthetic, **beside}
+            # The fields left beside the entry go to the history as text, like any observation.
+            shown: dict[str, Any] = storable({**synthetic, **beside})
+            return shown
         return self._keep(step, observation)
 
     def restore_observations(self, observations: dict[int, dict[str, Any]]) -> None:

@@ -25,6 +25,7 @@ The API is small on purpose: `start()` for a long-lived program on pipes (an MCP
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import fcntl
 import json
@@ -571,7 +572,12 @@ class _CappedReader(threading.Thread):
                 self.kept.extend(chunk[:room])
 
     def text(self) -> str:
-        return self.kept.decode("utf-8", errors="replace")
+        # Bytes that are not UTF-8 stay as lone surrogates: offloaded, the output is kept as its
+        # exact bytes (a binary entry); inline, each is shown as `\xNN` (engine.actions.storable).
+        # A stream cut at the cap may end inside a character: that partial character is left out
+        # (the incremental decoder holds it back), not taken for bytes that are not UTF-8.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        return decoder.decode(bytes(self.kept), final=self.total == len(self.kept))
 
 
 @dataclass

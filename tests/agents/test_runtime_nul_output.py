@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -112,3 +113,31 @@ def test_a_file_name_that_is_not_utf8_and_a_lone_surrogate_the_model_writes_are_
     assert [entry["name"] for entry in listed["entries"]] == ["bad\\xffname"]
     (_, call_event) = RunEvent.objects.filter(run=run, type="tool_call").order_by("id")
     assert call_event.payload["input"] == {"path": "odd\\xffname\ufffd"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.req("SP-2")
+@pytest.mark.req("SP-5")
+def test_command_output_that_is_not_utf8_is_kept_as_its_exact_bytes_and_summarised_as_binary(settings, tmp_path, alice):
+    # QA: `cat` of 1 MB of random bytes was stored as a text entry, every undecodable byte
+    # replaced by U+FFFD, so neither the entry nor a {{step1.stdout}} reference held the output.
+    dump = {"type": "tool_use", "name": "bash", "input": {"command": "head -c 300000 /dev/urandom > r.bin; cat r.bin"}}
+    small = {"type": "tool_use", "name": "bash", "input": {"command": "printf 'ok\\377\\376!'"}}
+    with EmulatorServer(Emulator(policy=ScriptedPolicy([[dump], [small], "Done."]))) as server:
+        settings.ANTHROPIC_API_KEY = "test-key"
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        settings.CC_TOOL_AUTO_APPROVE = ["bash"]
+        run = make_run(alice)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    offloaded, inline = [event.payload["output"] for event in RunEvent.objects.filter(run=run, type="tool_result")]
+    entry = Entry.objects.get(pk=offloaded["scratchpad_id"])
+    written = (workspace_root(run.conversation_id) / "r.bin").read_bytes()
+    assert entry.kind == "binary" and entry.size_bytes == len(written) == 300_000
+    found = services.read(entry_id=entry.pk, turn_id=entry.turn_id, arguments={"mode": "head", "n": 1000})
+    assert base64.b64decode(found["content_base64"]) == written[:1000]
+    assert "[BINARY: 300000 bytes, sha256=" in json.dumps(offloaded)
+    # Small enough to stay in the history: each byte that is not UTF-8 is shown as \xNN.
+    assert inline["stdout"] == "ok\\xff\\xfe!"

@@ -123,3 +123,13 @@ def test_a_background_child_holding_the_pipes_does_not_hang_the_call(box, tmp_pa
     assert observation["ok"] is True and observation["stdout"] == "hi\n"
     time.sleep(0.2)
     assert not (tmp_path / "late.txt").exists()
+
+
+@pytest.mark.req("SP-2")
+def test_text_output_cut_at_the_cap_inside_a_character_stays_text(box):
+    # "é\n" is 3 bytes: the 1 MiB cap falls after the first byte of an "é". That partial character
+    # is left out; it must not make the whole output look like bytes that are not UTF-8.
+    done = box.execute("bash", {"command": "yes é | head -c 1500000"})
+    stdout = done["stdout"]
+    stdout.encode("utf-8")  # no lone surrogate anywhere
+    assert stdout.endswith("é\n") and done["stdout_bytes_omitted"] > 0
