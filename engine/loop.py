@@ -33,6 +33,7 @@ from engine.providers.protocol import (
     PromptTooLong,
     Provider,
     ProviderEvent,
+    Retrying,
     TextDelta,
     ToolUseBlock,
     Usage,
@@ -447,6 +448,12 @@ def _request(
             emit("text_delta", {"step": step, "text": storable(event.text)})
         elif isinstance(event, ToolUseBlock):
             emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": storable(event.input)})
+        elif isinstance(event, Retrying):
+            emit(
+                "model_retry",
+                {"step": step, "attempt": event.attempt, "wait_seconds": round(event.wait_seconds, 1),
+                 "reason": storable(event.reason)},
+            )  # fmt: skip
 
     for attempt in (1, 2):
         request = ModelRequestSpec(
@@ -500,6 +507,9 @@ def stream_answer(
     prompt: Usage | None = None  # the provider's own figures for the prompt, once it sent them
     try:
         for event in _until_cancelled(provider.stream(request), is_cancelled):
+            if isinstance(event, Retrying):
+                on_event(event)  # nothing was answered by it: no record
+                continue
             if isinstance(event, AttemptBroken):
                 elapsed = int((time.monotonic() - started) * 1000)
                 record_step(_estimated_record(step, request, answered, elapsed, RETRIED, tool_prompt, prompt))

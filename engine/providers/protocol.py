@@ -81,7 +81,18 @@ class AttemptBroken:
     reason: str
 
 
-ProviderEvent = AnswerStarted | AttemptBroken | TextDelta | ToolUseBlock | MessageDone
+@dataclass(frozen=True)
+class Retrying:
+    """The retrying provider's word that it asks again after `wait_seconds` (a 429, a 529, a cut
+    stream): said as it happens, so a wait of a minute is not silence, and the run's log keeps
+    the attempts the final answer does not show (QA: a 429 then a 200 left one quiet row)."""
+
+    attempt: int  # the attempt that failed, 1-based
+    wait_seconds: float
+    reason: str
+
+
+ProviderEvent = AnswerStarted | AttemptBroken | Retrying | TextDelta | ToolUseBlock | MessageDone
 
 # Set on the thread that reads a stream for the runtime (`engine.loop`): once the event is set, nobody
 # reads the stream any more (the turn was cancelled while the request waited), so a retry after a

@@ -27,6 +27,7 @@ from engine.providers.protocol import (
     Provider,
     ProviderError,
     ProviderEvent,
+    Retrying,
     StreamInterrupted,
     TextDelta,
     ToolUseBlock,
@@ -109,6 +110,7 @@ class RetryingProvider:
                     raise
                 if seen.began:
                     yield AttemptBroken(str(exc))
+                yield Retrying(attempt + 1, wait, str(exc))
                 if self._on_retry is not None:
                     self._on_retry(attempt + 1, wait, exc)
                 self._sleep(wait)
