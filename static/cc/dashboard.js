@@ -105,7 +105,10 @@
       byDay.appendChild(tr);
     }
 
-    document.getElementById("saved-cache").textContent = tokens(snapshot.savings.cache.saved_tokens);
+    const cache = snapshot.savings.cache;
+    document.getElementById("saved-cache").textContent = tokens(cache.saved_tokens);
+    document.getElementById("saved-cache-note").textContent = cache.cache_read === null || cache.cache_read === undefined
+      ? "the model server reports no cache figures" : `input-token equivalents: ${tokens(cache.cache_read)} reads at 0.1×`;
     document.getElementById("saved-deferral").textContent = tokens(snapshot.savings.deferral.saved_tokens);
     document.getElementById("saved-deferral-note").textContent =
       `${tokens(snapshot.savings.deferral.withheld_per_request)} withheld schema tokens × ${tokens(snapshot.savings.deferral.requests)} requests`;
