@@ -10,6 +10,7 @@
   if (!root) return;
   const conversationId = root.dataset.conversationId;
   const statusLine = document.getElementById("status");
+  let outcome = null; // the status line's command outcome, while it shows one (sayOutcome)
   const errors = document.getElementById("errors");
   const form = document.getElementById("composer");
   const input = document.getElementById("composer-input");
@@ -89,6 +90,7 @@
     close.addEventListener("click", () => { card.remove(); input.focus(); });
     card.append(close);
     errors.replaceChildren(card);
+    forgetOutcome();
     afterChange();
   }
   const clearError = () => errors.replaceChildren();
@@ -738,6 +740,14 @@
     return note;
   }
 
+  // The status line shows the last command's outcome only until the next one's: a refused command
+  // left "Checkpoint 'x' at message 183." beside its own error, as if both were news.
+  function sayOutcome(detail) { statusLine.textContent = detail; outcome = detail; }
+  function forgetOutcome() {
+    if (outcome !== null && statusLine.textContent === outcome) statusLine.textContent = "";
+    outcome = null;
+  }
+
   function commandDone(command) {
     const name = command.command;
     if (name === "tree" || name === "context") { window.location = `/conversations/${conversationId}/${name}/`; return; }
@@ -753,7 +763,7 @@
       return;
     }
     addNote(commandNote(command));
-    statusLine.textContent = command.detail;
+    sayOutcome(command.detail);
     afterChange();
   }
 
@@ -771,7 +781,7 @@
     try {
       const command = JSON.parse(pendingNote);
       addNote(commandNote(command));
-      statusLine.textContent = command.detail;
+      sayOutcome(command.detail);
     } catch { /* a stale or foreign note: ignore it */ }
   }
 
@@ -779,6 +789,7 @@
     const text = input.value;
     if (!text.trim()) { showError("The message is empty.", "Write something to send."); return; }
     clearError();
+    forgetOutcome();
     sendButton.disabled = true;
     let answer;
     try {
