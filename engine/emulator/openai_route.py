@@ -7,6 +7,7 @@ import binascii
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from PIL import Image
 from engine.emulator.cache import Entry, PrefixCache
 from engine.emulator.policy import Fault
 from engine.emulator.sse import shape_reply, word_chunks
-from engine.emulator.validation import ApiError, StreamCut
+from engine.emulator.validation import MODELS, ApiError, StreamCut
 from engine.request import canonical_json
 from engine.tokens import estimate_json_tokens
 
@@ -65,8 +66,44 @@ CHAT_FIELDS = frozenset(
         "reasoning_effort",
         "service_tier",
         "response_format",
+        # Accepted and ignored: the reply carries no log probabilities.
+        "logprobs",
+        "top_logprobs",
     }
 )
+# OpenAI's chat models and their documented maximum output tokens (the models pages). A name in
+# OpenAI's namespace that is not here is refused as OpenAI refuses it; any other name is an
+# OpenAI-compatible server's own model (vLLM, Ollama, llama.cpp, the app's tests), answered.
+OPENAI_MODELS: dict[str, int] = {
+    **dict.fromkeys(("gpt-4o", "gpt-4o-2024-11-20", "gpt-4o-2024-08-06", "chatgpt-4o-latest"), 16_384),
+    **dict.fromkeys(("gpt-4o-mini", "gpt-4o-mini-2024-07-18"), 16_384),
+    "gpt-4o-2024-05-13": 4_096,
+    **dict.fromkeys(
+        (
+            "gpt-4.1",
+            "gpt-4.1-2025-04-14",
+            "gpt-4.1-mini",
+            "gpt-4.1-mini-2025-04-14",
+            "gpt-4.1-nano",
+            "gpt-4.1-nano-2025-04-14",
+        ),
+        32_768,
+    ),  # fmt: skip
+    **dict.fromkeys(("gpt-4-turbo", "gpt-4-turbo-2024-04-09", "gpt-3.5-turbo", "gpt-3.5-turbo-0125"), 4_096),
+    **dict.fromkeys(("gpt-4", "gpt-4-0613"), 8_192),
+    **dict.fromkeys(("o1", "o1-2024-12-17", "o3", "o3-2025-04-16", "o3-mini", "o3-mini-2025-01-31"), 100_000),
+    **dict.fromkeys(("o4-mini", "o4-mini-2025-04-16"), 100_000),
+    "o1-mini": 65_536,
+    **dict.fromkeys(("gpt-5", "gpt-5-mini", "gpt-5-nano", "gpt-5.1"), 128_000),
+    "gpt-5-chat-latest": 16_384,
+}
+OPENAI_NAMESPACE = re.compile(r"^(gpt-|chatgpt-|o\d|text-|davinci|babbage|ft:)")
+FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]+$")
+FUNCTION_NAME_MAX = 64
+TOOL_CHOICES = ("none", "auto", "required")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+IMAGE_DETAILS = ("auto", "low", "high")
+IMAGE_URL = re.compile(r"^(https?://[^\s/?#]+[^\s]*|data:image/[a-zA-Z0-9.+-]+;base64,[A-Za-z0-9+/=\s]*)$")
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 
 
@@ -88,6 +125,18 @@ def _type_error(param: str, expected: str, value: Any) -> ApiError:
     )
 
 
+def _listed(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values[:-1]) + f", and '{values[-1]}'"
+
+
+def _empty_array(param: str) -> ApiError:
+    return _error(
+        f"Invalid '{param}': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+        param,
+        "empty_array",
+    )
+
+
 def _parts(content: Any, param: str, allowed: tuple[str, ...], *, required: bool = True) -> None:
     if content is None and not required:
         return
@@ -95,6 +144,8 @@ def _parts(content: Any, param: str, allowed: tuple[str, ...], *, required: bool
         return
     if not isinstance(content, list) or not all(isinstance(p, dict) for p in content):
         raise _type_error(param, "one of a string or array of objects", content)
+    if not content:
+        raise _empty_array(param)
     for i, part in enumerate(content):
         kind = part.get("type")
         if kind not in allowed:
@@ -106,8 +157,144 @@ def _parts(content: Any, param: str, allowed: tuple[str, ...], *, required: bool
             )
         if kind == "text" and not isinstance(part.get("text"), str):
             raise _type_error(f"{param}[{i}].text", "a string", part.get("text"))
-        if kind == "image_url" and not isinstance(part.get("image_url"), dict | str):
-            raise _type_error(f"{param}[{i}].image_url", "an object", part.get("image_url"))
+        if kind == "image_url":
+            _check_image_url(part.get("image_url"), f"{param}[{i}].image_url")
+
+
+def _check_image_url(image_url: Any, param: str) -> None:
+    if not isinstance(image_url, dict):
+        raise _type_error(param, "an object", image_url)
+    url = image_url.get("url")
+    if "url" not in image_url:
+        raise _error(f"Missing required parameter: '{param}.url'.", f"{param}.url", "missing_required_parameter")
+    if not isinstance(url, str):
+        raise _type_error(f"{param}.url", "a string", url)
+    if not IMAGE_URL.match(url):
+        raise _error(
+            f"Invalid '{param}.url'. Expected a valid URL, but got a value with an invalid format.",
+            f"{param}.url",
+            "invalid_value",
+        )
+    if image_url.get("detail") is not None and image_url["detail"] not in IMAGE_DETAILS:
+        raise _error(
+            f"Invalid value: '{image_url['detail']}'. Supported values are: {_listed(IMAGE_DETAILS)}.",
+            f"{param}.detail",
+            "invalid_value",
+        )
+
+
+def _check_model(payload: dict[str, Any]) -> None:
+    """An OpenAI model OpenAI does not have is a 404; `max_tokens` above a known model's output limit a 400."""
+    model = payload["model"]
+    if model not in OPENAI_MODELS and OPENAI_NAMESPACE.match(model):
+        raise ApiError(
+            404,
+            "invalid_request_error",
+            f"The model `{model}` does not exist or you do not have access to it.",
+            code="model_not_found",
+        )
+    # A Claude model served over this route (the app's tests do so) keeps its own output limit.
+    limit = OPENAI_MODELS.get(model) or (MODELS[model][0] if model in MODELS else None)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = payload.get(name)
+        if limit is not None and isinstance(value, int) and value > limit:
+            raise _error(
+                f"{name} is too large: {value}. This model supports at most {limit} completion tokens, "
+                f"whereas you provided {value}.",
+                name,
+                "invalid_value",
+            )
+
+
+def _check_tools(payload: dict[str, Any]) -> list[str]:
+    """`tools` as OpenAI refuses them; returns the function names."""
+    tools = payload.get("tools")
+    if tools is None:
+        return []
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _type_error("tools", "an array of objects", tools)
+    if not tools:
+        raise _empty_array("tools")
+    names = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise _error(f"Invalid value: {json.dumps(tool.get('type'))}. Supported values are: 'function'.",
+                         f"tools[{i}].type", "invalid_value")  # fmt: skip
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise _type_error(f"tools[{i}].function", "an object", function)
+        name = function.get("name")
+        param = f"tools[{i}].function.name"
+        if not isinstance(name, str):
+            raise _type_error(param, "a string", name)
+        if not name:
+            raise _error(f"Invalid '{param}': empty string. Expected a string with minimum length 1, but got an "
+                         "empty string instead.", param, "empty_string")  # fmt: skip
+        if len(name) > FUNCTION_NAME_MAX:
+            raise _error(f"Invalid '{param}': string too long. Expected a string with maximum length "
+                         f"{FUNCTION_NAME_MAX}, but got a string with length {len(name)} instead.", param,
+                         "string_above_max_length")  # fmt: skip
+        if not FUNCTION_NAME.match(name):
+            raise _error(f"Invalid '{param}': string does not match pattern. Expected a string that matches the "
+                         f"pattern '{FUNCTION_NAME.pattern}'.", param, "invalid_value")  # fmt: skip
+        if "parameters" in function and not isinstance(function["parameters"], dict):
+            raise _type_error(f"tools[{i}].function.parameters", "an object", function["parameters"])
+        if "description" in function and not isinstance(function["description"], str):
+            raise _type_error(f"tools[{i}].function.description", "a string", function["description"])
+        names.append(name)
+    return names
+
+
+def _check_tool_choice(payload: dict[str, Any], names: list[str]) -> None:
+    choice = payload.get("tool_choice")
+    if choice is None:
+        return
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise _error(f"Invalid value: '{choice}'. Supported values are: {_listed(TOOL_CHOICES)}.",
+                         "tool_choice", "invalid_value")  # fmt: skip
+    elif isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "function":
+            function = choice.get("function")
+            if not isinstance(function, dict):
+                raise _type_error("tool_choice.function", "an object", function)
+            if not isinstance(function.get("name"), str):
+                raise _type_error("tool_choice.function.name", "a string", function.get("name"))
+            if names and function["name"] not in names:
+                # wording: ours (OpenAI refuses it; its words are not documented)
+                raise _error(f"Invalid value for 'tool_choice': function '{function['name']}' is not among "
+                             "the functions in 'tools'.", "tool_choice", "invalid_value")  # fmt: skip
+        elif kind != "allowed_tools":
+            raise _error(f"Invalid value: '{kind}'. Supported values are: 'function' and "
+                         "'allowed_tools'.", "tool_choice.type", "invalid_value")  # fmt: skip
+    else:
+        raise _type_error("tool_choice", "one of a string or object", choice)
+    if not names:
+        raise _error("Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+                     "tool_choice")  # fmt: skip
+
+
+def _check_response_format(payload: dict[str, Any]) -> None:
+    response_format = payload.get("response_format")
+    if response_format is None:
+        return
+    if not isinstance(response_format, dict):
+        raise _type_error("response_format", "an object", response_format)
+    kind = response_format.get("type")
+    if kind not in RESPONSE_FORMATS:
+        raise _error(f"Invalid value: '{kind}'. Supported values are: {_listed(RESPONSE_FORMATS)}.",
+                     "response_format.type", "invalid_value")  # fmt: skip
+    if kind == "json_schema":
+        schema = response_format.get("json_schema")
+        if not isinstance(schema, dict):
+            if schema is None:
+                raise _error("Missing required parameter: 'response_format.json_schema'.",
+                             "response_format.json_schema", "missing_required_parameter")  # fmt: skip
+            raise _type_error("response_format.json_schema", "an object", schema)
+        if not isinstance(schema.get("name"), str):
+            raise _error("Missing required parameter: 'response_format.json_schema.name'.",
+                         "response_format.json_schema.name", "missing_required_parameter")  # fmt: skip
 
 
 def check_chat_request(payload: dict[str, Any]) -> None:
@@ -167,23 +354,21 @@ def check_chat_request(payload: dict[str, Any]) -> None:
         if len(stop) > 4:
             raise _error(f"Invalid 'stop': array too long. Expected an array with maximum length 4, but got an "
                          f"array with length {len(stop)} instead.", "stop", "array_above_max_length")  # fmt: skip
-    tools = payload.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise _type_error("tools", "an array of objects", tools)
-        for i, tool in enumerate(tools):
-            if tool.get("type") != "function":
-                raise _error(f"Invalid value: {json.dumps(tool.get('type'))}. Supported values are: 'function'.",
-                             f"tools[{i}].type", "invalid_value")  # fmt: skip
-            function = tool.get("function")
-            if not isinstance(function, dict):
-                raise _type_error(f"tools[{i}].function", "an object", function)
-            if not isinstance(function.get("name"), str):
-                raise _type_error(f"tools[{i}].function.name", "a string", function.get("name"))
-            if "parameters" in function and not isinstance(function["parameters"], dict):
-                raise _type_error(f"tools[{i}].function.parameters", "an object", function["parameters"])
-            if "description" in function and not isinstance(function["description"], str):
-                raise _type_error(f"tools[{i}].function.description", "a string", function["description"])
+    _check_tool_choice(payload, _check_tools(payload))
+    _check_response_format(payload)
+    if payload.get("logprobs") is not None and not isinstance(payload["logprobs"], bool):
+        raise _type_error("logprobs", "a boolean", payload["logprobs"])
+    top = payload.get("top_logprobs")
+    if top is not None:
+        if not isinstance(top, int) or isinstance(top, bool):
+            raise _type_error("top_logprobs", "an integer", top)
+        if top > 20:
+            raise _error(f"Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got "
+                         f"{top} instead.", "top_logprobs", "integer_above_max_value")  # fmt: skip
+        if top < 0:
+            raise _error(f"Invalid 'top_logprobs': integer below minimum value. Expected a value >= 0, but got "
+                         f"{top} instead.", "top_logprobs", "integer_below_min_value")  # fmt: skip
+    _check_model(payload)
     pending: list[str] = []
     pending_at = -1
     for m, message in enumerate(messages):

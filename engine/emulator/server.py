@@ -115,6 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._header_faults()
             started = True
+            if path.startswith("/v1/messages") and not (self.headers.get("anthropic-version") or "").strip():
+                raise invalid_request("anthropic-version: header is required")
             if path == "/v1/messages":
                 self._messages(payload)
             elif path == "/v1/messages/count_tokens":

@@ -219,6 +219,8 @@ MANY_IMAGES = 20
 MANY_IMAGES_MAX_EDGE = 2000
 MAX_IMAGES = 100
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_USE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+METADATA_USER_ID_MAX = 256
 TOOL_SEARCH_TYPES = {
     "tool_search_tool_bm25_20251119": "tool_search_tool_bm25",
     "tool_search_tool_regex_20251119": "tool_search_tool_regex",
@@ -304,6 +306,11 @@ def check_request_fields(payload: dict[str, Any], *, count_only: bool, known_mod
     if payload.get("metadata") is not None:
         _expect(payload["metadata"], dict, "metadata", "a valid dictionary")
         _extra(payload["metadata"], {"user_id"}, "metadata")
+        user_id = payload["metadata"].get("user_id")
+        if user_id is not None:
+            _expect(user_id, str, "metadata.user_id", "a valid string")
+            if len(user_id) > METADATA_USER_ID_MAX:
+                raise invalid_request(f"metadata.user_id: String should have at most {METADATA_USER_ID_MAX} characters")
     if "service_tier" in payload and payload["service_tier"] not in ("auto", "standard_only"):
         raise invalid_request("service_tier: Input should be 'auto' or 'standard_only'")
     stops = payload.get("stop_sequences")
@@ -482,6 +489,8 @@ def check_block(block: Any, where: str, allowed: tuple[str, ...]) -> None:
             _expect(
                 block[name], expected, f"{where}.{name}", "a valid " + ("dictionary" if expected is dict else "string")
             )
+        if kind == "tool_use" and not TOOL_USE_ID.fullmatch(block["id"]):
+            raise invalid_request(f"{where}.id: String should match pattern '{TOOL_USE_ID.pattern}'")
     elif kind == "tool_result":
         _extra(block, {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}, where)
         if "tool_use_id" not in block:
@@ -536,6 +545,8 @@ def check_messages(messages: list[Any], *, thinking: bool) -> list[list[dict[str
         allowed = USER_BLOCKS if message["role"] == "user" else ASSISTANT_BLOCKS
         for b, block in enumerate(content):
             check_block(block, f"{where}.content.{b}", allowed)
+            if block["type"] == "text" and not block["text"].strip():
+                raise invalid_request("messages: text content blocks must contain non-whitespace text")
         contents.append(content)
     if contents and not contents[-1]:
         contents[-1] = []

@@ -246,6 +246,36 @@ REFUSALS = {
         anthropic.BadRequestError,
         "A maximum of 4 blocks with cache_control may be provided. Found 5.",
     ),
+    "whitespace_only_text": (
+        {"messages": [user("   ")]},
+        anthropic.BadRequestError,
+        "messages: text content blocks must contain non-whitespace text",
+    ),
+    "whitespace_only_text_block": (
+        {"messages": [user({"type": "text", "text": " \n\t"})]},
+        anthropic.BadRequestError,
+        "messages: text content blocks must contain non-whitespace text",
+    ),
+    "tool_use_id_off_pattern": (
+        {
+            "tools": [TOOL],
+            "messages": [
+                user("call read_file"),
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "bad id!", "name": "read_file", "input": {}}],
+                },
+                user({"type": "tool_result", "tool_use_id": "bad id!", "content": "ok"}),
+            ],
+        },
+        anthropic.BadRequestError,
+        "messages.1.content.0.tool_use.id: String should match pattern '^[a-zA-Z0-9_-]+$'",
+    ),
+    "metadata_user_id_over_256_characters": (
+        {"metadata": {"user_id": "u" * 1000}},
+        anthropic.BadRequestError,
+        "metadata.user_id: String should have at most 256 characters",
+    ),
 }
 
 
@@ -254,6 +284,25 @@ REFUSALS = {
 def test_rule_the_messages_route_refuses_what_the_api_refuses(claude, rule):
     request, error, wording = REFUSALS[rule]
     assert wording in refused(claude, error, **request)
+
+
+@pytest.mark.req("EM-1")
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+@pytest.mark.parametrize("version", [None, "", "  "])
+def test_rule_a_messages_request_without_an_anthropic_version_is_refused(server, path, version):
+    headers = {"content-type": "application/json"} | ({} if version is None else {"anthropic-version": version})
+    body = {"model": MODEL, "messages": [user("hi")]} | ({} if path.endswith("count_tokens") else {"max_tokens": 10})
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        connection.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        response = connection.getresponse()
+        status, error = response.status, json.loads(response.read())["error"]
+    finally:
+        connection.close()
+    assert (status, error) == (
+        400,
+        {"type": "invalid_request_error", "message": "anthropic-version: header is required"},
+    )
 
 
 @pytest.mark.req("EM-1")
@@ -278,6 +327,13 @@ def test_rule_a_thinking_block_with_a_forged_signature_is_refused(claude):
         ],
     )
     assert "Invalid `signature` in `thinking` block" in message
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def function(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
 
 
 OPENAI_REFUSALS = {
@@ -328,6 +384,61 @@ OPENAI_REFUSALS = {
         {"messages": [{"role": "user", "content": "hi"}], "extra_body": {"frobnicate": 1}},
         "Unrecognized request argument supplied: frobnicate",
     ),
+    "max_tokens_above_model_limit": (
+        {"messages": HI, "max_tokens": 10**9},
+        "max_tokens is too large: 1000000000. This model supports at most 16384 completion tokens",
+    ),
+    "max_completion_tokens_above_model_limit": (
+        {"messages": HI, "max_completion_tokens": 10**9},
+        "max_completion_tokens is too large: 1000000000. This model supports at most 16384 completion tokens",
+    ),
+    "function_name_with_a_space": (
+        {"messages": HI, "tools": [function("my tool")]},
+        "Invalid 'tools[0].function.name': string does not match pattern. Expected a string that matches the "
+        "pattern '^[a-zA-Z0-9_-]+$'.",
+    ),
+    "function_name_with_a_dot": (
+        {"messages": HI, "tools": [function("a.b")]},
+        "Invalid 'tools[0].function.name': string does not match pattern.",
+    ),
+    "function_name_of_65_characters": (
+        {"messages": HI, "tools": [function("f" * 65)]},
+        "Invalid 'tools[0].function.name': string too long. Expected a string with maximum length 64, but got a "
+        "string with length 65 instead.",
+    ),
+    "function_name_empty": (
+        {"messages": HI, "tools": [function("")]},
+        "Invalid 'tools[0].function.name': empty string.",
+    ),
+    "tools_empty": (
+        {"messages": HI, "tools": []},
+        "Invalid 'tools': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+    ),
+    "tool_choice_required_without_tools": (
+        {"messages": HI, "tool_choice": "required"},
+        "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+    ),
+    "tool_choice_any": (
+        {"messages": HI, "tools": [function("f")], "tool_choice": "any"},
+        "Invalid value: 'any'. Supported values are: 'none', 'auto', and 'required'.",
+    ),
+    "tool_choice_naming_a_function_not_in_tools": (
+        {"messages": HI, "tools": [function("f")], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+        "Invalid value for 'tool_choice': function 'g' is not among the functions in 'tools'.",
+    ),
+    "response_format_bogus": (
+        {"messages": HI, "response_format": {"type": "bogus"}},
+        "Invalid value: 'bogus'. Supported values are: 'text', 'json_object', and 'json_schema'.",
+    ),
+    "user_content_empty": (
+        {"messages": [{"role": "user", "content": []}]},
+        "Invalid 'messages[0].content': empty array. Expected an array with minimum length 1, but got an empty "
+        "array instead.",
+    ),
+    "image_url_not_a_url": (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "notaurl"}}]}]},
+        "Invalid 'messages[0].content[0].image_url.url'. Expected a valid URL, but got a value with an invalid format.",
+    ),
 }
 
 
@@ -340,6 +451,40 @@ def test_rule_the_chat_route_refuses_what_openai_refuses(gpt, rule):
     error = caught.value.body
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert wording in error["message"]
+
+
+@pytest.mark.req("EM-1")
+def test_rule_the_chat_route_refuses_an_openai_model_openai_does_not_have(gpt):
+    with pytest.raises(openai.NotFoundError) as caught:
+        gpt.chat.completions.create(model="gpt-nope", messages=HI)
+    assert caught.value.body == {
+        "message": "The model `gpt-nope` does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
+
+
+@pytest.mark.req("EM-1")
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"model": "gpt-4o", "logprobs": True, "top_logprobs": 5},
+        {"model": "gpt-4o-mini", "max_tokens": 16_384, "tools": [function("read_file")], "tool_choice": "required"},
+        {
+            "model": "gpt-4o-mini",
+            "tools": [function("f")],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+        {"model": "gpt-4o-mini", "response_format": {"type": "json_object"}},
+        # An OpenAI-compatible server's own model, as vLLM or llama.cpp serve it.
+        {"model": "qwen2.5-7b-instruct", "max_tokens": 100_000},
+    ],
+)
+def test_rule_the_chat_route_answers_what_openai_accepts(gpt, request_fields):
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png", "detail": "low"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]
+    assert gpt.chat.completions.create(messages=messages, **request_fields).choices
 
 
 @pytest.mark.req("EM-1")
@@ -425,7 +570,8 @@ def _post(port: int, path: str, body: Any) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         data = json.dumps(body).encode()
-        connection.request("POST", path, body=data, headers={"content-type": "application/json"})
+        headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+        connection.request("POST", path, body=data, headers=headers)
         response = connection.getresponse()
         return response.status, response.read()
     finally:
