@@ -179,7 +179,11 @@ class MessageCreateApi(APIView):
         conversation = conversation_for_user(user=request_user(request), conversation_id=conversation_id)
         payload = MessageCreateSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        sent = chat.message_send(conversation=conversation, text=payload.validated_data["text"])
+        sent = chat.message_send(
+            conversation=conversation,
+            text=payload.validated_data["text"],
+            after=payload.validated_data.get("after", chat.ANY_TIP),
+        )
         if sent.command is not None:
             return Response({"command": sent.command.as_dict()})
         return Response(

@@ -66,11 +66,17 @@ class MessageSent:
         return iter((self.message, self.run))
 
 
-def message_send(*, conversation: Conversation, text: str) -> MessageSent:
+# `message_send(after=...)` left out: the message goes under whatever the tip is.
+ANY_TIP = -1
+
+
+def message_send(*, conversation: Conversation, text: str, after: int | None = ANY_TIP) -> MessageSent:
     """Append a user message under the tip, move the tip, and queue the turn after commit.
 
-    A message starting with '/' is a slash command (CH-10): it runs its service and
-    starts no run; it is not stored as a message.
+    `after` is the tip the sender saw (None: no message yet); if the tip moved since (another tab
+    switched branches), the message is refused with a Conflict rather than stored under an answer
+    the sender never saw. A message starting with '/' is a slash command (CH-10): it runs its
+    service and starts no run; it is not stored as a message.
     """
     check_text(text)
     if commands.is_command(text):
@@ -78,6 +84,11 @@ def message_send(*, conversation: Conversation, text: str) -> MessageSent:
     text, note = commands.as_prompt(text)
     with transaction.atomic():
         locked = conversation_locked(conversation)
+        if after != ANY_TIP and locked.tip_id != after:
+            raise Conflict(
+                f"The conversation moved on since you saw it: its tip is now message {locked.tip_id}, not "
+                f"{after} (another tab or client switched branches or sent a message). Reload it, then send again."
+            )
         message = Message.objects.create(
             conversation=locked,
             parent_id=locked.tip_id,

@@ -227,7 +227,13 @@ def _page_messages(request: HttpRequest, conversation: Conversation) -> dict[str
         _unanswered_tip(conversation, turns[-1]["last"])
     _siblings(conversation, shown)
     usage = _usage(conversation, shown)
-    return {"messages_html": messages_html(shown), "earlier": earlier, "active_run": active_run, **usage}
+    return {
+        "messages_html": messages_html(shown),
+        "earlier": earlier,
+        "active_run": active_run,
+        "tip": conversation.tip_id,
+        **usage,
+    }
 
 
 def _usage(conversation: Conversation, shown: list[dict[str, Any]]) -> dict[str, Any]:

@@ -87,6 +87,12 @@ class ConversationCreateSerializer(RefusingUnknownFields):
 
 class MessageCreateSerializer(serializers.Serializer):
     text = StrictCharField(allow_blank=True, trim_whitespace=False)
+    after = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        help_text="the tip you saw (null: no message yet); a tip moved since is a 409, nothing stored",
+    )
 
 
 class MessageEditSerializer(serializers.Serializer):

@@ -150,7 +150,12 @@
           // What a run holds is still told: a run started in another tab left Regenerate enabled.
           if (messagesBox().querySelector(".edit-inline")) { deferred = true; await runStateOnly(); return; }
           const headers = shown ? { "If-None-Match": shown } : {};
-          const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin", headers });
+          let response;
+          try {
+            response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin", headers });
+          } catch {
+            return;  // the network blinked: the drawing stays, and the next event or reconnect redraws it
+          }
           if (response.redirected && new URL(response.url).pathname.startsWith("/login")) { signIn(); return; }
           if (response.status === 304) continue;
           if (!response.ok) return;
@@ -167,7 +172,12 @@
   let deferred = false;
 
   async function runStateOnly() {
-    const response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin" });
+    let response;
+    try {
+      response = await fetch(`/conversations/${conversationId}/messages/${location.search}`, { credentials: "same-origin" });
+    } catch {
+      return;  // as in refresh(): nothing learnt this time
+    }
     if (!response.ok || response.redirected) return;
     const template = document.createElement("template");
     template.innerHTML = (await response.text()).trim();
@@ -793,7 +803,11 @@
     sendButton.disabled = true;
     let answer;
     try {
-      answer = await api(`/api/conversations/${conversationId}/messages/`, { method: "POST", body: JSON.stringify({ text }) });
+      // The tip this page shows: if another tab moved it since, the server refuses (409) rather
+      // than file the prompt under an answer this page never showed.
+      const tip = messagesBox().dataset.tip;
+      const after = tip ? Number(tip) : null;
+      answer = await api(`/api/conversations/${conversationId}/messages/`, { method: "POST", body: JSON.stringify({ text, after }) });
     } catch { return; } finally { sendButton.disabled = false; }
     const { response, body } = answer;
     if (!response.ok) {
@@ -801,6 +815,7 @@
       showError(errorText(body, response), runHeld(body)
         ? "Your message is still in the box: send it when the run ends, or cancel the run."
         : "Your message is still in the box.");
+      if (response.status === 409) refresh();  // draw what the conversation holds now
       return;
     }
     input.value = "";

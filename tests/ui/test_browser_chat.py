@@ -352,6 +352,47 @@ def _sent_and_answered(context, base: str, conversation: int, text: str) -> None
     wait_until(lambda: context.request.get(run).json()["status"] == "succeeded", timeout=30, what="the run")
 
 
+@pytest.mark.req("CH-7", "UX-4")
+def test_a_tab_still_showing_the_old_answer_cannot_file_a_prompt_under_another(context, embedded_server_module):
+    # QA: tab A switched to the other answer; tab B, not yet redrawn, sent a follow-up that was
+    # stored under the answer tab A chose, one tab B's person never saw.
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "two tabs, two answers")
+    _sent_and_answered(context, base, conversation, "first prompt")
+    api = f"{base}/api/conversations/{conversation}/"
+    tip = lambda: context.request.get(api).json()["conversation"]["tip"]  # noqa: E731
+    first_answer = tip()
+    headers = {"Content-Type": "application/json", "X-CSRFToken": _csrf(context)}
+    again = context.request.post(f"{api}messages/{first_answer}/regenerate/", data="{}", headers=headers)
+    assert again.status == 201, again.text()
+    wait_until(lambda: tip() != first_answer, timeout=30, what="the new answer")
+    regenerated = f"{base}/api/runs/{again.json()['run']['id']}/"
+    wait_until(lambda: context.request.get(regenerated).json()["status"] == "succeeded", timeout=30, what="run")
+    page = _open(context, base, conversation)
+    _settled(page)
+    # Tab B learns of nothing from here on (its redraws fail), as a tab a moment behind.
+    fragment = re.compile(r"^https?://[^/]+/conversations/\d+/messages/")
+    page.route(fragment, lambda route: route.abort())
+    switched = context.request.post(f"{api}branch/", data=json.dumps({"message": first_answer}), headers=headers)
+    assert switched.status == 200, switched.text()  # tab A's arrow
+    stored = len(context.request.get(f"{api}messages/").json()["messages"])
+
+    _send(page, "follow-up to the answer I see")
+
+    expect(page.locator("#errors .error-text")).to_contain_text("moved on since you saw it")
+    expect(page.locator("#composer-input")).to_have_value("follow-up to the answer I see")
+    assert len(context.request.get(f"{api}messages/").json()["messages"]) == stored
+    page.unroute(fragment)
+    page.reload()
+    expect(page.locator("#messages article.assistant").last).to_contain_text("first prompt")
+    _send(page, "follow-up to the answer I see")  # now under the answer it shows
+    wait_until(lambda: tip() != first_answer, timeout=30, what="the send")
+    rows = context.request.get(f"{api}messages/").json()["messages"]
+    (follow_up,) = [row for row in rows if row["role"] == "user" and "follow-up" in row["preview"]]
+    assert follow_up["parent"] == first_answer
+    assert not page.js_errors
+
+
 @pytest.mark.req("UX-5")
 def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, embedded_server_module):
     # Seen with the web server stopped: Send did nothing visible at all, the error only in the console.
