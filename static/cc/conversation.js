@@ -425,6 +425,11 @@
         working(state, "Waiting for a worker");
         statusLine.textContent = `Step ${p.step} done; its worker is stopping, so the next worker goes on from here.`;
         break;
+      case "model_retry":
+        // The provider refused or broke off (a 429, a 529, a cut stream): said, so a wait is not silence.
+        working(state, `Asking the model again in ${Math.round(p.wait_seconds)} s`);
+        statusLine.textContent = `Attempt ${p.attempt} did not get an answer (${p.reason}); asking again in ${Math.round(p.wait_seconds)} s.`;
+        break;
       case "text_delta":
         // Plain text while it streams (line breaks kept); the stored reply is drawn as Markdown
         // once the run ends, so a half-open code fence never renders mid-stream.
