@@ -259,6 +259,7 @@ def run_turn(
                 _run_tools(executor, outcome, resume.step, waiting, previous_end)
                 worked = True
         continuing, continuations = False, 0
+        live = _LiveText(emit)
         for step in range(first_step, max_steps + 1):
             if is_cancelled():
                 raise TurnCancelled()
@@ -295,7 +296,7 @@ def run_turn(
             request, done, duration_ms = _request(provider, model, system, history, _sent(outcome.messages, shortened),
                                                   toolbox, emit, step, previous_end, is_cancelled, on_prompt_too_long,
                                                   max_tokens=asked, tool_choice=choice, record_step=record_step,
-                                                  tool_prompt=tool_prompt)  # fmt: skip
+                                                  tool_prompt=tool_prompt, live=live)  # fmt: skip
             history = request.messages[: len(request.messages) - len(outcome.messages)]
             previous_end = len(request.messages) - 1
             newly = _newly_loaded(request, loaded)
@@ -332,6 +333,7 @@ def run_turn(
                     emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "dropped_calls": dropped,
                                            "detail": "the reply reached max_tokens inside a tool call; "
                                                      "the incomplete call was not run"})  # fmt: skip
+                    live.flush()
                     if text_only:
                         outcome.messages.append({"role": "assistant", "content": text_only})
                     outcome.stop_reason = "max_tokens"
@@ -342,10 +344,18 @@ def run_turn(
                     emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": True,
                                            "detail": "the reply reached max_tokens; asking for the rest"})  # fmt: skip
                     outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
+                    live.drop()
                     continuing = True
                     continue
                 emit("model_stopped", {"step": step, "stop_reason": "max_tokens", "continued": False,
                                        "detail": "the reply reached max_tokens and was not continued"})  # fmt: skip
+            if done.stop_reason == "pause_turn":
+                # A long server-side tool turn paused: sending the reply back lets the model go on, in one message.
+                outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
+                live.drop()
+                continuing = True
+                continue
+            live.flush()
             if done.stop_reason == "refusal":
                 emit("model_stopped", {"step": step, "stop_reason": "refusal",
                                        "detail": "the model declined to continue this turn"})  # fmt: skip
@@ -353,11 +363,6 @@ def run_turn(
                     outcome.messages.append({"role": "assistant", "content": content})
                 outcome.stop_reason = "refusal"
                 return outcome
-            if done.stop_reason == "pause_turn":
-                # A long server-side tool turn paused: sending the reply back lets the model go on, in one message.
-                outcome.messages.append({"role": "assistant", "content": _as_prefill(content)})
-                continuing = True
-                continue
             outcome.messages.append({"role": "assistant", "content": content})
 
             tool_uses = tool_uses_of(outcome.messages[-1])
@@ -418,6 +423,34 @@ def _sent(turn: list[dict[str, Any]], shortened: dict[str, Any]) -> list[dict[st
     return sent
 
 
+class _LiveText:
+    """The turn's text deltas as shown live, kept equal to the text stored: trailing whitespace is
+    held back until text follows it, because a reply continued as a prefill (cut by max_tokens, or
+    paused) is stored without it (`_as_prefill`), and the continuation brings its own. Shown at once,
+    "in your " then " last" read "your  last" live while the message read "your last" (UX-1)."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self.held, self.step = "", 0
+
+    def text(self, step: int, text: str) -> None:
+        text = self.held + text
+        shown = text.rstrip()
+        self.held, self.step = text[len(shown) :], step
+        if shown:
+            self.emit("text_delta", {"step": step, "text": storable(shown)})
+
+    def flush(self) -> None:
+        """The reply is stored as it came: what was held back is part of it."""
+        if self.held:
+            self.emit("text_delta", {"step": self.step, "text": storable(self.held)})
+        self.held = ""
+
+    def drop(self) -> None:
+        """The reply goes on as a prefill, stored without its trailing whitespace."""
+        self.held = ""
+
+
 def _forced(tool_choice: dict[str, Any] | None) -> bool:
     """A tool_choice that makes the model call a tool: the provider's tool prompt differs then."""
     return (tool_choice or {}).get("type") in ("any", "tool")
@@ -440,13 +473,16 @@ def _request(
     tool_choice: dict[str, Any] | None = None,
     record_step: Callable[[StepRecord], None] = lambda step: None,
     tool_prompt: int = 0,
+    live: _LiveText,
 ) -> tuple[ModelRequestSpec, MessageDone, int]:
-    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once."""
+    """One model request with the TD-13 breakpoints; a too-long prompt goes to the compaction hook once.
+    Its text is shown through `live`, which the caller flushes or drops once it knows how the reply is stored."""
 
     def shown(event: ProviderEvent) -> None:
         if isinstance(event, TextDelta):
-            emit("text_delta", {"step": step, "text": storable(event.text)})
+            live.text(step, event.text)
         elif isinstance(event, ToolUseBlock):
+            live.flush()
             emit("tool_call", {"step": step, "id": event.id, "name": event.name, "input": storable(event.input)})
         elif isinstance(event, Retrying):
             emit(
