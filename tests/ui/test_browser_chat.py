@@ -393,6 +393,28 @@ def test_a_tab_still_showing_the_old_answer_cannot_file_a_prompt_under_another(c
     assert not page.js_errors
 
 
+@pytest.mark.req("CH-10")
+def test_a_refused_command_replaces_the_previous_commands_outcome(context, embedded_server_module):
+    # QA: a refused command showed its error while the previous command's success stayed beside it.
+    base, _ = embedded_server_module
+    page = _open(context, base, _new(context, base, "outcomes"))
+    _send(page, "first question")
+    status = page.locator("#status")
+    expect(status).to_have_text("Run finished.", timeout=15_000)
+
+    _send(page, "/checkpoint ui-cp")
+    expect(status).to_contain_text("Checkpoint 'ui-cp' at message")
+    _send(page, "/branch 1 2")
+    expect(page.locator("#errors .error-card")).to_contain_text("/branch needs one message id")
+    expect(status).not_to_contain_text("Checkpoint 'ui-cp'")
+
+    # And a command that succeeds after a refused one shows only its own outcome.
+    _send(page, "/checkpoint ui-cp-2")
+    expect(status).to_contain_text("Checkpoint 'ui-cp-2' at message")
+    expect(page.locator("#errors .error-card")).to_have_count(0)
+    assert not page.js_errors
+
+
 @pytest.mark.req("UX-5")
 def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, embedded_server_module):
     # Seen with the web server stopped: Send did nothing visible at all, the error only in the console.
