@@ -3,6 +3,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
+from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.fields import empty
 
@@ -47,10 +49,36 @@ class RefusingUnknownFields(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class RefusingUnknownFieldsSchema(OpenApiSerializerExtension):
+    """The schema says what the serializer refuses: no properties but its own (UX-8)."""
+
+    target_class = RefusingUnknownFields
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        return {
+            **auto_schema._map_serializer(self.target, direction, bypass_extensions=True),
+            "additionalProperties": False,
+        }
+
+
+class ModelNameField(StrictCharField):
+    """A model the conversation's runs use: a name from CC_MODELS, or blank for the server default.
+    Checked by the service, whose 400 lists what is offered; the schema lists it too, as generated."""
+
+
+class ModelNameFieldSchema(OpenApiSerializerFieldExtension):
+    target_class = ModelNameField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        return {**schema, "enum": ["", *settings.CC_MODELS]}
+
+
 class ConversationUpdateSerializer(RefusingUnknownFields):
     """The pickers (what the next run uses, checked against CC_MODELS and the catalog) and the title."""
 
-    model = StrictCharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
+    model = ModelNameField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
     mode = serializers.IntegerField(required=False, allow_null=True, min_value=1, help_text="null: the default mode")
     title = StrictCharField(required=False, max_length=200, help_text="a rename")
 
@@ -81,8 +109,10 @@ class ConversationListQuerySerializer(serializers.Serializer):
 
 
 class ConversationCreateSerializer(RefusingUnknownFields):
+    """A new conversation: its title, and the model its runs use (as a PATCH sets it)."""
+
     title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
-    model = StrictCharField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
+    model = ModelNameField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
 
 
 class MessageCreateSerializer(serializers.Serializer):

@@ -50,3 +50,13 @@ def test_an_unknown_field_in_a_rename_is_a_400_naming_it_and_changes_nothing(ali
     assert "titel: Unknown field" in response.json()["error"]["message"]
     conversation.refresh_from_db()
     assert conversation.title == "kept"
+
+
+@pytest.mark.req("UX-8")
+def test_the_schema_lists_the_offered_models_and_no_other_fields(alice_api, two_models):
+    schemas = alice_api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()["components"][
+        "schemas"
+    ]
+    for name in ("ConversationCreate", "PatchedConversationUpdate"):
+        assert schemas[name]["additionalProperties"] is False
+    assert set(schemas["ModelEnum"]["enum"]) == {"offline-1", "offline-2"}
