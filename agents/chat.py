@@ -73,10 +73,11 @@ ANY_TIP = -1
 def message_send(*, conversation: Conversation, text: str, after: int | None = ANY_TIP) -> MessageSent:
     """Append a user message under the tip, move the tip, and queue the turn after commit.
 
-    `after` is the tip the sender saw (None: no message yet); if the tip moved since (another tab
-    switched branches), the message is refused with a Conflict rather than stored under an answer
-    the sender never saw. A message starting with '/' is a slash command (CH-10): it runs its
-    service and starts no run; it is not stored as a message.
+    `after` is the tip the sender saw (None: no message yet). If the tip moved to another branch
+    since (another tab switched answers), the message is refused with a Conflict rather than stored
+    under an answer the sender never saw; a tip that only went on along the same path (the answer
+    came after the page drew the conversation) is taken. A message starting with '/' is a slash
+    command (CH-10): it runs its service and starts no run; it is not stored as a message.
     """
     check_text(text)
     if commands.is_command(text):
@@ -84,7 +85,7 @@ def message_send(*, conversation: Conversation, text: str, after: int | None = A
     text, note = commands.as_prompt(text)
     with transaction.atomic():
         locked = conversation_locked(conversation)
-        if after != ANY_TIP and locked.tip_id != after:
+        if after != ANY_TIP and not _went_on_from(locked, after):
             raise Conflict(
                 f"The conversation moved on since you saw it: its tip is now message {locked.tip_id}, not "
                 f"{after} (another tab or client switched branches or sent a message). Reload it, then send again."
@@ -102,6 +103,14 @@ def message_send(*, conversation: Conversation, text: str, after: int | None = A
         run = run_start(conversation=locked, trigger=message)
     conversation.refresh_from_db()
     return MessageSent(message, run, note=note)
+
+
+def _went_on_from(conversation: Conversation, seen: int | None) -> bool:
+    """Whether the tip is `seen` or below it: nothing moved the conversation to another branch."""
+    if seen is None or seen == conversation.tip_id:
+        return True
+    path = selectors.path_to(conversation_id=conversation.pk, tip_id=conversation.tip_id)
+    return any(message.id == seen for message in path)
 
 
 def message_edit(*, conversation: Conversation, message_id: int, text: str) -> MessageSent:

@@ -127,6 +127,8 @@ def locate(root: Path, relative: str, *, make_parents: bool = False) -> Located:
     """
     if relative.startswith("/"):
         raise PathEscapesWorkspace(f"{relative!r} is absolute; give a path relative to the workspace.")
+    if make_parents:
+        root.mkdir(parents=True, exist_ok=True)  # a workspace no call has written to yet
     directories = [(os.open(root, DIRECTORY_FLAGS), "")]
     pending, links = _parts(relative), 0
     try:
