@@ -57,16 +57,6 @@ def remove_conversation_workspace(sender: type, instance: Any, **kwargs: Any) ->
     transaction.on_commit(remove)
 
 
-def resolve_inside(root: Path, relative: str) -> Path:
-    """The real path of `relative` under `root`; refuses absolute paths, `..` and symlinks out."""
-    if Path(relative).is_absolute():
-        raise PathEscapesWorkspace(f"{relative!r} is absolute; give a path relative to the workspace.")
-    candidate = (root / relative).resolve()
-    if candidate != root and root not in candidate.parents:
-        raise PathEscapesWorkspace(f"{relative!r} points outside the workspace.")
-    return candidate
-
-
 def mcp_workspace_root(user_id: int) -> Path:
     """The workspace of one user's MCP calls: outside any conversation, never shared between users."""
     root = Path(settings.CC_WORKSPACE_ROOT) / f"mcp-user-{user_id}"

@@ -136,16 +136,20 @@ def test_no_secret_appears_in_logs_events_stored_errors_or_error_messages(tmp_pa
             assert finished(second, timeout=90).status == Run.Status.SUCCEEDED
 
             # Wrong credentials on every door; the right token on /mcp.
+            # The first /mcp request of a web process loads the MCP SDK: seconds on a loaded machine.
             found["wrong api token"] = httpx.get(
-                f"{web.base_url}/api/conversations/", headers={"Authorization": "Token nope"}
+                f"{web.base_url}/api/conversations/", headers={"Authorization": "Token nope"}, timeout=60
             ).text
             mcp_headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
             listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
             found["mcp wrong token"] = httpx.post(
-                f"{web.base_url}/mcp", json=listing, headers={**mcp_headers, "Authorization": "Bearer nope"}
+                f"{web.base_url}/mcp", json=listing, headers={**mcp_headers, "Authorization": "Bearer nope"}, timeout=60
             ).text
             found["mcp"] = httpx.post(
-                f"{web.base_url}/mcp", json=listing, headers={**mcp_headers, "Authorization": f"Bearer {token}"}
+                f"{web.base_url}/mcp",
+                json=listing,
+                headers={**mcp_headers, "Authorization": f"Bearer {token}"},
+                timeout=60,
             ).text
             found["healthz"] = client.get("/healthz").text
             found["a missing run"] = client.get("/api/runs/999999/").text

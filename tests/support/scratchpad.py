@@ -14,7 +14,6 @@ from engine.request import ModelRequestSpec
 from engine.toolbox import ToolBoxLayer
 from tests.support.factories import RunFactory
 from toolcatalog.builtins import WorkspaceToolBox
-from toolcatalog.workspace import resolve_inside
 
 Step = Callable[[ModelRequestSpec], list[dict[str, Any]]] | list[dict[str, Any]]
 
@@ -56,8 +55,14 @@ def last_results(request: ModelRequestSpec) -> list[dict[str, Any]]:
     ]
 
 
+def _inside(root: Path, relative: str) -> Path:
+    target = (root / relative).resolve()
+    assert target.is_relative_to(root.resolve()), f"{relative!r} is outside the test's workspace"
+    return target
+
+
 def _read_file(arguments: dict[str, Any], root: Path) -> dict[str, Any]:
-    target = resolve_inside(root, arguments["path"])
+    target = _inside(root, arguments["path"])
     data = target.read_bytes()
     return {"ok": True, "path": arguments["path"], "bytes": len(data), "encoding": "utf-8", "content": data.decode()}
 
@@ -69,7 +74,7 @@ def _fetch(arguments: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def _write_file(arguments: dict[str, Any], root: Path) -> dict[str, Any]:
-    target = resolve_inside(root, arguments["path"])
+    target = _inside(root, arguments["path"])
     content = arguments["content"]
     data = content if isinstance(content, bytes) else content.encode("utf-8")
     target.write_bytes(data)

@@ -277,7 +277,8 @@ def test_any_path_string_resolves_inside_the_workspace_or_is_refused(relative, w
         link.symlink_to(outside, target_is_directory=True)
     context = ToolContext(workspace)
     try:
-        resolved = context.path(relative)
+        with context.located(relative) as located:
+            resolved = (workspace.resolve() / located.relative).resolve()
     except ToolFailure:
         return
     assert resolved == workspace.resolve() or workspace.resolve() in resolved.parents

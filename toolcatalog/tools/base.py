@@ -18,7 +18,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from toolcatalog.workspace import Located, PathEscapesWorkspace, locate, resolve_inside
+from toolcatalog.workspace import Located, PathEscapesWorkspace, locate
 
 logger = logging.getLogger(__name__)
 
@@ -57,17 +57,6 @@ class ToolContext:
             return self.cancel_key
         return self.conversation_id if self.conversation_id is not None else ("user", self.user_id)
 
-    def path(self, relative: str, *, what: str = "path") -> Path:
-        """A workspace path, or ToolFailure naming why it is refused (`..`, absolute, symlink out)."""
-        if not isinstance(relative, str) or relative == "":
-            raise ToolFailure(f"{what} must be a non-empty workspace-relative path.")
-        if "\x00" in relative:
-            raise ToolFailure(f"{what} contains a NUL byte.")
-        try:
-            return resolve_inside(self.root, relative)
-        except PathEscapesWorkspace as exc:
-            raise ToolFailure(str(exc)) from exc
-
     def located(self, relative: str, *, what: str = "path", make_parents: bool = False) -> Located:
         """`relative` resolved without following a link out (see toolcatalog.workspace), or
         ToolFailure naming why not; use it in a `with` block, which closes its directories."""
@@ -83,9 +72,6 @@ class ToolContext:
             raise ToolFailure(f"{relative!r} does not exist in the workspace.") from None
         except NotADirectoryError:
             raise ToolFailure(f"{relative!r} goes through something that is not a directory.") from None
-
-    def relative(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix() or "."
 
     def owner_id(self) -> int:
         """The user whose memories and task list this call touches (the toolbox builder sets it)."""

@@ -28,10 +28,15 @@ def submit_report(arguments: dict[str, Any], context: ToolContext) -> Observatio
         "findings": arguments.get("findings", []),
         "artifacts": arguments.get("artifacts", []),
     }
-    missing = [path for path in report["artifacts"] if not context.path(path, what="artifact").exists()]
+    missing = [path for path in report["artifacts"] if not _in_workspace(context, path)]
     if missing:
         raise ToolFailure(f"Artifacts not found in the workspace: {', '.join(missing)}.")
     return {"ok": True, "final": True, "report": report}
+
+
+def _in_workspace(context: ToolContext, path: str) -> bool:
+    with context.located(path, what="artifact") as artifact:
+        return artifact.lstat() is not None
 
 
 TOOLS = [builtin("final_answer", final_answer), builtin("submit_report", submit_report)]

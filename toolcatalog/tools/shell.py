@@ -10,6 +10,7 @@ Large kept output goes to the scratchpad (SP-1).
 from __future__ import annotations
 
 import signal
+import stat
 from typing import Any
 
 from django.conf import settings
@@ -61,9 +62,11 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
             "in the command."
         )
     timeout = min(arguments.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS), settings.CC_BASH_MAX_TIMEOUT_SECONDS)
-    cwd = context.path(arguments.get("cwd", "."), what="cwd")
-    if not cwd.is_dir():
-        raise ToolFailure(f"cwd {arguments.get('cwd')!r} is not a directory in the workspace.")
+    with context.located(arguments.get("cwd", "."), what="cwd") as cwd:
+        found = cwd.lstat()
+        if found is None or not stat.S_ISDIR(found.st_mode):
+            raise ToolFailure(f"cwd {arguments.get('cwd')!r} is not a directory in the workspace.")
+        working_directory = cwd.relative
     if sandbox.bwrap_path() is None:
         raise ToolFailure(
             "The sandbox is not available: bubblewrap (bwrap) is not installed on the worker, and no "
@@ -89,7 +92,7 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         ["bash", "-c", command],
         limits=limits,
         output_cap=cap,
-        cwd=context.relative(cwd),
+        cwd=working_directory,
         key=context.sandbox_key,
         file_size_bytes=fsize,
         watchdog=over_quota,
@@ -108,7 +111,7 @@ def bash(arguments: dict[str, Any], context: ToolContext) -> Observation:
         "stdout": result.stdout.text(),
         "stderr": result.stderr.text(),
         "duration_ms": result.duration_ms,
-        "cwd": context.relative(cwd),
+        "cwd": working_directory,
     }
     for name, reader in (("stdout", result.stdout), ("stderr", result.stderr)):
         if reader.total > len(reader.kept):
