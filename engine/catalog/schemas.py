@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -72,11 +73,40 @@ def catalog_name_problem(name: Any) -> str | None:
     return None
 
 
+# Top-level keywords under which a schema says more about its properties than `properties` does.
+_COMPOSED = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "$ref")
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema`, refusing top-level arguments it does not name, unless it says what others may be.
+
+    JSON Schema lets any other name through, and tool schemas rarely say otherwise: a model's
+    `timeout` for bash's `timeout_seconds` was dropped in silence and the command ran with the
+    default 30 s. The schema the model sees stays as written; only the check is closed.
+    """
+    if "properties" in schema and not any(keyword in schema for keyword in _COMPOSED):
+        return {**schema, "additionalProperties": False}
+    return schema
+
+
 def arguments_problem(schema: dict[str, Any], arguments: Any) -> str | None:
     """The first way `arguments` break `schema`, in words the model can act on, or None."""
     try:
-        Draft202012Validator(schema).validate(arguments)
+        Draft202012Validator(closed_schema(schema)).validate(arguments)
     except ValidationError as exc:
         where = "/".join(str(part) for part in exc.absolute_path)
-        return f"{where}: {exc.message}" if where else exc.message
+        message = f"{where}: {exc.message}" if where else exc.message
+        if exc.validator == "additionalProperties" and not exc.absolute_path and isinstance(arguments, dict):
+            message += _argument_names_hint(schema, arguments)
+        return message
     return None
+
+
+def _argument_names_hint(schema: dict[str, Any], arguments: dict[str, Any]) -> str:
+    known = list(schema.get("properties", {}))
+    guesses = [
+        f"{match[0]!r} for {name!r}"
+        for name in arguments
+        if name not in known and (match := difflib.get_close_matches(name, known, n=1, cutoff=0.6))
+    ]
+    return f". It takes: {', '.join(known)}" + (f"; did you mean {', '.join(guesses)}?" if guesses else ".")

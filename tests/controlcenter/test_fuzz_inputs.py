@@ -173,7 +173,8 @@ def _arguments_for(schema: dict[str, Any]):
 @pytest.mark.parametrize("name", sorted(BUILTINS))
 def test_tool_argument_validation_agrees_with_json_schema_and_refuses_clearly(name, tmp_path):
     tool = BUILTINS[name]
-    oracle = Draft202012Validator(tool.input_schema)
+    # An argument the schema does not name is refused too (a misspelt one ran with the default).
+    oracle = Draft202012Validator({**tool.input_schema, "additionalProperties": False})
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(arguments=_arguments_for(tool.input_schema) | json_values)

@@ -133,3 +133,15 @@ def test_text_output_cut_at_the_cap_inside_a_character_stays_text(box):
     stdout = done["stdout"]
     stdout.encode("utf-8")  # no lone surrogate anywhere
     assert stdout.endswith("é\n") and done["stdout_bytes_omitted"] > 0
+
+
+@pytest.mark.req("RN-5")
+@pytest.mark.req("TD-5")
+def test_a_misspelt_argument_is_refused_with_the_names_the_tool_takes_and_nothing_runs(box, tmp_path):
+    # `timeout` for `timeout_seconds` was dropped in silence: the command ran, killed at the default 30 s.
+    refused = box.execute("bash", {"command": "touch ran.txt", "timeout": 600})
+    assert refused["ok"] is False
+    assert "'timeout' was unexpected" in refused["error"]
+    assert "did you mean 'timeout_seconds' for 'timeout'?" in refused["error"]
+    assert "It takes: command, " in refused["error"]
+    assert not (tmp_path / "ran.txt").exists()

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
+from engine.catalog.schemas import arguments_problem
 from toolcatalog.workspace import Located, PathEscapesWorkspace, locate
 
 logger = logging.getLogger(__name__)
@@ -93,7 +92,6 @@ class BuiltinTool:
     resident: bool = False
     requires_approval: bool = False
     side_effects: str = "none"
-    _validator: Any = field(default=None, repr=False, compare=False)
 
     def definition(self) -> dict[str, Any]:
         """The schema offered to a model (provider-neutral: name, description, input_schema)."""
@@ -112,13 +110,8 @@ class BuiltinTool:
     def validation_error(self, arguments: Any) -> str | None:
         if not isinstance(arguments, dict):
             return f"{self.name} takes an object of arguments, got {type(arguments).__name__}."
-        validator = self._validator or Draft202012Validator(self.input_schema)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
-        if not errors:
-            return None
-        first = errors[0]
-        where = ".".join(str(part) for part in first.absolute_path) or "arguments"
-        return f"Invalid arguments for {self.name}: {where}: {first.message}"
+        problem = arguments_problem(self.input_schema, arguments)
+        return f"Invalid arguments for {self.name}: {problem}" if problem else None
 
     def call(self, arguments: Any, context: ToolContext | Path) -> Observation:
         """Validate, run, and turn every failure into an observation."""
@@ -155,5 +148,4 @@ def builtin(name: str, run: ToolFunction) -> BuiltinTool:
         resident=bool(spec.get("resident", False)),
         requires_approval=bool(spec.get("requires_approval", False)),
         side_effects=spec.get("side_effects", "none"),
-        _validator=Draft202012Validator(spec["input_schema"]),
     )
