@@ -299,11 +299,11 @@ def test_a_cancel_just_after_a_decision_closes_the_call_with_what_was_decided(se
 def _emulator_latency(setup: dict[str, Any], **latency_ms: int) -> Iterator[dict[str, Any]]:
     """The module's emulator answers with these latencies (`first_token_ms`, `delta_ms`) meanwhile."""
     url = f"{setup['server'].base_url}/_emulator/latency"
-    httpx.post(url, json=latency_ms).raise_for_status()
+    httpx.post(url, json=latency_ms, timeout=30).raise_for_status()
     try:
         yield setup
     finally:
-        httpx.post(url, json=dict.fromkeys(latency_ms, 0)).raise_for_status()
+        httpx.post(url, json=dict.fromkeys(latency_ms, 0), timeout=30).raise_for_status()
 
 
 @pytest.fixture
