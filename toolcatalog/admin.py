@@ -46,6 +46,15 @@ class ToolAdmin(ModelAdmin):
     readonly_fields = ["schema_tokens", "server_missing", "updated_at"]
     actions = ["make_resident", "make_deferred"]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Tool | None = None) -> list[str]:
+        # A built-in's name and schema are its implementation's, an MCP tool's its server's (the next
+        # refresh would put them back): an edit would offer the model arguments nothing takes.
+        fixed: dict[str, list[str]] = {
+            Tool.Source.BUILT_IN: ["name", "input_schema", "source"],
+            Tool.Source.MCP: ["name", "input_schema", "server", "source"],
+        }
+        return [*self.readonly_fields, *fixed.get(obj.source if obj else "", [])]
+
     @admin.display(description="schema tokens")
     def schema_tokens(self, tool: Tool) -> int:
         return tool.schema_tokens

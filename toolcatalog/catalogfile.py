@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import json.decoder
 import json.scanner
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +68,12 @@ class ParsedCatalog:
     errors: list[str] = field(default_factory=list)
 
 
-def parse_catalog(text: str) -> ParsedCatalog:
+def parse_catalog(text: str, *, fixed_schemas: Mapping[str, dict[str, Any]] | None = None) -> ParsedCatalog:
+    """The file's groups and tools, or every reason it is refused, each with its line.
+
+    `fixed_schemas`: input schemas a file may not change (the tools this installation implements):
+    the model would be told arguments the implementation does not take.
+    """
     parsed = ParsedCatalog()
     try:
         data = _LocatingDecoder(text).decode(text)
@@ -103,7 +108,7 @@ def parse_catalog(text: str) -> ParsedCatalog:
             parsed.errors.append(f"line {line}: tool #{position} must be a JSON object.")
             continue
         label = f"line {line}: tool {tool.get('name', f'#{position}')!r}"
-        for problem in _tool_problems(tool, set(groups)):
+        for problem in _tool_problems(tool, set(groups), fixed_schemas or {}):
             parsed.errors.append(f"{label}: {problem}")
         name = tool.get("name")
         if isinstance(name, str):
@@ -114,7 +119,7 @@ def parse_catalog(text: str) -> ParsedCatalog:
     return parsed
 
 
-def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
+def _tool_problems(tool: dict[str, Any], groups: set[str], fixed_schemas: Mapping[str, dict[str, Any]]) -> list[str]:
     problems = []
     if _has_nul(tool):
         # Found by tests/controlcenter/test_fuzz_inputs.py: PostgreSQL text and jsonb cannot store U+0000,
@@ -135,6 +140,11 @@ def _tool_problems(tool: dict[str, Any], groups: set[str]) -> list[str]:
     elif problem := schema_problem(tool["input_schema"]):
         schema_line = getattr(tool["input_schema"], "line", None)
         problems.append(f"{problem} (schema starts on line {schema_line})" if schema_line else problem)
+    elif (fixed := fixed_schemas.get(str(tool.get("name")))) is not None and _plain(tool["input_schema"]) != fixed:
+        problems.append(
+            "this tool is built in, and its input schema is its implementation's: a file may change its "
+            "description, group and flags, not its schema (`catalog export` writes the one to keep)."
+        )
     for flag in ("resident", "requires_approval", "enabled"):
         if flag in tool and not isinstance(tool[flag], bool):
             problems.append(f"'{flag}' must be true or false.")

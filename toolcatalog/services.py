@@ -79,7 +79,8 @@ def catalog_import(*, text: str) -> ImportResult:
     Idempotent: tools are matched by name (outside MCP servers) and only changed
     fields are written, so importing the same file twice changes nothing.
     """
-    parsed = parse_catalog(text)
+    _headings, definitions = builtin_definitions()
+    parsed = parse_catalog(text, fixed_schemas={entry["name"]: entry["input_schema"] for entry in definitions})
     if parsed.errors:
         raise CatalogFileInvalid(parsed.errors)
     created = updated = unchanged = groups_created = 0

@@ -64,6 +64,42 @@ def test_import_refuses_a_file_with_one_bad_tool_naming_its_line_and_changes_not
 
 
 @pytest.mark.req("TD-1")
+def test_import_may_reword_a_built_in_but_not_change_its_schema(tmp_path):
+    # The model would be offered arguments the implementation does not take.
+    catalog_import(text=CATALOG_PATH.read_text())
+    before = _snapshot()
+    data = reference_catalog()
+    bash = next(tool for tool in data["tools"] if tool["name"] == "bash")
+    bash["input_schema"] = {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}
+    with pytest.raises(CatalogFileInvalid) as refused:
+        catalog_import(text=json.dumps(data, indent=2))
+    assert "tool 'bash': this tool is built in, and its input schema is its implementation's" in str(refused.value)
+    assert _snapshot() == before
+    # Its description, group and flags are the operator's to change.
+    bash["input_schema"] = next(t for t in reference_catalog()["tools"] if t["name"] == "bash")["input_schema"]
+    bash["description"] = "Run a shell command in the sandbox."
+    assert catalog_import(text=json.dumps(data, indent=2)).updated == 1
+    assert Tool.objects.get(name="bash").description == "Run a shell command in the sandbox."
+
+
+@pytest.mark.req("TD-1")
+def test_the_admin_shows_a_built_in_or_mcp_tools_name_and_schema_read_only(admin_client):
+    catalog_import(text=CATALOG_PATH.read_text())
+    bash, ticket = Tool.objects.get(name="bash"), Tool.objects.get(name="create_ticket")
+    fixed = admin_client.get(f"/admin/toolcatalog/tool/{bash.pk}/change/").content.decode()
+    assert 'name="input_schema"' not in fixed and 'name="name"' not in fixed
+    editable = admin_client.get(f"/admin/toolcatalog/tool/{ticket.pk}/change/").content.decode()
+    assert 'name="input_schema"' in editable and 'name="name"' in editable
+    before = bash.input_schema
+    admin_client.post(
+        f"/admin/toolcatalog/tool/{bash.pk}/change/",
+        {"group": bash.group_id, "description": bash.description, "input_schema": "{}", "side_effects": "none"},
+    )
+    bash.refresh_from_db()
+    assert bash.input_schema == before
+
+
+@pytest.mark.req("TD-1")
 def test_import_reports_broken_json_with_line_and_column():
     with pytest.raises(CatalogFileInvalid) as refused:
         catalog_import(text='{"version": 1,\n "groups": [],\n "tools": [,]}')
