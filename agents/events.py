@@ -184,13 +184,19 @@ class RunEventPublisher:
 
 def publish_conversation_changed(*, conversation_id: int, reason: str) -> None:
     """Tell every tab on a conversation that its messages changed (a prompt sent from another
-    tab or the API, a retry): they fetch the messages fragment again (UX-4). Not stored: a tab
-    that reconnects refetches the fragment anyway."""
+    tab or the API, a retry, a branch, a rewind): they fetch the messages fragment again (UX-4).
+    Not stored: a tab that reconnects refetches the fragment anyway."""
     event = {"type": "conversation_changed", "conversation_id": conversation_id, "reason": reason}
     try:
         broadcast([conversation_group(conversation_id)], frame("run.event", event))
     except Exception:
         logger.exception("could not announce a change of conversation %s", conversation_id)
+
+
+def on_conversation_changed(sender: object, *, conversation_id: int, reason: str, **_: object) -> None:
+    """The receiver of `conversations.signals.conversation_changed`: a branch, a rewind or a deleted
+    message, which queue no run, reach the open tabs as a queued run does."""
+    publish_conversation_changed(conversation_id=conversation_id, reason=reason)
 
 
 # --- the observability dashboard ------------------------------------------------------

@@ -19,6 +19,7 @@ from controlcenter.errors import Conflict, DomainError, NotFound, RunInProgress
 from conversations import commands, export, selectors
 from conversations.compaction import CompactionPass, compaction_pass
 from conversations.models import Checkpoint, Conversation, Message, RewindDigest
+from conversations.signals import announce_on_commit
 from engine.context import ladder, transcript
 from toolcatalog.models import Mode
 
@@ -129,6 +130,7 @@ def conversation_branch(*, conversation: Conversation, message_id: int) -> Conve
     now = timezone.now()
     Conversation.objects.filter(pk=conversation.pk).update(tip=target, updated_at=now)
     conversation.tip, conversation.updated_at = target, now
+    announce_on_commit(conversation_id=conversation.pk, reason="branch")
     return conversation
 
 
@@ -268,6 +270,7 @@ def conversation_rewind(*, conversation: Conversation, label: str | None = None)
             digest=digest,
         )
         Conversation.objects.filter(pk=locked.pk).update(tip_id=checkpoint.message_id, updated_at=timezone.now())
+        announce_on_commit(conversation_id=locked.pk, reason="rewind")
     conversation.refresh_from_db()
     return record
 
@@ -335,6 +338,8 @@ def message_delete(*, message: Message) -> Conversation:
                 tip = tip.parent
             Conversation.objects.filter(pk=locked.pk).update(tip=tip, updated_at=timezone.now())
         Message.objects.filter(pk__in=subtree).delete()
+        # Off the path too: the sibling arrows of the messages shown count the deleted ones.
+        announce_on_commit(conversation_id=locked.pk, reason="message_deleted")
     locked.refresh_from_db()
     return locked
 
