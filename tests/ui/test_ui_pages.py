@@ -161,7 +161,7 @@ def test_dashboard_update_reaches_the_owners_dashboard_and_no_one_elses(alice, b
         assert (await mine.connect(timeout=10))[0] and (await theirs.connect(timeout=10))[0]
 
         await sync_to_async(publish_dashboard_update)(user_id=alice.pk)
-        update = await mine.receive_json_from(timeout=5)
+        update = await mine.receive_json_from(timeout=15)
         assert await theirs.receive_nothing(timeout=0.3)
         await mine.disconnect(timeout=10)
         await theirs.disconnect(timeout=10)
