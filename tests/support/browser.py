@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import BrowserContext, Page, expect
 
 from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD, ROOT, embedded_env
 
@@ -25,6 +25,17 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS = ROOT / "var" / "test-artifacts"
+
+
+def open_conversation(context: BrowserContext, base: str, conversation_id: int) -> Page:
+    """A new tab on a conversation, once its websocket is open; `page.js_errors` collects its uncaught errors."""
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.js_errors = errors  # read by the tests after their steps
+    page.goto(f"{base}/conversations/{conversation_id}/")
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    return page
 
 
 def screenshot(page: Page, name: str) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import ARTIFACTS, screenshot, seed
+from tests.support.browser import ARTIFACTS, open_conversation, screenshot, seed
 from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD
 from tests.support.waiting import wait_until
 
@@ -74,16 +74,6 @@ def context(browser, embedded_server_module, signed_in):
     assert not refused, f"the Content-Security-Policy refused: {refused}"
 
 
-def _open(context, base: str, conversation_id: int):
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.js_errors = errors
-    page.goto(f"{base}/conversations/{conversation_id}/")
-    expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the websocket is open
-    return page
-
-
 def _new(context, base: str, title: str) -> int:
     created = context.request.post(
         f"{base}/api/conversations/",
@@ -129,8 +119,8 @@ def _settled(page) -> None:
 def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context, embedded_server_module):
     base, _ = embedded_server_module
     conversation = _new(context, base, "two tabs")
-    tab_a = _open(context, base, conversation)
-    tab_b = _open(context, base, conversation)
+    tab_a = open_conversation(context, base, conversation)
+    tab_b = open_conversation(context, base, conversation)
 
     tab_b.locator("#composer-input").focus()
     tab_b.keyboard.type("a note from tab B")  # typing in B ...
@@ -172,13 +162,13 @@ def test_a_tab_whose_edit_form_was_open_while_the_conversation_changed_redraws_o
 ):
     base, _ = embedded_server_module
     conversation = _new(context, base, "edit open")
-    tab_a = _open(context, base, conversation)
+    tab_a = open_conversation(context, base, conversation)
     _send(tab_a, "/checkpoint start")  # refused (nothing to mark yet), and no run is to blame
     expect(tab_a.locator("#errors .error-card")).to_contain_text("no messages yet")
     expect(tab_a.locator("#errors .error-card")).not_to_contain_text("when the run ends")
     _send(tab_a, "first question")
     _settled(tab_a)
-    tab_b = _open(context, base, conversation)
+    tab_b = open_conversation(context, base, conversation)
     tab_b.locator("article.user button.edit").click()  # B is editing ...
     expect(tab_b.locator("article.user .edit-inline textarea")).to_be_focused()
     _send(tab_a, "asked in tab A")  # ... while A adds a turn
@@ -277,7 +267,7 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
 def test_back_to_a_conversation_shows_what_was_sent_while_the_page_was_away(context, embedded_server_module):
     base, _ = embedded_server_module
     conversation = _new(context, base, "back")
-    page = _open(context, base, conversation)
+    page = open_conversation(context, base, conversation)
     _send(page, "before leaving")
     _settled(page)
     page.locator("#tree-link").click()
@@ -293,7 +283,7 @@ def test_back_to_a_conversation_shows_what_was_sent_while_the_page_was_away(cont
 def test_back_to_a_conversation_waiting_for_approval_shows_the_approval_again(context, embedded_server_module):
     base, _ = embedded_server_module
     conversation = _new(context, base, "back to approve")
-    page = _open(context, base, conversation)
+    page = open_conversation(context, base, conversation)
     _send(page, "please run `echo back-again`")
     expect(page.locator(".approval")).to_contain_text("echo back-again", timeout=15_000)
     page.locator("a", has_text="Conversations").first.click()
@@ -368,7 +358,7 @@ def test_a_tab_still_showing_the_old_answer_cannot_file_a_prompt_under_another(c
     wait_until(lambda: tip() != first_answer, timeout=30, what="the new answer")
     regenerated = f"{base}/api/runs/{again.json()['run']['id']}/"
     wait_until(lambda: context.request.get(regenerated).json()["status"] == "succeeded", timeout=30, what="run")
-    page = _open(context, base, conversation)
+    page = open_conversation(context, base, conversation)
     _settled(page)
     # Tab B learns of nothing from here on (its redraws fail), as a tab a moment behind.
     fragment = re.compile(r"^https?://[^/]+/conversations/\d+/messages/")
@@ -397,7 +387,7 @@ def test_a_tab_still_showing_the_old_answer_cannot_file_a_prompt_under_another(c
 def test_a_refused_command_replaces_the_previous_commands_outcome(context, embedded_server_module):
     # QA: a refused command showed its error while the previous command's success stayed beside it.
     base, _ = embedded_server_module
-    page = _open(context, base, _new(context, base, "outcomes"))
+    page = open_conversation(context, base, _new(context, base, "outcomes"))
     _send(page, "first question")
     status = page.locator("#status")
     expect(status).to_have_text("Run finished.", timeout=15_000)
@@ -419,7 +409,7 @@ def test_a_refused_command_replaces_the_previous_commands_outcome(context, embed
 def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, embedded_server_module):
     # Seen with the web server stopped: Send did nothing visible at all, the error only in the console.
     base, _ = embedded_server_module
-    page = _open(context, base, _new(context, base, "unreachable"))
+    page = open_conversation(context, base, _new(context, base, "unreachable"))
     messages = f"{base}/api/conversations/*/messages/"
     page.route(messages, lambda route: route.abort("connectionrefused"))
     _send(page, "are you there?")
@@ -438,7 +428,7 @@ def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, em
 @pytest.mark.req("UX-1", "UX-2")
 def test_replies_follow_their_prompts_and_the_live_view_equals_the_reloaded_one(context, embedded_server_module):
     base, _ = embedded_server_module
-    page = _open(context, base, _new(context, base, "order"))
+    page = open_conversation(context, base, _new(context, base, "order"))
     for n in range(6):
         page.locator("#composer-input").focus()
         page.keyboard.type(f"prompt {n}")
@@ -467,7 +457,7 @@ def test_a_failed_run_stays_with_retry_and_regenerate_and_edit_branch_in_place(c
         "error='ProviderError: the model was overloaded')\n"
         "print(json.dumps({'conversation': c.pk}))\n",
     )
-    page = _open(context, base, seeded["conversation"])
+    page = open_conversation(context, base, seeded["conversation"])
     card = page.locator("article.run-ended")
     expect(card).to_contain_text("the model was overloaded")
     page.reload()  # still there after a reload, with its Retry
@@ -518,7 +508,7 @@ def _processes_with(*words: bytes) -> list[int]:
 def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embedded_server_module):
     base, _ = embedded_server_module
     conversation = _new(context, base, "stop")
-    page = _open(context, base, conversation)
+    page = open_conversation(context, base, conversation)
     _send(page, "please run `sleep 30.4417`")  # an odd length: no other process on the machine has it
     card = page.locator("article.live")
     badge = card.locator("details.tool .tool-state")
@@ -574,7 +564,7 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
 def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(context, embedded_server_module):
     base, _ = embedded_server_module
     conversation = _new(context, base, "subagents")
-    page = _open(context, base, conversation)
+    page = open_conversation(context, base, conversation)
     # Child 0 asks for the shell and waits for a person; child 1 lists the files and answers.
     _send(page, "in parallel: run `echo child-zero`; list the files in the workspace")
     card = page.locator("article.live")
@@ -611,7 +601,7 @@ def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(co
 @pytest.mark.req("UX-1", "UX-5")
 def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context, embedded_server_module):
     base, _ = embedded_server_module
-    page = _open(context, base, _new(context, base, "markdown"))
+    page = open_conversation(context, base, _new(context, base, "markdown"))
     _send(
         page,
         "# Title\n\n| tool | ok |\n|---|---|\n| bash | yes |\n\n- [x] done\n\n"
@@ -681,7 +671,7 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
         "print(json.dumps({'conversation': c.pk, 'run': r.pk}))\n",
     )
     conversation = seeded["conversation"]
-    page = _open(context, base, conversation)
+    page = open_conversation(context, base, conversation)
     pages = {
         "list": "/",
         "conversation": f"/conversations/{conversation}/",
@@ -716,7 +706,7 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     assert page.evaluate(at_bottom)  # followed the reply
     page.mouse.wheel(0, -3000)  # the person scrolls up to read: the page stays there
     page.wait_for_function(f"() => !({at_bottom})")  # a function, not an expression: the CSP refuses eval
-    other = _open(context, base, conversation)  # a message from another tab streams in meanwhile
+    other = open_conversation(context, base, conversation)  # a message from another tab streams in meanwhile
     _send(other, "do not move")
     expect(page.locator("article.assistant").last).to_contain_text('"do not move"', timeout=15_000)
     _settled(page)

@@ -10,7 +10,7 @@ import json
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import seed, sign_in
+from tests.support.browser import open_conversation, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -47,16 +47,6 @@ def context(browser, embedded_server_module):
     context.close()
 
 
-def _open(context, base: str, conversation_id: int):
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.js_errors = errors
-    page.goto(f"{base}/conversations/{conversation_id}/")
-    expect(page.locator("#conversation[data-live]")).to_have_count(1)  # the websocket is open
-    return page
-
-
 def _post(context, base: str, conversation_id: int, route: str, body: dict) -> None:
     csrf = next(cookie["value"] for cookie in context.cookies() if cookie["name"] == "csrftoken")
     response = context.request.post(
@@ -72,8 +62,8 @@ def test_a_branch_switch_or_rewind_elsewhere_redraws_the_other_tab_within_a_mome
     base, log = embedded_server_module
     seeded = seed(log.parent, SEED)
     conversation = seeded["conversation"]
-    tab_a = _open(context, base, conversation)
-    tab_b = _open(context, base, conversation)
+    tab_a = open_conversation(context, base, conversation)
+    tab_b = open_conversation(context, base, conversation)
     last_b = tab_b.locator("#messages > article").last
     expect(last_b).to_contain_text("Only text files here.")
 
