@@ -234,6 +234,9 @@ SCRATCHPAD_THRESHOLD_BYTES = env_int(
     "SCRATCHPAD_THRESHOLD_BYTES", CC_WINDOW_BUDGET.scratchpad_threshold_bytes, minimum=1
 )
 SCRATCHPAD_SUMMARY_CHARS = env_int("SCRATCHPAD_SUMMARY_CHARS", CC_WINDOW_BUDGET.summary_chars, minimum=16)
+# Scratchpad content one user may keep (her entries' bytes before compression); an observation that would pass it
+# is not stored, and the model gets its summary with a note (scratchpad/services.py, put_observation).
+CC_SCRATCHPAD_QUOTA_MB = env_int("CC_SCRATCHPAD_QUOTA_MB", 1024, minimum=1)
 # CH-2: compact proactively when a request would pass AT percent of the window, down to TO percent.
 # A trigger at 100 % or more never fires before the provider refuses the request.
 CC_COMPACT_AT_PERCENT = env_int("CC_COMPACT_AT_PERCENT", CC_WINDOW_BUDGET.compact_at_percent, minimum=1, maximum=99)

@@ -31,7 +31,11 @@ class ObservationStore(Protocol):
         ...
 
     def offload(self, *, step: int, tool: str, observation: dict[str, Any]) -> dict[str, Any]:
-        """Keep the full observation; return the synthetic one for the history (SP-3)."""
+        """Keep the full observation; return the synthetic one for the history (SP-3).
+
+        With no room to keep it (the owner's quota), the observation returned has no
+        `scratchpad_id`: the summary and a note that says why.
+        """
         ...
 
     def full_observation(self, entry_id: str) -> Any:
@@ -88,7 +92,12 @@ class ScratchpadToolBox(ToolBoxLayer):
         beside = {key: observation[key] for key in (LOADS_TOOLS, ATTACHED_IMAGES) if observation.get(key)}
         if needs_offload(stored, self.threshold):
             synthetic = self.store.offload(step=step, tool=name, observation=stored)
-            self._offloaded[step] = synthetic["scratchpad_id"]
+            entry_id = synthetic.get("scratchpad_id")
+            if isinstance(entry_id, str):
+                self._offloaded[step] = entry_id
+            else:
+                # Not stored (its owner's scratchpad is full): references see what the model saw.
+                self._inline[step] = synthetic
             # The fields left beside the entry go to the history as text, like any observation.
             shown: dict[str, Any] = storable({**synthetic, **beside})
             return shown

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
+from typing import NamedTuple
 
+from django.apps import apps
 from django.contrib.auth.models import User
-from django.db.models import Q, QuerySet
+from django.db.models import Min, Q, QuerySet, Sum
 from django.utils import timezone
 
 from engine.scratchpad.chunks import decode
@@ -103,3 +105,45 @@ def entry_for_user(*, user: User, entry_id: str, now: datetime | None = None) ->
     if not possible_entry_id(entry_id):
         return None
     return entries_for_user(user=user, now=now).filter(pk=entry_id).first()
+
+
+class Usage(NamedTuple):
+    """What a user's entries take: content bytes, and when the next live one expires."""
+
+    size_bytes: int
+    next_expiry: datetime | None
+
+
+def owner_of(*, run_id: int | None, conversation_id: int | None) -> int | None:
+    """The user an entry counts for: its conversation's owner, or its run's; None for neither."""
+    # Through the app registry: scratchpad sits below conversations and agents (docs/architecture.md).
+    if conversation_id is not None:
+        conversations = apps.get_model("conversations", "Conversation").objects
+        owner: int | None = conversations.filter(pk=conversation_id).values_list("owner_id", flat=True).first()
+        return owner
+    if run_id is not None:
+        runs = apps.get_model("agents", "Run").objects
+        owner = runs.filter(pk=run_id).values_list("conversation__owner_id", flat=True).first()
+        return owner
+    return None
+
+
+def owner_scopes(*, owner_id: int) -> tuple[QuerySet[Entry], QuerySet[Entry]]:
+    """The entries that count towards a user's scratchpad quota, expired ones included (they take
+    disk until collected): those of her conversations, and those of her runs that name no
+    conversation. Two querysets rather than one with an OR, so that each follows its indexes
+    instead of scanning every user's entries."""
+    return (
+        Entry.objects.filter(conversation__owner_id=owner_id),
+        Entry.objects.filter(conversation__isnull=True, run__conversation__owner_id=owner_id),
+    )
+
+
+def owner_usage(*, owner_id: int, now: datetime) -> Usage:
+    size, next_expiry = 0, None
+    for scope in owner_scopes(owner_id=owner_id):
+        totals = scope.aggregate(size=Sum("size_bytes"), next_expiry=Min("expires_at", filter=Q(expires_at__gt=now)))
+        size += totals["size"] or 0
+        if totals["next_expiry"] is not None:
+            next_expiry = min(next_expiry or totals["next_expiry"], totals["next_expiry"])
+    return Usage(size, next_expiry)

@@ -2,23 +2,32 @@
 
 Entries are rows in the project database, so every worker sees the same scratchpad
 (SP-12). The clock is a parameter (`now`) so TTL behaviour can be tested exactly.
+An offloaded observation is stored only within its owner's quota (`CC_SCRATCHPAD_QUOTA_MB`).
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from controlcenter.errors import Conflict, DomainError, NotFound
 from engine.scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
-from engine.scratchpad.offload import Payload, rebuild_observation, split_observation, synthetic_observation
+from engine.scratchpad.offload import (
+    Payload,
+    rebuild_observation,
+    split_observation,
+    synthetic_observation,
+    unstored_observation,
+)
 from engine.scratchpad.read_tool import DEFAULT_GREP_TIMEOUT_SECONDS, DEFAULT_READ_MAX_CHARS, run_read
 from engine.scratchpad.reader import shape_of
 from engine.scratchpad.summary import binary_summary, text_summary
@@ -26,6 +35,7 @@ from scratchpad import selectors
 from scratchpad.models import Chunk, Entry
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 DEFAULT_TTL_SECONDS = 3600
 DEFAULT_PINNED_TTL_SECONDS = 7 * 24 * 3600
 _GC_BATCH = 200
@@ -50,6 +60,10 @@ def default_ttl_seconds() -> int:
 
 def read_max_chars() -> int:
     return int(getattr(settings, "SCRATCHPAD_READ_MAX_CHARS", DEFAULT_READ_MAX_CHARS))
+
+
+def quota_bytes() -> int:
+    return int(settings.CC_SCRATCHPAD_QUOTA_MB) * 1024 * 1024
 
 
 def _new_id() -> str:
@@ -100,11 +114,7 @@ def put(
     now = now or timezone.now()
     shape = shape_of(content)
     if summary is None:
-        chars = settings.SCRATCHPAD_SUMMARY_CHARS  # scaled to the window (LM-2)
-        if isinstance(content, bytes):
-            summary = binary_summary(content)
-        else:
-            summary = text_summary(content, head=chars, tail=chars)
+        summary = _summary(content)
     fields = {
         "turn_id": str(turn_id),
         "run_id": run_id,
@@ -141,6 +151,13 @@ def put(
             # Two random 64-bit ids collided; draw again.
             continue
     raise DomainError("Could not allocate a scratchpad id.")
+
+
+def _summary(content: str | bytes) -> str:
+    if isinstance(content, bytes):
+        return binary_summary(content)
+    chars = settings.SCRATCHPAD_SUMMARY_CHARS  # scaled to the window (LM-2)
+    return text_summary(content, head=chars, tail=chars)
 
 
 def _insert_chunks(entry_id: str, chunks: Iterator[EncodedChunk]) -> tuple[int, int]:
@@ -223,32 +240,81 @@ def put_observation(
     conversation_id: int | None = None,
     ttl_seconds: int | None = None,
     now: datetime | None = None,
-) -> tuple[Entry, dict[str, Any]]:
-    """Offload one large observation (SP-1); returns the entry and the synthetic observation (SP-3)."""
+) -> tuple[Entry | None, dict[str, Any]]:
+    """Offload one large observation (SP-1); returns the entry and the synthetic observation (SP-3).
+
+    When the owner's scratchpad has no room for it, even once their expired entries are collected,
+    nothing is stored: the entry is None and the observation is its summary with a note saying so.
+    """
     payload: Payload = split_observation(observation, threshold=threshold)
-    entry = put(
-        turn_id=turn_id,
-        content=payload.content,
-        kind=payload.kind,
-        step_num=step_num,
-        executor_name=executor_name,
-        ttl_seconds=ttl_seconds,
-        run_id=run_id,
-        conversation_id=conversation_id,
-        metadata=payload.metadata,
-        payload_field=payload.field,
-        payload_encoding=payload.encoding,
-        envelope=payload.envelope,
-        now=now,
-    )
-    synthetic = synthetic_observation(
-        entry_id=entry.pk,
+    ok = observation.get("ok") is not False
+    now = now or timezone.now()
+
+    def store() -> Entry:
+        return put(
+            turn_id=turn_id,
+            content=payload.content,
+            kind=payload.kind,
+            step_num=step_num,
+            executor_name=executor_name,
+            ttl_seconds=ttl_seconds,
+            run_id=run_id,
+            conversation_id=conversation_id,
+            metadata=payload.metadata,
+            payload_field=payload.field,
+            payload_encoding=payload.encoding,
+            envelope=payload.envelope,
+            now=now,
+        )
+
+    owner = selectors.owner_of(run_id=run_id, conversation_id=conversation_id)
+    stored = store() if owner is None else _within_quota(owner, payload.size_bytes, now, store)
+    if isinstance(stored, Entry):
+        return stored, synthetic_observation(
+            entry_id=stored.pk, step=step_num, payload=payload, summary=stored.summary, ok=ok
+        )
+    return None, unstored_observation(
         step=step_num,
         payload=payload,
-        summary=entry.summary,
-        ok=observation.get("ok") is not False,
+        summary=_summary(payload.content),
+        used_bytes=stored.size_bytes,
+        quota_bytes=quota_bytes(),
+        next_expiry=None if stored.next_expiry is None else f"{stored.next_expiry.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
+        ok=ok,
     )
-    return entry, synthetic
+
+
+def _within_quota(owner: int, needed: int, now: datetime, store: Callable[[], Entry]) -> Entry | selectors.Usage:
+    """`store()` if the owner's entries leave room for `needed` more bytes, else the owner's usage.
+
+    The owner's expired entries are collected first when they are in the way; nobody else's.
+    One owner's check and write are serialised, so parallel tool calls cannot all pass the
+    check and overshoot together; other owners do not wait.
+    """
+    limit = quota_bytes()
+
+    def attempt() -> Entry | selectors.Usage:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                key = f"scratchpad-quota:{owner}"
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
+            # SQLite: the transaction is IMMEDIATE (controlcenter/settings.py), which serialises writers already.
+            usage = selectors.owner_usage(owner_id=owner, now=now)
+            if usage.size_bytes + needed > limit and gc(now=now, owner_id=owner):
+                usage = selectors.owner_usage(owner_id=owner, now=now)
+            if usage.size_bytes + needed > limit:
+                logger.warning(
+                    "scratchpad quota: user %s holds %d of %d bytes; an observation of %d bytes was not stored",
+                    owner,
+                    usage.size_bytes,
+                    limit,
+                    needed,
+                )
+                return usage
+            return store()
+
+    return _retry_when_locked(attempt)
 
 
 def read(
@@ -326,22 +392,26 @@ def full_observation(entry: Entry) -> Any:
     )
 
 
-def gc(*, now: datetime | None = None) -> int:
-    """Delete expired entries; safe to run from several workers at once (SP-10).
+def gc(*, now: datetime | None = None, owner_id: int | None = None) -> int:
+    """Delete expired entries (only `owner_id`'s, given one); safe to run from several workers at once (SP-10).
 
     Expired rows are locked with SKIP LOCKED, so two collectors split the work
     instead of waiting on each other, and a live entry (a fresh put, a pin that just
     extended one) never matches `expires_at <= now`.
     """
     now = now or timezone.now()
+    expired = Entry.objects.filter(expires_at__lte=now)
+    if owner_id is None:
+        return _collect(expired, now)
+    # By id: locking the rows of a join would lock the user's conversations and runs as well.
+    scopes = selectors.owner_scopes(owner_id=owner_id)
+    return sum(_collect(expired.filter(pk__in=scope.values("pk")), now) for scope in scopes)
 
+
+def _collect(expired: QuerySet[Entry], now: datetime) -> int:
     def collect_batch() -> int | None:
         with transaction.atomic():
-            ids = list(
-                Entry.objects.select_for_update(skip_locked=True)
-                .filter(expires_at__lte=now)
-                .values_list("id", flat=True)[:_GC_BATCH]
-            )
+            ids = list(expired.select_for_update(skip_locked=True).values_list("id", flat=True)[:_GC_BATCH])
             if not ids:
                 return None
             Chunk.objects.filter(entry_id__in=ids).delete()

@@ -167,3 +167,46 @@ def synthetic_observation(
         "metadata": payload.metadata,
         "_note": note,
     }
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MB", 1024 * 1024), ("KB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def unstored_observation(
+    *,
+    step: int,
+    payload: Payload,
+    summary: str,
+    used_bytes: int,
+    quota_bytes: int,
+    next_expiry: str | None,
+    ok: bool = True,
+) -> dict[str, Any]:
+    """What the history holds instead of a large observation its owner has no room to store.
+
+    The model gets what SP-3 shows, without an id (nothing was stored): the summary, the
+    metadata, and a note that the scratchpad is full, how full, and what frees space, so the
+    cut is never silent (SP-1) and the turn goes on.
+    """
+    what = f"The full {payload.field!r} of step {step}" if payload.field else f"The full observation of step {step}"
+    expiry = f" (the next one at {next_expiry})" if next_expiry else ""
+    note = (
+        f"{what} ({_size(payload.size_bytes)}) is too large for the context and was NOT saved: this user's "
+        f"scratchpad is full. It holds {_size(used_bytes)} of the {_size(quota_bytes)} quota per user "
+        "(CC_SCRATCHPAD_QUOTA_MB). Only the summary above is kept; it cannot be read with scratchpad_read "
+        f"or passed to another tool with {{{{step{step}.<field>}}}}. Space comes back as the user's scratchpad "
+        f"entries expire{expiry}, or when the user deletes conversations they no longer need. Meanwhile, ask "
+        "tools for less (a range of lines, a filter) so that their results fit in the context."
+    )
+    return {
+        "ok": ok,
+        "size_bytes": payload.size_bytes,
+        "kind": payload.kind,
+        "summary": summary,
+        "metadata": payload.metadata,
+        "_note": note,
+    }
