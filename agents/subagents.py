@@ -46,6 +46,7 @@ from engine.scratchpad.offload import observation_size
 from engine.scratchpad.summary import text_summary
 from engine.toolbox import ToolBox, ToolBoxLayer
 from scratchpad import services as scratchpad_services
+from scratchpad.models import Entry
 
 logger = logging.getLogger(__name__)
 
@@ -395,10 +396,12 @@ def fanout_observation(*, parent: Any, shape: str, children: list[Any], waited_o
 
 
 def _offload_answer(parent: Any, item: dict[str, Any]) -> None:
-    """Store one child's answer in the scratchpad of the parent's turn; the item keeps its id and a summary."""
+    """Store one child's answer in the scratchpad of the parent's turn; the item keeps its id and a summary.
+
+    Within the owner's scratchpad quota, as any offload: past it, the parent gets the summary alone."""
     text = item.pop("text")
     with db_turn():
-        entry = scratchpad_services.put(
+        entry = scratchpad_services.put_within_quota(
             turn_id=str(parent.pk),
             content=text,
             kind="text",
@@ -410,10 +413,15 @@ def _offload_answer(parent: Any, item: dict[str, Any]) -> None:
             payload_encoding="text",
             envelope={k: v for k, v in item.items()},
         )
+    summary = text_summary(text, head=ANSWER_HEAD_CHARS, tail=ANSWER_TAIL_CHARS)
+    if not isinstance(entry, Entry):
+        full = scratchpad_services.full_scratchpad_note(entry)
+        item.update(summary=summary, _note=f"The whole answer is too large for the context and was NOT saved: {full}")
+        return
     item.update(
         scratchpad_id=entry.pk,
         size_bytes=entry.size_bytes,
-        summary=text_summary(text, head=ANSWER_HEAD_CHARS, tail=ANSWER_TAIL_CHARS),
+        summary=summary,
         _note=f"The answer is in the scratchpad as {entry.pk}; read it with scratchpad_read.",
     )
 

@@ -24,6 +24,7 @@ from engine.scratchpad.chunks import EncodedChunk, chunk_size_for, encode_iter
 from engine.scratchpad.offload import (
     Payload,
     rebuild_observation,
+    scratchpad_full,
     split_observation,
     synthetic_observation,
     unstored_observation,
@@ -248,27 +249,21 @@ def put_observation(
     """
     payload: Payload = split_observation(observation, threshold=threshold)
     ok = observation.get("ok") is not False
-    now = now or timezone.now()
-
-    def store() -> Entry:
-        return put(
-            turn_id=turn_id,
-            content=payload.content,
-            kind=payload.kind,
-            step_num=step_num,
-            executor_name=executor_name,
-            ttl_seconds=ttl_seconds,
-            run_id=run_id,
-            conversation_id=conversation_id,
-            metadata=payload.metadata,
-            payload_field=payload.field,
-            payload_encoding=payload.encoding,
-            envelope=payload.envelope,
-            now=now,
-        )
-
-    owner = selectors.owner_of(run_id=run_id, conversation_id=conversation_id)
-    stored = store() if owner is None else _within_quota(owner, payload.size_bytes, now, store)
+    stored = put_within_quota(
+        turn_id=turn_id,
+        content=payload.content,
+        kind=payload.kind,
+        step_num=step_num,
+        executor_name=executor_name,
+        ttl_seconds=ttl_seconds,
+        run_id=run_id,
+        conversation_id=conversation_id,
+        metadata=payload.metadata,
+        payload_field=payload.field,
+        payload_encoding=payload.encoding,
+        envelope=payload.envelope,
+        now=now,
+    )
     if isinstance(stored, Entry):
         return stored, synthetic_observation(
             entry_id=stored.pk, step=step_num, payload=payload, summary=stored.summary, ok=ok
@@ -277,10 +272,29 @@ def put_observation(
         step=step_num,
         payload=payload,
         summary=_summary(payload.content),
-        used_bytes=stored.size_bytes,
-        quota_bytes=quota_bytes(),
-        next_expiry=None if stored.next_expiry is None else f"{stored.next_expiry.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
+        full=full_scratchpad_note(stored),
         ok=ok,
+    )
+
+
+def put_within_quota(*, now: datetime | None = None, **fields: Any) -> Entry | selectors.Usage:
+    """`put(**fields)` when the entry's owner has room for it, once her expired entries are collected;
+    else nothing is stored and her usage says why. An entry that belongs to no user is not bounded."""
+    now = now or timezone.now()
+    owner = selectors.owner_of(run_id=fields.get("run_id"), conversation_id=fields.get("conversation_id"))
+    if owner is None:
+        return put(now=now, **fields)
+    content = _normalise(fields["content"], fields.get("kind"))
+    needed = len(content) if isinstance(content, bytes) else len(content.encode("utf-8", "surrogatepass"))
+    return _within_quota(owner, needed, now, lambda: put(now=now, **fields))
+
+
+def full_scratchpad_note(usage: selectors.Usage) -> str:
+    """How full the owner's scratchpad is and what frees it, for a result that could not be kept."""
+    return scratchpad_full(
+        used_bytes=usage.size_bytes,
+        quota_bytes=quota_bytes(),
+        next_expiry=None if usage.next_expiry is None else f"{usage.next_expiry.astimezone(UTC):%Y-%m-%d %H:%M} UTC",
     )
 
 

@@ -176,16 +176,17 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def unstored_observation(
-    *,
-    step: int,
-    payload: Payload,
-    summary: str,
-    used_bytes: int,
-    quota_bytes: int,
-    next_expiry: str | None,
-    ok: bool = True,
-) -> dict[str, Any]:
+def scratchpad_full(*, used_bytes: int, quota_bytes: int, next_expiry: str | None) -> str:
+    """Why a result was not kept (its owner's scratchpad is full), how full, and what frees space."""
+    expiry = f" (the next one at {next_expiry})" if next_expiry else ""
+    return (
+        f"this user's scratchpad is full. It holds {_size(used_bytes)} of the {_size(quota_bytes)} quota per user "
+        f"(CC_SCRATCHPAD_QUOTA_MB). Space comes back as the user's scratchpad entries expire{expiry}, or when the "
+        "user deletes conversations they no longer need."
+    )
+
+
+def unstored_observation(*, step: int, payload: Payload, summary: str, full: str, ok: bool = True) -> dict[str, Any]:
     """What the history holds instead of a large observation its owner has no room to store.
 
     The model gets what SP-3 shows, without an id (nothing was stored): the summary, the
@@ -193,14 +194,11 @@ def unstored_observation(
     cut is never silent (SP-1) and the turn goes on.
     """
     what = f"The full {payload.field!r} of step {step}" if payload.field else f"The full observation of step {step}"
-    expiry = f" (the next one at {next_expiry})" if next_expiry else ""
     note = (
-        f"{what} ({_size(payload.size_bytes)}) is too large for the context and was NOT saved: this user's "
-        f"scratchpad is full. It holds {_size(used_bytes)} of the {_size(quota_bytes)} quota per user "
-        "(CC_SCRATCHPAD_QUOTA_MB). Only the summary above is kept; it cannot be read with scratchpad_read "
-        f"or passed to another tool with {{{{step{step}.<field>}}}}. Space comes back as the user's scratchpad "
-        f"entries expire{expiry}, or when the user deletes conversations they no longer need. Meanwhile, ask "
-        "tools for less (a range of lines, a filter) so that their results fit in the context."
+        f"{what} ({_size(payload.size_bytes)}) is too large for the context and was NOT saved: {full} Only the "
+        "summary above is kept; it cannot be read with scratchpad_read or passed to another tool with "
+        f"{{{{step{step}.<field>}}}}. Meanwhile, ask tools for less (a range of lines, a filter) so that their "
+        "results fit in the context."
     )
     return {
         "ok": ok,

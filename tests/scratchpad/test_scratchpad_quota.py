@@ -241,3 +241,25 @@ def test_a_bad_quota_setting_stops_the_process_with_a_clear_message(value, messa
     # The message alone, not after a traceback through Django's settings import.
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert message in result.stderr
+
+
+@pytest.mark.req("SB-3")
+@pytest.mark.req("TD-14")
+def test_a_child_answer_too_large_for_the_parent_is_cut_to_its_summary_when_her_scratchpad_is_full(alice, settings):
+    from agents.models import Run, Subagent
+    from agents.subagents import fanout_observation
+
+    settings.SCRATCHPAD_THRESHOLD_BYTES = 4096
+    settings.CC_SCRATCHPAD_QUOTA_MB = 1
+    run = make_run(alice)
+    _fill(run, MB - 2000, now=datetime.now(UTC))  # live: nothing to collect
+    before = _rows()
+    answer = "A" * 3000 + "B" * 3000
+    child = Subagent(parent=run, fanout_id="q" * 32, index=0, count=1, shape="worker", profile="worker", task="t",
+                     status=Run.Status.SUCCEEDED, answer=answer)  # fmt: skip
+    (item,) = fanout_observation(parent=run, shape="worker", children=[child], waited_out=False)["results"]
+    # Nothing stored, no id to read; the parent still has the answer's two ends and is told why.
+    assert _rows() == before and "scratchpad_id" not in item and "text" not in item
+    assert item["summary"].startswith("AAAA") and item["summary"].rstrip().endswith("BBBB")
+    assert "was NOT saved: this user's scratchpad is full" in item["_note"]
+    assert "quota per user (CC_SCRATCHPAD_QUOTA_MB)" in item["_note"]
