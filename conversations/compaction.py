@@ -131,9 +131,10 @@ def compaction_pass(
 def literal_offload(conversation_id: int) -> ladder.Offload:
     """The scratchpad side of CH-13: a text too large to keep literal becomes a pinned entry of the
     conversation (readable with `scratchpad_read` in its later turns, SP-11). The same text reuses
-    its live entry, so the same messages still give the same view (CH-11)."""
+    its live entry, so the same messages still give the same view (CH-11). Within the owner's
+    scratchpad quota: past it there is no entry, and the view says the middle cannot be read."""
 
-    def offload(text: str, message_id: Any) -> str:
+    def offload(text: str, message_id: Any) -> str | None:
         digest = hashlib.sha256(text.encode()).hexdigest()
         existing = (
             Entry.objects.filter(
@@ -144,7 +145,7 @@ def literal_offload(conversation_id: int) -> ladder.Offload:
         )
         if existing is not None:
             return str(existing)
-        entry = scratchpad.put(
+        entry = scratchpad.put_within_quota(
             turn_id=f"conversation-{conversation_id}",
             content=text,
             kind="text",
@@ -154,6 +155,6 @@ def literal_offload(conversation_id: int) -> ladder.Offload:
             ttl_seconds=scratchpad.DEFAULT_PINNED_TTL_SECONDS,
             metadata={"message": message_id, "sha256": digest},
         )
-        return str(entry.pk)
+        return str(entry.pk) if isinstance(entry, Entry) else None
 
     return offload

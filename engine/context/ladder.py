@@ -39,7 +39,8 @@ _SCRATCHPAD_ID = re.compile(r'"(?:scratchpad_id|entry_id)"\s*:\s*"?([\w-]+)')
 
 Summarize = Callable[[str], str]
 # (the whole text of a block, the id of its message) -> the scratchpad entry that keeps it.
-Offload = Callable[[str, Any], str]
+# The scratchpad entry that now holds a text, or None when its owner's scratchpad has no room for it.
+Offload = Callable[[str, Any], str | None]
 
 
 @dataclass
@@ -329,9 +330,14 @@ def _offload_literal(
             continue
         entry = offload(text, message.get("id"))
         where = f"message #{message.get('id')}" if message.get("id") is not None else "this message"
+        kept = (
+            f"the whole text of {where} is scratchpad entry {entry}: read it with scratchpad_read"
+            if entry is not None
+            else f"the user's scratchpad is full, so the whole text of {where} cannot be read here"
+        )
         note = (
             f"\n[... {length - 2 * keep} characters left out here (characters {keep} to {length - keep} of "
-            f"{length}); the whole text of {where} is scratchpad entry {entry}: read it with scratchpad_read ...]\n"
+            f"{length}); {kept} ...]\n"
         )
         cut = text[:keep] + note + text[length - keep :]
         message["content"][b] = {**block, "text": cut} if block.get("type") == "text" else {**block, "content": cut}

@@ -389,6 +389,43 @@ def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is
     assert compaction.rung == "scratchpad" and compaction.replaced[-1]["entry"] == entry.pk
 
 
+@pytest.mark.req("CH-13")
+@pytest.mark.req("SB-3")
+def test_a_prompt_larger_than_the_window_is_still_answered_when_the_owners_scratchpad_is_full(alice, settings):
+    from engine.emulator.server import EmulatorServer
+    from scratchpad.models import Entry
+    from scratchpad.services import put
+
+    _window(settings, 20_000)
+    settings.CC_SCRATCHPAD_QUOTA_MB = 1
+    filler = "".join(f"line {n}: the service logged a retry and moved on.\n" for n in range(2_000))
+    prompt = "START-ASK: find why the deploy hangs.\n" + filler + "MIDDLE-MARKER here\n" + filler
+    prompt += "END-ASK: and say which line shows it first."
+    conversation = conversation_create(owner=alice, title="big prompt, full scratchpad")
+    conversation.model = "claude-haiku-4-5"
+    conversation.save()
+    # Her scratchpad is nearly full with a live entry of another conversation of hers.
+    other = conversation_create(owner=alice, title="earlier")
+    put(turn_id="earlier", content="x" * (1024 * 1024 - 1000), conversation_id=other.pk, pinned=True, ttl_seconds=3600)
+    before = Entry.objects.count()
+    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
+    model = _ReadsTheScratchpad()
+    with EmulatorServer(Emulator(policy=model, context_window=20_000)) as server:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
+        _, run = message_send(conversation=conversation, text=prompt)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert all(r.prompt_tokens <= 20_000 for r in ModelRequest.objects.filter(run=run))
+    # Both ends are text; the middle is left out, said plainly, and nothing was stored past the quota.
+    texts = [block["text"] for block in model.payloads[0]["messages"][-1]["content"] if block.get("type") == "text"]
+    cut = next(text for text in texts if "START-ASK" in text)
+    assert "END-ASK" in cut and "the user's scratchpad is full" in cut and "scratchpad entry" not in cut
+    assert Entry.objects.count() == before
+    compaction = Compaction.objects.get(conversation=conversation)
+    assert compaction.replaced[-1]["entry"] is None
+
+
 @pytest.mark.req("CH-14")
 @pytest.mark.parametrize("how", ["api", "command"])
 def test_the_summary_rung_asked_for_runs_in_a_worker_with_the_conversations_model_and_records_its_cost(
