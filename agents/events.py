@@ -183,9 +183,10 @@ class RunEventPublisher:
 
 
 def publish_conversation_changed(*, conversation_id: int, reason: str) -> None:
-    """Tell every tab on a conversation that its messages changed (a prompt sent from another
-    tab or the API, a retry, a branch, a rewind): they fetch the messages fragment again (UX-4).
-    Not stored: a tab that reconnects refetches the fragment anyway."""
+    """Tell every tab on a conversation that it changed (a prompt sent from another tab or the API,
+    a retry, a branch, a rewind; a rename or pick, `reason` "updated"): they fetch the messages
+    fragment again, or the title and pickers (UX-4). Not stored: a tab that reconnects refetches
+    both anyway."""
     event = {"type": "conversation_changed", "conversation_id": conversation_id, "reason": reason}
     try:
         broadcast([conversation_group(conversation_id)], frame("run.event", event))
@@ -194,8 +195,9 @@ def publish_conversation_changed(*, conversation_id: int, reason: str) -> None:
 
 
 def on_conversation_changed(sender: object, *, conversation_id: int, reason: str, **_: object) -> None:
-    """The receiver of `conversations.signals.conversation_changed`: a branch, a rewind or a deleted
-    message, which queue no run, reach the open tabs as a queued run does."""
+    """The receiver of `conversations.signals.conversation_changed`: a branch, a rewind, a deleted
+    message, a rename or pick and a checkpoint, which queue no run, reach the open tabs as a queued
+    run does; the page tells them apart by `reason`."""
     publish_conversation_changed(conversation_id=conversation_id, reason=reason)
 
 

@@ -79,6 +79,8 @@ def conversation_update(
         if changes:
             # Not save(): picking a model is not activity, so the conversations list keeps its order.
             Conversation.objects.filter(pk=conversation.pk).update(**changes)
+            # The other tabs show the title and the pickers; theirs would send the next prompt believing the old ones.
+            announce_on_commit(conversation_id=conversation.pk, reason="updated")
     conversation.refresh_from_db()
     return conversation
 
@@ -224,7 +226,10 @@ def checkpoint_create(*, conversation: Conversation, label: str) -> Checkpoint:
                 "checkpoints mark the end of a turn."
             )
         check_label_free(conversation_id=locked.pk, label=label)
-        return Checkpoint.objects.create(conversation=locked, label=label, message=locked.tip)
+        checkpoint = Checkpoint.objects.create(conversation=locked, label=label, message=locked.tip)
+        # For whatever shows checkpoints (the tree page lists them; the conversation page shows none).
+        announce_on_commit(conversation_id=locked.pk, reason="checkpoint")
+        return checkpoint
 
 
 def check_label_free(*, conversation_id: int, label: str, renaming: Checkpoint | None = None) -> None:

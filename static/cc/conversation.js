@@ -523,7 +523,13 @@
   const unknownRuns = new Set();
   const offPathRuns = new Set();
   function onEvent(event) {
-    if (event.type === "conversation_changed") { refresh(); return; }
+    if (event.type === "conversation_changed") {
+      // A rename or a picked model or mode changes the header, not the messages; this page shows
+      // no checkpoints (the tree page lists them).
+      if (event.reason === "updated") refreshSettings();
+      else if (event.reason !== "checkpoint") refresh();
+      return;
+    }
     const state = runs.get(event.run_id);
     if (!state && offPathRuns.has(event.run_id)) {
       if (event.type === "run_finished") { offPathRuns.delete(event.run_id); refresh(); }
@@ -548,6 +554,7 @@
       // was away (a reconnect), or since the server drew it (the first connect, also after Back).
       // The first asks with the drawing's tag: unchanged, the server answers 304 and nothing is redrawn.
       refresh(opened ? undefined : root.dataset.fragmentTag);
+      refreshSettings();  // a rename or a pick is not in the fragment
       opened = true;
     };
     socket.onmessage = (message) => onEvent(JSON.parse(message.data));
@@ -903,8 +910,26 @@
   // one was answered last the server kept the earlier choice while the picker showed the later.
   const optionsStatus = document.getElementById("run-options-status");
   let saving = Promise.resolve();
+  const adopters = new Map(); // picker name -> takes the server's value (refreshSettings)
   for (const picker of document.querySelectorAll("#run-options select")) {
     let saved = picker.value;
+    let pending = 0; // this person's choices not yet answered
+    let stale = false; // the server's value came while they were on the picker
+    adopters.set(picker.name, (value) => {
+      if (value === saved && picker.value === saved) return;
+      // Their own choice goes on undisturbed; the server's value is asked again once they are done.
+      if (pending || document.activeElement === picker) { stale = true; return; }
+      if (![...picker.options].some((option) => option.value === value)) {
+        optionsStatus.textContent = `The ${picker.name} was changed elsewhere to one this page does not list; reload to see it.`;
+        return;
+      }
+      saved = value;
+      picker.value = value;
+      optionsStatus.classList.remove("error");
+      optionsStatus.textContent = `Changed elsewhere: the next run uses ${picker.name} ${picker.selectedOptions[0].textContent}.`;
+    });
+    const caughtUp = () => { if (stale && !pending && document.activeElement !== picker) { stale = false; refreshSettings(); } };
+    picker.addEventListener("blur", caughtUp);
     const save = async (value, label) => {
       const field = picker.name;
       optionsStatus.classList.remove("error");
@@ -927,10 +952,40 @@
     picker.addEventListener("change", () => {
       const value = picker.value;
       const label = picker.selectedOptions[0].textContent;
+      pending += 1;
       saving = saving.then(() => save(value, label)).catch(() => {
         optionsStatus.classList.add("error");
         optionsStatus.textContent = "Could not save: the server did not answer.";
-      });
+      }).finally(() => { pending -= 1; caughtUp(); });
     });
+  }
+
+  // A rename or a pick made in another tab or through the API (`conversation_changed` "updated"):
+  // the title and the pickers follow the server, or this tab's next prompt would run believing the
+  // old model and mode. The rename field keeps what is typed in it; a picker in use follows once left.
+  let settingsFetch = null;
+  let settingsAgain = false;
+  function refreshSettings() {
+    if (settingsFetch) { settingsAgain = true; return; }
+    settingsFetch = busyWhile((async () => {
+      try {
+        do {
+          settingsAgain = false;
+          let response;
+          try {
+            response = await fetch(`/api/conversations/${conversationId}/`, { credentials: "same-origin" });
+          } catch {
+            return;  // the network blinked: the socket's reconnect asks again
+          }
+          if (!response.ok) return;
+          const { conversation } = await response.json();
+          title.textContent = conversation.title;
+          document.title = `${conversation.title} · Control Center`;
+          document.getElementById("delete-title").textContent = `Delete “${conversation.title}”?`;
+          adopters.get("model")(conversation.model);
+          adopters.get("mode")(String(conversation.mode ?? ""));
+        } while (settingsAgain);
+      } finally { settingsFetch = null; }
+    })());
   }
 })();
