@@ -186,7 +186,8 @@ def turn_context(
     history = selectors.history_view(conversation_id=trigger.conversation_id, tip_id=trigger.pk)
     window = settings.CC_CONTEXT_WINDOW_TOKENS
     # Thresholds in the provider's units, brought to our estimate's by the last measured request (CH-12).
-    count = overhead + transcript.messages_count(history)
+    images = transcript.provider_image_rule(run.provider if run else "")
+    count = overhead + transcript.messages_count(history, image_rule=images)
     factor = calibration(conversation_id=trigger.conversation_id, model=run.model if run else "").factor(count)
     trigger_at = int(window * settings.CC_COMPACT_AT_PERCENT / 100 / factor)
     if count.total <= trigger_at:
@@ -197,6 +198,7 @@ def turn_context(
         "tip_id": trigger.pk,
         "target_tokens": target,
         "run": run,
+        "image_rule": images,
     }
     # With a provider to call, a free pass that would leave the request past the trigger is not
     # kept: the summary rung is then the only one that can fit the window (CH-14).
@@ -282,6 +284,7 @@ def requested_compaction(run: Run, *, is_cancelled: Callable[[], bool]) -> Compa
         rungs=run.compact_rungs or ladder.RUNGS,
         trigger="command",
         run=run,
+        image_rule=transcript.provider_image_rule(run.provider),
         summarize=run_summarizer(run, get_provider(run.provider), is_cancelled=is_cancelled),
         summary_input_chars=summary_input_chars(),
     )
@@ -308,6 +311,7 @@ def reactive_compaction(
         trigger=kind,
         run=run,
         fit_tokens=limit_tokens,
+        image_rule=transcript.provider_image_rule(run.provider if run else ""),
     )
     if done.compaction is None:
         return None
@@ -353,8 +357,9 @@ def reactive_compaction_hook(
 
     def compact(history: list[dict[str, Any]], turn: list[dict[str, Any]], error: PromptTooLong) -> list | None:
         maximum = error.maximum or settings.CC_CONTEXT_WINDOW_TOKENS
-        fixed = overhead().total + transcript.transcript_tokens(turn)
-        history_tokens = transcript.transcript_tokens(history)
+        images = transcript.provider_image_rule(run.provider)
+        fixed = overhead().total + transcript.transcript_tokens(turn, image_rule=images)
+        history_tokens = transcript.transcript_tokens(history, image_rule=images)
         estimated = fixed + history_tokens
         refused = error.tokens or estimated
         limit = recovery_limit(refused=refused, estimated=estimated, maximum=maximum, fixed_tokens=fixed)
@@ -426,7 +431,8 @@ def subagent_room_hook(parent: Run, emit: Callable[[str, dict[str, Any]], None],
     def make_room(history: list[dict[str, Any]], turn: list[dict[str, Any]], size: RequestSize) -> Room | None:
         factor = calibration_from([*measured, *size.measured]).factor(size.count)
         room = turn_room(turn, size, window=window, max_tokens=max_tokens, factor=factor, fit_share=FIT_SHARE,
-                         target_share=settings.CC_COMPACT_TO_PERCENT / 100, min_output=min_output)  # fmt: skip
+                         target_share=settings.CC_COMPACT_TO_PERCENT / 100, min_output=min_output,
+                         image_rule=transcript.provider_image_rule(parent.provider))  # fmt: skip
         if room is not None and room.results:
             asked = room.max_tokens or max_tokens
             event = {"trigger": "proactive", "rung": "elide", "results": len(room.results), "max_tokens": asked}
@@ -470,15 +476,21 @@ def context_view(*, conversation: Conversation) -> dict[str, Any]:
         tools=toolbox.schemas(),
         messages=pruning.messages,
     )
-    # The tool-use system prompt of the provider the next run would use (run_start reads CC_MODELS too).
-    tool_prompt = tool_prompt_tokens(settings.CC_MODELS.get(request.model, ""), request.model)
+    # The tool-use system prompt and image rule of the provider the next run would use (run_start reads
+    # CC_MODELS too).
+    provider = settings.CC_MODELS.get(request.model, "")
+    tool_prompt = tool_prompt_tokens(provider, request.model)
+    images = transcript.provider_image_rule(provider)
     view = export.context_breakdown(
         request,
         window_tokens=settings.CC_CONTEXT_WINDOW_TOKENS,
         tool_index_text=catalog.surface.index_text,
         tool_prompt_tokens=tool_prompt,
+        image_rule=images,
     )
-    count = transcript.request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+    count = transcript.request_count(
+        request.system, request.tools, request.messages, tool_prompt=tool_prompt, image_rule=images
+    )
     calibrated = calibration(conversation_id=conversation.pk, model=request.model)
     entries = entries_visible_to_turn(turn_id=str(turn_id), conversation_id=conversation.pk).order_by("created_at")
     resident_names = {tool.name for tool in catalog.surface.resident}

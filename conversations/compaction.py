@@ -69,9 +69,9 @@ def tail_budget(target_tokens: int) -> int:
     return min(tail, max(1, target_tokens // 2)) if target_tokens > 0 else tail
 
 
-def minimum_freed(result: ladder.LadderResult, shape: snapshots.PageShape) -> int:
+def minimum_freed(result: ladder.LadderResult, shape: snapshots.PageShape, image_rule: str = "area") -> int:
     """A pass must free CC_COMPACT_MIN_FREED_TOKENS, and at least one page's cost when it made pages."""
-    page_cost = transcript.image_tokens(shape.width, shape.height) if result.pages else 0
+    page_cost = transcript.image_tokens(shape.width, shape.height, rule=image_rule) if result.pages else 0
     return max(settings.CC_COMPACT_MIN_FREED_TOKENS, page_cost)
 
 
@@ -86,16 +86,18 @@ def compaction_pass(
     summarize: Callable[[str], str] | None = None,
     fit_tokens: int | None = None,
     summary_input_chars: int = ladder.SUMMARY_INPUT_CHARS,
+    image_rule: str = "area",
 ) -> CompactionPass:
     """Run the ladder over the stored path to `tip_id` and record it if it frees enough (CH-11).
 
     With `fit_tokens`, a view still larger than that is not recorded either: a failed
     pass's view is never kept for later turns (CH-12). A pass beyond the free rungs holds
-    the literal head and tail to their budget through the scratchpad (CH-13).
+    the literal head and tail to their budget through the scratchpad (CH-13). Images are counted
+    by `image_rule`, the billing rule of the provider the view goes to (CH-12).
     """
     path = selectors.path_to(conversation_id=conversation_id, tip_id=tip_id)
     view_now = selectors.view_of_path(conversation_id=conversation_id, path=path)
-    tokens_now = transcript.transcript_tokens(view_now)
+    tokens_now = transcript.transcript_tokens(view_now, image_rule=image_rule)
     # Pages sized to the model's window (LM-2).
     shape = snapshots.page_for_window(settings.CC_SNAPSHOT_PAGE_PIXELS)
     result = ladder.compact(
@@ -105,11 +107,12 @@ def compaction_pass(
         tail_tokens=tail_budget(target_tokens),
         summarize=summarize,
         shape=shape,
+        image_rule=image_rule,
         offload=None if set(rungs) <= set(ladder.FREE_RUNGS) else literal_offload(conversation_id),
         summary_input_chars=summary_input_chars,
     )
     freed = tokens_now - result.tokens_after
-    required = minimum_freed(result, shape)
+    required = minimum_freed(result, shape, image_rule)
     if freed < required or (fit_tokens is not None and result.tokens_after > fit_tokens):
         return CompactionPass(None, result, view_now, tokens_now, freed, required)
     compaction = Compaction.objects.create(

@@ -154,13 +154,19 @@ def is_scratchpad_stub(block: dict[str, Any]) -> bool:
 
 
 def context_breakdown(
-    request: ModelRequestSpec, *, window_tokens: int, tool_index_text: str = "", tool_prompt_tokens: int = 0
+    request: ModelRequestSpec,
+    *,
+    window_tokens: int,
+    tool_index_text: str = "",
+    tool_prompt_tokens: int = 0,
+    image_rule: str = "area",
 ) -> dict[str, Any]:
     """What fills the window, by category, for a request built the way a run builds it (CH-10 /context).
 
     The deferred-name index travels as a system block (TD-2); the block whose text is
     `tool_index_text` is counted as the index, not as the system prompt. `tool_prompt_tokens` is
-    the system prompt the provider adds when the request has tools (`engine.tokens.tool_prompt_tokens`).
+    the system prompt the provider adds when the request has tools (`engine.tokens.tool_prompt_tokens`);
+    `image_rule` how it bills images (`engine.context.transcript.provider_image_rule`).
     The total is `engine.context.transcript.request_tokens` of the same request (CH-12).
     """
     counts = dict.fromkeys(CATEGORIES, 0)
@@ -177,7 +183,7 @@ def context_breakdown(
         )
         for block in message.get("content") or []:
             kind = block.get("type")
-            tokens = block_tokens(block)
+            tokens = block_tokens(block, image_rule=image_rule)
             if kind == "tool_result":
                 counts["scratchpad" if is_scratchpad_stub(block) else "tool_results"] += tokens
             elif kind == "image":

@@ -306,12 +306,15 @@ def conversation_compact(
         locked = conversation_locked(conversation)
         if locked.tip_id is None:
             raise Conflict("The conversation has no messages yet; there is nothing to compact.")
+        # Images counted as the provider of the conversation's model bills them (CH-12).
+        provider = settings.CC_MODELS.get(locked.model or settings.CC_MODEL, "")
         return compaction_pass(
             conversation_id=locked.pk,
             tip_id=locked.tip_id,
             rungs=rungs,
             target_tokens=target_tokens,
             trigger=trigger,
+            image_rule=transcript.provider_image_rule(provider),
         )
 
 

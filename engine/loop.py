@@ -25,7 +25,13 @@ from engine.actions import (
 )
 from engine.breakpoints import place_breakpoints
 from engine.context.calibration import Measured
-from engine.context.transcript import RequestCount, messages_count, overhead_count, request_count
+from engine.context.transcript import (
+    RequestCount,
+    messages_count,
+    overhead_count,
+    provider_image_rule,
+    request_count,
+)
 from engine.providers.protocol import (
     AnswerStarted,
     AttemptBroken,
@@ -245,6 +251,8 @@ def run_turn(
     loaded = set(referenced) - unoffered
     # Results of this turn sent shortened (Room.results); `outcome.messages` keeps them whole.
     shortened: dict[str, Any] = {}
+    # Images are estimated as this provider bills them (CH-12).
+    images = provider_image_rule(provider.name)
     # Whether this call of the loop did anything yet: a turn is handed off only after it did, so it
     # makes progress each time (the approved calls a resumed turn ran count).
     worked = False
@@ -283,7 +291,7 @@ def run_turn(
                 emit("tools_unloaded", {"step": step, "tools": sorted(unloaded)})
             sent = _sent(outcome.messages, shortened)
             room = (
-                _room_made(make_room, system, history, sent, outcome.steps, toolbox, tool_prompt)
+                _room_made(make_room, system, history, sent, outcome.steps, toolbox, tool_prompt, images)
                 if make_room is not None
                 else None
             )
@@ -305,7 +313,7 @@ def run_turn(
             record = StepRecord(step, done.usage, done.stop_reason, duration_ms, list(request.breakpoints),
                                 done.request_id, tools_loaded=newly, cache_miss=miss,
                                 estimate=request_count(request.system, request.tools, request.messages,
-                                                       tool_prompt=tool_prompt))  # fmt: skip
+                                                       tool_prompt=tool_prompt, image_rule=images))  # fmt: skip
             outcome.steps.append(record)
             record_step(record)
             if miss:
@@ -385,12 +393,13 @@ def _room_made(
     steps: list[StepRecord],
     toolbox: ToolBox,
     tool_prompt: int,
+    image_rule: str,
 ) -> Room | None:
     """Ask `make_room` about the request the loop is about to send (`turn` as sent), with its estimated size."""
-    history_count = messages_count(history)
+    history_count = messages_count(history, image_rule=image_rule)
     count = overhead_count(system, toolbox.schemas(), tool_prompt=tool_prompt) + history_count
     size = RequestSize(
-        count=count + messages_count(turn),
+        count=count + messages_count(turn, image_rule=image_rule),
         history=history_count.total,
         measured=tuple((step.estimate, step.usage.prompt_tokens) for step in steps),
     )
@@ -541,6 +550,7 @@ def stream_answer(
     done: MessageDone | None = None
     answered: list[ProviderEvent] = []  # of the current attempt
     prompt: Usage | None = None  # the provider's own figures for the prompt, once it sent them
+    images = provider_image_rule(provider.name)
     try:
         for event in _until_cancelled(provider.stream(request), is_cancelled):
             if isinstance(event, Retrying):
@@ -548,13 +558,17 @@ def stream_answer(
                 continue
             if isinstance(event, AttemptBroken):
                 elapsed = int((time.monotonic() - started) * 1000)
-                record_step(_estimated_record(step, request, answered, elapsed, RETRIED, tool_prompt, prompt))
+                record_step(
+                    _estimated_record(step, request, answered, elapsed, RETRIED, tool_prompt, prompt, image_rule=images)
+                )
                 answered, prompt, started = [], None, time.monotonic()
                 continue
             if isinstance(event, AnswerStarted):
                 prompt = event.usage
             if not answered or isinstance(event, AnswerStarted):
-                record_step(_estimated_record(step, request, [], 0, "incomplete", tool_prompt, prompt))
+                record_step(
+                    _estimated_record(step, request, [], 0, "incomplete", tool_prompt, prompt, image_rule=images)
+                )
             answered.append(event)
             if isinstance(event, MessageDone):
                 done = event
@@ -567,11 +581,15 @@ def stream_answer(
         if done is not None:
             # Answered in full just before the stop was seen (a cancel, a run failed under a stopped
             # worker): the provider's own usage.
-            count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+            count = request_count(
+                request.system, request.tools, request.messages, tool_prompt=tool_prompt, image_rule=images
+            )
             record_step(StepRecord(step, done.usage, done.stop_reason, elapsed, list(request.breakpoints),
                                    done.request_id, estimate=count))  # fmt: skip
         elif answered:
-            record_step(_estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt, prompt))
+            record_step(
+                _estimated_record(step, request, answered, elapsed, "cancelled", tool_prompt, prompt, image_rule=images)
+            )
         raise
     except PromptTooLong:
         raise  # refused before any answer: nothing was taken
@@ -579,7 +597,9 @@ def stream_answer(
         if answered and done is None:
             # Broken off after it began (retries spent on a stream that kept failing): still taken.
             elapsed = int((time.monotonic() - started) * 1000)
-            record_step(_estimated_record(step, request, answered, elapsed, "failed", tool_prompt, prompt))
+            record_step(
+                _estimated_record(step, request, answered, elapsed, "failed", tool_prompt, prompt, image_rule=images)
+            )
         raise
     if done is None:
         raise RuntimeError(f"provider {provider.name} ended the stream without a final message")
@@ -594,11 +614,15 @@ def _estimated_record(
     stop_reason: str,
     tool_prompt: int,
     prompt: Usage | None = None,
+    *,
+    image_rule: str,
 ) -> StepRecord:
     """A request with no final usage (yet): the prompt as the provider reported it when its answer
     began (`AnswerStarted`, source "partial"), else the whole prompt as we count it (what was cached
     of it unknown, source "estimate"); and the output that arrived, as our estimate."""
-    count = request_count(request.system, request.tools, request.messages, tool_prompt=tool_prompt)
+    count = request_count(
+        request.system, request.tools, request.messages, tool_prompt=tool_prompt, image_rule=image_rule
+    )
     output = sum(
         estimate_text_tokens(event.text) if isinstance(event, TextDelta) else estimate_json_tokens(event.input)
         for event in answered

@@ -29,12 +29,14 @@ def turn_room(
     fit_share: float,
     target_share: float,
     min_output: int,
+    image_rule: str = "area",
 ) -> Room | None:
     """What the next request of a one-turn context is sent with, or None when it fits as it is.
 
     `size` and `turn` are the request as it would go (earlier stubs applied); `factor` brings
     our estimate to the provider's units. The request fits when its calibrated size plus
-    `max_tokens` is within `fit_share` of the window; stubs aim at `target_share`.
+    `max_tokens` is within `fit_share` of the window; stubs aim at `target_share`. `image_rule` is how
+    the provider bills images (`size` was counted with it), so a stubbed screenshot frees what it cost.
     """
     limit = window * fit_share
     if size.estimated * factor + max_tokens <= limit:
@@ -42,7 +44,7 @@ def turn_room(
     # In our estimate's units: what must go for the request to fit, and what would reach the target.
     excess = (size.estimated * factor + max_tokens - limit) / factor
     to_target = size.estimated - window * target_share / factor
-    stubs, freed = elide_turn_results(turn, need_tokens=int(max(excess, to_target)) + 1)
+    stubs, freed = elide_turn_results(turn, need_tokens=int(max(excess, to_target)) + 1, image_rule=image_rule)
     estimated = size.estimated - freed
     if estimated * factor + max_tokens <= limit:
         return Room(results=stubs)
@@ -50,7 +52,9 @@ def turn_room(
     return Room(results=stubs or None, max_tokens=max(min_output, min(max_tokens, room)))
 
 
-def elide_turn_results(turn: list[dict[str, Any]], *, need_tokens: int) -> tuple[dict[str, Any], int]:
+def elide_turn_results(
+    turn: list[dict[str, Any]], *, need_tokens: int, image_rule: str = "area"
+) -> tuple[dict[str, Any], int]:
     """Stubs (tool_use_id -> the tool_result sent instead) for the oldest results of `turn` that free
     `need_tokens`, and how many they free. The last message (results the model has not seen) is kept."""
     names = tool_names(turn)
@@ -69,7 +73,12 @@ def elide_turn_results(turn: list[dict[str, Any]], *, need_tokens: int) -> tuple
         if freed >= need_tokens:
             break
         stub = elided_result(block, names.get(block["tool_use_id"], "tool"), where=None)
-        saved = transcript_tokens([_carrier(block)]) - transcript_tokens([_carrier(stub)]) if stub else 0
+        saved = (
+            transcript_tokens([_carrier(block)], image_rule=image_rule)
+            - transcript_tokens([_carrier(stub)], image_rule=image_rule)
+            if stub
+            else 0
+        )
         if stub is None or saved <= 0:
             continue  # a short output costs what its stub would: the model keeps it
         stubs[block["tool_use_id"]] = stub

@@ -112,7 +112,10 @@ def compact(
     original = [dict(message) for message in messages]
     tokens_before = transcript_tokens(original, image_rule=image_rule)
     head_end = 1 if original and original[0].get("role") == "user" else 0
-    tail_start = max(head_end, trim_for_resume(original[head_end:], budget_tokens=tail_tokens).start + head_end)
+    tail_start = max(
+        head_end,
+        trim_for_resume(original[head_end:], budget_tokens=tail_tokens, image_rule=image_rule).start + head_end,
+    )
     # The latest prompt and everything after it stay text however large (CH-13): a page must
     # never hold the only copy of what the model is asked to do now.
     tail_start = max(head_end, min(tail_start, latest_prompt_index(original)))

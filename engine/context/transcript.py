@@ -23,27 +23,54 @@ Msg = dict[str, Any]
 # Image billing rules, chosen per provider. Anthropic documents about
 # width * height / 750 tokens after scaling the image to fit 1568 px on the long
 # edge and about 1.15 megapixels; some providers bill a flat rate per image.
+# OpenAI's vision guide ("Calculating costs", GPT-4o class) bills 85 tokens at `low`
+# detail, else fits the image in 2048 px, brings its shortest side to 768 px and adds
+# 170 per 512 px tile; `auto` (what the app sends: no detail) counts as `high`.
 AREA_DIVISOR = 750
 AREA_MAX_EDGE = 1568
 AREA_MAX_PIXELS = 1_150_000
 FIXED_IMAGE_TOKENS = 1120
 FIXED_MAX_EDGE = 2048
+OPENAI_BASE_TOKENS = 85
+OPENAI_TILE_TOKENS = 170
+OPENAI_TILE = 512
+OPENAI_MAX_EDGE = 2048
+OPENAI_SHORT_EDGE = 768
 UNKNOWN_IMAGE_TOKENS = 1600
+IMAGE_RULES = ("area", "fixed", "openai")
 
 
-def image_tokens(width: int, height: int, *, rule: str = "area") -> int:
-    """Estimated tokens a provider bills for one image of this size."""
+def provider_image_rule(provider: str) -> str:
+    """The image billing rule of a provider (CH-12): the chat-completions route's tiles for OpenAI,
+    Anthropic's area rule for the Messages API and the offline model and emulator that model it."""
+    return "openai" if provider == "openai" else "area"
+
+
+def image_tokens(width: int, height: int, *, rule: str = "area", detail: str = "auto") -> int:
+    """Estimated tokens a provider bills for one image of this size (`detail` matters to `openai` only)."""
     if width <= 0 or height <= 0:
         return 0
+    if rule == "openai":
+        return _openai_image_tokens(width, height, detail)
     if rule == "fixed":
         # A flat rate per image up to the maximum size; larger ones are split into tiles.
         tiles = -(-width // FIXED_MAX_EDGE) * -(-height // FIXED_MAX_EDGE)
         return FIXED_IMAGE_TOKENS * tiles
     if rule != "area":
-        raise ValueError(f"unknown image billing rule {rule!r}; use 'area' or 'fixed'")
+        raise ValueError(f"unknown image billing rule {rule!r}; use one of {', '.join(IMAGE_RULES)}")
     scale = min(1.0, AREA_MAX_EDGE / max(width, height), (AREA_MAX_PIXELS / (width * height)) ** 0.5)
     w, h = int(width * scale), int(height * scale)
     return max(1, (w * h + AREA_DIVISOR - 1) // AREA_DIVISOR)
+
+
+def _openai_image_tokens(width: int, height: int, detail: str) -> int:
+    if detail == "low":
+        return OPENAI_BASE_TOKENS
+    scale = min(1.0, OPENAI_MAX_EDGE / max(width, height))
+    scale *= min(1.0, OPENAI_SHORT_EDGE / (min(width, height) * scale))
+    w, h = round(width * scale), round(height * scale)
+    tiles = -(-w // OPENAI_TILE) * -(-h // OPENAI_TILE)
+    return OPENAI_BASE_TOKENS + OPENAI_TILE_TOKENS * tiles
 
 
 def image_size(block: dict[str, Any]) -> tuple[int, int] | None:
@@ -71,6 +98,7 @@ def block_parts(block: dict[str, Any], *, image_rule: str = "area") -> dict[str,
         return {"messages": estimate_text_tokens(block.get("text", ""))}
     if kind == "image":
         size = image_size(block)
+        # No block carries a detail and the OpenAI route sends none: the provider counts `auto`.
         return {"images": image_tokens(*size, rule=image_rule) if size else UNKNOWN_IMAGE_TOKENS}
     if kind == "tool_result":
         content = block.get("content")
