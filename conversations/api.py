@@ -4,6 +4,7 @@ from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import status
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -48,17 +49,30 @@ class ConversationListApi(APIView):
 
 class ConversationDetailApi(APIView):
     @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "path",
+                str,
+                enum=["1", "0"],
+                description="0: leave the path out (null), for a page that wants the title and pickers of a "
+                "long conversation. Default: 1.",
+            )
+        ],
         responses=inline_serializer(
             "ConversationWithPath",
-            {"conversation": ConversationSerializer(), "path": PathMessageSerializer(many=True)},
-        )
+            {"conversation": ConversationSerializer(), "path": PathMessageSerializer(many=True, allow_null=True)},
+        ),
     )
     def get(self, request: Request, conversation_id: int) -> Response:
+        with_path = request.query_params.get("path", "1")
+        if with_path not in ("0", "1"):
+            raise ValidationError({"path": f"{with_path!r} is not 0 or 1."})
         conversation = selectors.conversation_for_user(user=request_user(request), conversation_id=conversation_id)
+        path = selectors.current_path(conversation) if with_path == "1" else None
         return Response(
             {
                 "conversation": ConversationSerializer(conversation).data,
-                "path": PathMessageSerializer(selectors.current_path(conversation), many=True).data,
+                "path": None if path is None else PathMessageSerializer(path, many=True).data,
             }
         )
 

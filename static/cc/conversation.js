@@ -973,7 +973,8 @@
           settingsAgain = false;
           let response;
           try {
-            response = await fetch(`/api/conversations/${conversationId}/`, { credentials: "same-origin" });
+            // Without the path: a long conversation's path is megabytes, and only the settings are wanted.
+            response = await fetch(`/api/conversations/${conversationId}/?path=0`, { credentials: "same-origin" });
           } catch {
             return;  // the network blinked: the socket's reconnect asks again
           }

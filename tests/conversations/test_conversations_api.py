@@ -150,3 +150,15 @@ def test_openapi_schema_is_served(alice_api):
     response = alice_api.get("/api/schema/")
     assert response.status_code == 200
     assert b"/api/conversations/" in response.content
+
+
+@pytest.mark.req("RN-3")
+def test_the_conversation_can_be_read_without_its_path_and_a_bad_choice_is_a_400(alice_api):
+    conversation = alice_api.post("/api/conversations/", {"title": "settings"}, format="json").json()
+    alice_api.post(f"/api/conversations/{conversation['id']}/messages/", {"text": "hi"}, format="json")
+    url = f"/api/conversations/{conversation['id']}/"
+    whole, light = alice_api.get(url).json(), alice_api.get(url, {"path": "0"}).json()
+    assert [m["content"] for m in whole["path"]] == [[{"type": "text", "text": "hi"}]]
+    assert light == {"conversation": whole["conversation"], "path": None}
+    refused = alice_api.get(url, {"path": "no"})
+    assert refused.status_code == 400 and "'no' is not 0 or 1" in refused.content.decode()
