@@ -1,6 +1,8 @@
 // Tree navigator: every change goes through the REST API, then the page reloads from the
-// server (the tree is the truth), keeping focus on the node that was acted on. A long tree
-// comes windowed: folds (li.fold) open on demand, their rows fetched as HTML from tree/rows/.
+// server (the tree is the truth), keeping focus on the node that was acted on. A change made
+// elsewhere (another tab, the API, a run ending) reloads it too, through the conversation's
+// socket. A long tree comes windowed: folds (li.fold) open on demand, their rows fetched as
+// HTML from tree/rows/.
 (() => {
   const root = document.getElementById("tree-page");
   if (!root) return;
@@ -8,32 +10,31 @@
   const statusLine = document.getElementById("tree-status");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
   const tree = document.getElementById("tree");
-  // The note a run at the tip puts here keeps its word: the page is drawn again once the run ends.
-  const running = document.getElementById("tree-running");
-  if (running) {
-    const poll = setInterval(async () => {
-      const response = await fetch(`/api/runs/${running.dataset.runId}/`, { credentials: "same-origin" }).catch(() => null);
-      if (!response || !response.ok) return;
-      const run = await response.json();
-      if (["succeeded", "failed", "cancelled"].includes(run.status)) { clearInterval(poll); location.reload(); }
-    }, 2000);
-  }
   // Live, not a snapshot: opening a fold adds rows.
   const items = () => [...document.querySelectorAll("#tree [role=treeitem]")];
   const editForm = document.getElementById("edit-form");
   const editText = document.getElementById("edit-text");
   let editing = null;
 
+  // While the page's own action is on its way it ignores the socket: its answer reloads the page
+  // with the action's own note (every action that succeeds reloads or leaves the page).
+  let acting = false;
   async function api(path, body) {
-    const response = await fetch(`/api/conversations/${conversationId}/${path}`, {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
-      body: JSON.stringify(body || {}),
-    });
-    const data = await response.json().catch(() => ({}));
-    if (!response.ok) throw new Error((data.error && data.error.message) || `Error ${response.status}`);
-    return data;
+    acting = true;
+    try {
+      const response = await fetch(`/api/conversations/${conversationId}/${path}`, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": csrf },
+        body: JSON.stringify(body || {}),
+      });
+      const data = await response.json().catch(() => ({}));
+      if (!response.ok) throw new Error((data.error && data.error.message) || `Error ${response.status}`);
+      return data;
+    } catch (error) {
+      acting = false;
+      throw error;
+    }
   }
   function fail(error) {
     statusLine.textContent = error.message;
@@ -97,7 +98,48 @@
     editForm.hidden = true;
     if (editing) focusNode(editing);
     editing = null;
+    if (changedElsewhere) redrawForChange();
   }
+
+  // --- live: what another tab, the API or a run at the tip changed ---
+  // The note a run at the tip puts here keeps its word: its end (run_finished) draws the page again.
+  let changedElsewhere = false;
+  function redrawForChange() {
+    if (acting) return;
+    if (editing) {  // an edit being typed is not thrown away
+      changedElsewhere = true;
+      statusLine.textContent = "Changed elsewhere: the tree is drawn again once this edit closes.";
+      return;
+    }
+    const focused = document.activeElement && document.activeElement.closest("#tree [role=treeitem]");
+    const id = focused && focused.id.startsWith("m-") ? focused.id.slice(2) : "";
+    reloadWith("Changed elsewhere: the tree is drawn again.", id);
+  }
+  let connected = false;
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${location.host}/ws/conversations/${conversationId}/`);
+    socket.onopen = async () => {
+      root.dataset.live = "1";
+      // A change between the server drawing the page and the socket joining (or while it was away)
+      // moved the tip, or ended the run the page shows running: the tip tells.
+      const response = await fetch(`/api/conversations/${conversationId}/?path=0`, { credentials: "same-origin" }).catch(() => null);
+      if (!response || !response.ok) return;
+      const { conversation } = await response.json();
+      if (String(conversation.tip ?? "") !== root.dataset.tip || (connected && document.getElementById("tree-running"))) redrawForChange();
+      connected = true;
+    };
+    socket.onmessage = (message) => {
+      const event = JSON.parse(message.data);
+      // A rename or a picked model or mode changes nothing the tree shows.
+      if ((event.type === "conversation_changed" && event.reason !== "updated") || event.type === "run_finished") redrawForChange();
+    };
+    socket.onclose = (close) => {
+      delete root.dataset.live;
+      if (close.code !== 4401) setTimeout(connect, 2000);  // 4401: signed out, the next action says so
+    };
+  }
+  connect();
 
   // Delegated, so rows from an opened fold behave like the rest.
   tree?.addEventListener("click", (event) => {

@@ -320,3 +320,43 @@ def test_the_tree_page_draws_the_answer_once_the_run_at_the_tip_ends(embedded_se
     approval.locator("button.approve").click()
     expect(tree.locator("#tree-running")).to_have_count(0, timeout=15_000)
     expect(tree.locator("#tree")).to_contain_text("exited with 0")
+
+
+@pytest.mark.req("CH-7", "UX-4")
+def test_the_tree_page_redraws_for_a_branch_made_elsewhere_but_not_over_an_edit_being_typed(
+    embedded_server_module, page
+):
+    base, log = embedded_server_module
+    seeded = seed(log.parent, SEED)
+    sign_in(page, base)
+    page.goto(f"{base}/conversations/{seeded['conversation']}/tree/")
+    expect(page.locator("#tree-page[data-live]")).to_have_count(1)  # its socket is open
+    tip = page.locator("#tree [aria-selected=true]")
+    expect(tip).to_have_attribute("data-message-id", str(seeded["b2"]))
+    csrf = next(cookie["value"] for cookie in page.context.cookies() if cookie["name"] == "csrftoken")
+
+    def branch(message_id: int) -> None:
+        response = page.context.request.post(
+            f"{base}/api/conversations/{seeded['conversation']}/branch/",
+            data={"message": message_id},
+            headers={"X-CSRFToken": csrf},
+        )
+        assert response.ok, response.text()
+
+    # Another tab (here the API) moves the tip: this page follows without a reload by hand.
+    branch(seeded["a3"])
+    expect(tip).to_have_attribute("data-message-id", str(seeded["a3"]), timeout=15_000)
+    expect(page.locator("#tree-status")).to_have_text("Changed elsewhere: the tree is drawn again.")
+
+    # An edit being typed holds the redraw until the form closes; then the tree follows.
+    expect(page.locator("#tree-page[data-live]")).to_have_count(1)
+    page.locator("#tree [role=treeitem]").first.focus()
+    page.keyboard.press("e")
+    page.fill("#edit-text", "A draft that must survive.")
+    branch(seeded["b2"])
+    expect(page.locator("#tree-status")).to_have_text(
+        "Changed elsewhere: the tree is drawn again once this edit closes.", timeout=15_000
+    )
+    expect(page.locator("#edit-text")).to_have_value("A draft that must survive.")
+    page.keyboard.press("Escape")
+    expect(tip).to_have_attribute("data-message-id", str(seeded["b2"]), timeout=15_000)
