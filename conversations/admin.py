@@ -9,6 +9,7 @@ from controlcenter.admin_base import ModelAdmin
 from controlcenter.errors import DomainError
 from conversations import commands, services
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
+from conversations.signals import announce_on_commit
 
 # The tree (tips, parents, message content, checkpoint targets) is written by the services alone,
 # which check it belongs together: a form that took any message id let a conversation's tip point
@@ -88,6 +89,21 @@ class CheckpointAdmin(ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    # The tree page lists checkpoints: the tabs open on it redraw (UX-4), as for /checkpoint.
+    def save_model(self, request: HttpRequest, obj: Checkpoint, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        announce_on_commit(conversation_id=obj.conversation_id, reason="checkpoint")
+
+    def delete_model(self, request: HttpRequest, obj: Checkpoint) -> None:
+        super().delete_model(request, obj)
+        announce_on_commit(conversation_id=obj.conversation_id, reason="checkpoint")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Checkpoint]) -> None:
+        conversations = set(queryset.values_list("conversation_id", flat=True))
+        super().delete_queryset(request, queryset)
+        for conversation_id in conversations:
+            announce_on_commit(conversation_id=conversation_id, reason="checkpoint")
 
 
 @admin.register(RewindDigest)
