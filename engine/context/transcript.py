@@ -63,6 +63,8 @@ def image_tokens(width: int, height: int, *, rule: str = "area", detail: str = "
     return max(1, (w * h + AREA_DIVISOR - 1) // AREA_DIVISOR)
 
 
+# The emulator (engine/emulator/openai_route.py) keeps its own copy of this rule on purpose: it stands
+# for the provider, and tests/engine/test_image_estimate_rules.py checks that the two agree.
 def _openai_image_tokens(width: int, height: int, detail: str) -> int:
     if detail == "low":
         return OPENAI_BASE_TOKENS

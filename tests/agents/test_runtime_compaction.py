@@ -351,20 +351,17 @@ class _ReadsTheScratchpad:
         return [{"type": "tool_use", "name": "scratchpad_read", "input": arguments}]
 
 
-@pytest.mark.req("CH-13")
-def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is_in_the_scratchpad(alice, settings):
-    from engine.emulator.server import EmulatorServer
-    from scratchpad.models import Entry
-    from scratchpad.services import full_content
-
-    _window(settings, 20_000)
+def _big_prompt() -> str:
+    """A 200 KB question: asked at both ends, with a marker in the middle only a scratchpad read finds."""
     filler = "".join(f"line {n}: the service logged a retry and moved on.\n" for n in range(2_000))
     prompt = "START-ASK: find why the deploy hangs.\n" + filler + "MIDDLE-MARKER here\n" + filler
-    prompt += "END-ASK: and say which line shows it first."
-    assert 200_000 < len(prompt) < settings.CC_MAX_MESSAGE_CHARS  # a 200 KB prompt is accepted as it is
-    conversation = conversation_create(owner=alice, title="big prompt")
-    conversation.model = "claude-haiku-4-5"
-    conversation.save()
+    return prompt + "END-ASK: and say which line shows it first."
+
+
+def _answered_by_a_scratchpad_reader(settings, conversation, prompt: str) -> tuple[_ReadsTheScratchpad, Run]:
+    """`prompt` sent and run to its end by a model with a 20,000-token window that reads the scratchpad."""
+    from engine.emulator.server import EmulatorServer
+
     settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
     model = _ReadsTheScratchpad()
     with EmulatorServer(Emulator(policy=model, context_window=20_000)) as server:
@@ -373,6 +370,21 @@ def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is
         run_execute(run_id=run.pk, worker="test")
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
+    return model, run
+
+
+@pytest.mark.req("CH-13")
+def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is_in_the_scratchpad(alice, settings):
+    from scratchpad.models import Entry
+    from scratchpad.services import full_content
+
+    _window(settings, 20_000)
+    prompt = _big_prompt()
+    assert 200_000 < len(prompt) < settings.CC_MAX_MESSAGE_CHARS  # a 200 KB prompt is accepted as it is
+    conversation = conversation_create(owner=alice, title="big prompt")
+    conversation.model = "claude-haiku-4-5"
+    conversation.save()
+    model, run = _answered_by_a_scratchpad_reader(settings, conversation, prompt)
     # Every request fit the window by the provider's own count; none was refused.
     requests = list(ModelRequest.objects.filter(run=run).order_by("step"))
     assert len(requests) == 2 and all(r.prompt_tokens <= 20_000 for r in requests)
@@ -392,15 +404,12 @@ def test_a_prompt_larger_than_the_window_stays_text_at_both_ends_and_the_rest_is
 @pytest.mark.req("CH-13")
 @pytest.mark.req("SB-3")
 def test_a_prompt_larger_than_the_window_is_still_answered_when_the_owners_scratchpad_is_full(alice, settings):
-    from engine.emulator.server import EmulatorServer
     from scratchpad.models import Entry
     from scratchpad.services import put
 
     _window(settings, 20_000)
     settings.CC_SCRATCHPAD_QUOTA_MB = 1
-    filler = "".join(f"line {n}: the service logged a retry and moved on.\n" for n in range(2_000))
-    prompt = "START-ASK: find why the deploy hangs.\n" + filler + "MIDDLE-MARKER here\n" + filler
-    prompt += "END-ASK: and say which line shows it first."
+    prompt = _big_prompt()
     conversation = conversation_create(owner=alice, title="big prompt, full scratchpad")
     conversation.model = "claude-haiku-4-5"
     conversation.save()
@@ -408,14 +417,7 @@ def test_a_prompt_larger_than_the_window_is_still_answered_when_the_owners_scrat
     other = conversation_create(owner=alice, title="earlier")
     put(turn_id="earlier", content="x" * (1024 * 1024 - 1000), conversation_id=other.pk, pinned=True, ttl_seconds=3600)
     before = Entry.objects.count()
-    settings.CC_MODELS = {**settings.CC_MODELS, "claude-haiku-4-5": "anthropic"}
-    model = _ReadsTheScratchpad()
-    with EmulatorServer(Emulator(policy=model, context_window=20_000)) as server:
-        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "test-key", server.base_url
-        _, run = message_send(conversation=conversation, text=prompt)
-        run_execute(run_id=run.pk, worker="test")
-    run.refresh_from_db()
-    assert run.status == Run.Status.SUCCEEDED, run.error
+    model, run = _answered_by_a_scratchpad_reader(settings, conversation, prompt)
     assert all(r.prompt_tokens <= 20_000 for r in ModelRequest.objects.filter(run=run))
     # Both ends are text; the middle is left out, said plainly, and nothing was stored past the quota.
     texts = [block["text"] for block in model.payloads[0]["messages"][-1]["content"] if block.get("type") == "text"]
