@@ -30,6 +30,21 @@ SHELL = {"type": "tool_use", "name": "bash", "input": {"command": "printf 'left\
 READ = {"type": "tool_use", "name": "read_file", "input": {"path": "records.txt"}}
 
 
+def _scripted_run(settings, tmp_path, owner, script: list, before=lambda run: None) -> Run:
+    """A run of `owner` answered step by step by `script` through the emulator, run to its end and
+    succeeded; `before(run)` prepares its workspace."""
+    with EmulatorServer(Emulator(policy=ScriptedPolicy(script))) as server:
+        settings.ANTHROPIC_API_KEY = "test-key"
+        settings.ANTHROPIC_BASE_URL = server.base_url
+        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
+        run = make_run(owner)
+        before(run)
+        run_execute(run_id=run.pk, worker="test")
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    return run
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.req("SP-1")
 @pytest.mark.req("SP-3")
@@ -72,14 +87,7 @@ def test_a_nul_the_model_writes_in_a_call_or_its_answer_is_shown_as_a_symbol_and
     settings, tmp_path, alice
 ):
     call = {"type": "tool_use", "name": "read_file", "input": {"path": "x\x00y"}}
-    with EmulatorServer(Emulator(policy=ScriptedPolicy([[call], "Do\x00ne."]))) as server:
-        settings.ANTHROPIC_API_KEY = "test-key"
-        settings.ANTHROPIC_BASE_URL = server.base_url
-        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
-        run = make_run(alice)
-        run_execute(run_id=run.pk, worker="test")
-    run.refresh_from_db()
-    assert run.status == Run.Status.SUCCEEDED, run.error
+    run = _scripted_run(settings, tmp_path, alice, [[call], "Do\x00ne."])
     assistant = [
         m.content for m in Message.objects.filter(conversation=run.conversation, role="assistant").order_by("id")
     ]
@@ -100,15 +108,11 @@ def test_a_file_name_that_is_not_utf8_and_a_lone_surrogate_the_model_writes_are_
     # run `failed` with PostgreSQL's "Unicode low surrogate must follow a high surrogate".
     listing = {"type": "tool_use", "name": "list_dir", "input": {"path": "."}}
     call = {"type": "tool_use", "name": "read_file", "input": {"path": "odd\udcffname\ud800"}}
-    with EmulatorServer(Emulator(policy=ScriptedPolicy([[listing], [call], "Listed."]))) as server:
-        settings.ANTHROPIC_API_KEY = "test-key"
-        settings.ANTHROPIC_BASE_URL = server.base_url
-        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
-        run = make_run(alice)
+
+    def odd_name(run: Run) -> None:
         (workspace_root(run.conversation_id) / os.fsdecode(b"bad\xffname")).write_text("x")
-        run_execute(run_id=run.pk, worker="test")
-    run.refresh_from_db()
-    assert run.status == Run.Status.SUCCEEDED, run.error
+
+    run = _scripted_run(settings, tmp_path, alice, [[listing], [call], "Listed."], before=odd_name)
     (listed, _) = [event.payload["output"] for event in RunEvent.objects.filter(run=run, type="tool_result")]
     assert [entry["name"] for entry in listed["entries"]] == ["bad\\xffname"]
     (_, call_event) = RunEvent.objects.filter(run=run, type="tool_call").order_by("id")
@@ -123,15 +127,8 @@ def test_command_output_that_is_not_utf8_is_kept_as_its_exact_bytes_and_summaris
     # replaced by U+FFFD, so neither the entry nor a {{step1.stdout}} reference held the output.
     dump = {"type": "tool_use", "name": "bash", "input": {"command": "head -c 300000 /dev/urandom > r.bin; cat r.bin"}}
     small = {"type": "tool_use", "name": "bash", "input": {"command": "printf 'ok\\377\\376!'"}}
-    with EmulatorServer(Emulator(policy=ScriptedPolicy([[dump], [small], "Done."]))) as server:
-        settings.ANTHROPIC_API_KEY = "test-key"
-        settings.ANTHROPIC_BASE_URL = server.base_url
-        settings.CC_WORKSPACE_ROOT = tmp_path / "workspaces"
-        settings.CC_TOOL_AUTO_APPROVE = ["bash"]
-        run = make_run(alice)
-        run_execute(run_id=run.pk, worker="test")
-    run.refresh_from_db()
-    assert run.status == Run.Status.SUCCEEDED, run.error
+    settings.CC_TOOL_AUTO_APPROVE = ["bash"]
+    run = _scripted_run(settings, tmp_path, alice, [[dump], [small], "Done."])
     offloaded, inline = [event.payload["output"] for event in RunEvent.objects.filter(run=run, type="tool_result")]
     entry = Entry.objects.get(pk=offloaded["scratchpad_id"])
     written = (workspace_root(run.conversation_id) / "r.bin").read_bytes()

@@ -38,6 +38,18 @@ def open_conversation(context: BrowserContext, base: str, conversation_id: int) 
     return page
 
 
+def api_call(context: BrowserContext, method: str, url: str, body: dict) -> None:
+    """A JSON call to the API as the signed-in person of `context` (another tab's action, without its page)."""
+    csrf = next(cookie["value"] for cookie in context.cookies() if cookie["name"] == "csrftoken")
+    response = context.request.fetch(
+        url,
+        method=method,
+        data=json.dumps(body),
+        headers={"Content-Type": "application/json", "X-CSRFToken": csrf},
+    )
+    assert response.ok, response.text()
+
+
 def screenshot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)

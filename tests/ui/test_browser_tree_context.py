@@ -8,7 +8,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import screenshot, seed, sign_in
+from tests.support.browser import api_call, screenshot, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -333,15 +333,11 @@ def test_the_tree_page_redraws_for_a_branch_made_elsewhere_but_not_over_an_edit_
     expect(page.locator("#tree-page[data-live]")).to_have_count(1)  # its socket is open
     tip = page.locator("#tree [aria-selected=true]")
     expect(tip).to_have_attribute("data-message-id", str(seeded["b2"]))
-    csrf = next(cookie["value"] for cookie in page.context.cookies() if cookie["name"] == "csrftoken")
+
+    branch_url = f"{base}/api/conversations/{seeded['conversation']}/branch/"
 
     def branch(message_id: int) -> None:
-        response = page.context.request.post(
-            f"{base}/api/conversations/{seeded['conversation']}/branch/",
-            data={"message": message_id},
-            headers={"X-CSRFToken": csrf},
-        )
-        assert response.ok, response.text()
+        api_call(page.context, "POST", branch_url, {"message": message_id})
 
     # Another tab (here the API) moves the tip: this page follows without a reload by hand.
     branch(seeded["a3"])

@@ -5,12 +5,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import open_conversation, seed, sign_in
+from tests.support.browser import api_call, open_conversation, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -47,16 +45,6 @@ def context(browser, embedded_server_module):
     context.close()
 
 
-def _post(context, base: str, conversation_id: int, route: str, body: dict) -> None:
-    csrf = next(cookie["value"] for cookie in context.cookies() if cookie["name"] == "csrftoken")
-    response = context.request.post(
-        f"{base}/api/conversations/{conversation_id}/{route}",
-        data=json.dumps(body),
-        headers={"Content-Type": "application/json", "X-CSRFToken": csrf},
-    )
-    assert response.ok, response.text()
-
-
 @pytest.mark.req("UX-4", "CH-7", "CH-9")
 def test_a_branch_switch_or_rewind_elsewhere_redraws_the_other_tab_within_a_moment(context, embedded_server_module):
     base, log = embedded_server_module
@@ -74,11 +62,11 @@ def test_a_branch_switch_or_rewind_elsewhere_redraws_the_other_tab_within_a_mome
     expect(tab_b.locator("article.user .sibling-count")).to_have_text("1/2")
 
     # A branch through the API (the tree page's action): back to the edited branch.
-    _post(context, base, conversation, "branch/", {"message": seeded["b2"]})
+    api_call(context, "POST", f"{base}/api/conversations/{conversation}/branch/", {"message": seeded["b2"]})
     expect(last_b).to_contain_text("Only text files here.", timeout=LIVE_MS)
 
     # A rewind to the checkpoint: both tabs end at the first answer.
-    _post(context, base, conversation, "rewind/", {"label": "planned"})
+    api_call(context, "POST", f"{base}/api/conversations/{conversation}/rewind/", {"label": "planned"})
     expect(last_b).to_contain_text("Here is the plan.", timeout=LIVE_MS)
     expect(tab_a.locator("#messages > article").last).to_contain_text("Here is the plan.", timeout=LIVE_MS)
     assert not tab_a.js_errors and not tab_b.js_errors

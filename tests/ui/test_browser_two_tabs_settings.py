@@ -5,13 +5,12 @@ leave it."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 from playwright.sync_api import expect
 
-from tests.support.browser import open_conversation, seed, sign_in
+from tests.support.browser import api_call, open_conversation, seed, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -42,21 +41,12 @@ def context(browser, offered_models, embedded_server):
     context.close()
 
 
-def _patch(context, base: str, conversation_id: int, body: dict) -> None:
-    csrf = next(cookie["value"] for cookie in context.cookies() if cookie["name"] == "csrftoken")
-    response = context.request.patch(
-        f"{base}/api/conversations/{conversation_id}/",
-        data=json.dumps(body),
-        headers={"Content-Type": "application/json", "X-CSRFToken": csrf},
-    )
-    assert response.ok, response.text()
-
-
 @pytest.mark.req("UX-4", "UX-2")
 def test_a_rename_or_a_pick_elsewhere_shows_in_the_other_tab_without_taking_its_field(context, embedded_server):
     base, log = embedded_server
     seeded = seed(log.parent, SEED)
     conversation, mode = seeded["conversation"], str(seeded["mode"])
+    detail = f"{base}/api/conversations/{conversation}/"
     tab_a = open_conversation(context, base, conversation)
     tab_b = open_conversation(context, base, conversation)
     heading_b = tab_b.locator("#conversation-title")
@@ -72,7 +62,7 @@ def test_a_rename_or_a_pick_elsewhere_shows_in_the_other_tab_without_taking_its_
     # Tab A picks a model; the API picks a mode: both show in tab B, and tab A takes the API's mode.
     tab_a.select_option("#model-picker", "offline-2")
     expect(model_b).to_have_value("offline-2", timeout=LIVE_MS)
-    _patch(context, base, conversation, {"mode": seeded["mode"]})
+    api_call(context, "PATCH", detail, {"mode": seeded["mode"]})
     expect(mode_b).to_have_value(mode, timeout=LIVE_MS)
     expect(tab_a.locator("#mode-picker")).to_have_value(mode, timeout=LIVE_MS)
     expect(tab_b.locator("#run-options-status")).to_have_text("Changed elsewhere: the next run uses mode tabs-mode.")
@@ -82,7 +72,7 @@ def test_a_rename_or_a_pick_elsewhere_shows_in_the_other_tab_without_taking_its_
     tab_b.click("#rename")
     tab_b.fill("#rename-input", "a title being typed in B")
     model_b.focus()
-    _patch(context, base, conversation, {"title": "renamed by the API", "model": ""})
+    api_call(context, "PATCH", detail, {"title": "renamed by the API", "model": ""})
     expect(heading_b).to_have_text("renamed by the API", timeout=LIVE_MS)
     expect(tab_b.locator("#rename-input")).to_have_value("a title being typed in B")
     expect(model_b).to_have_value("offline-2")
