@@ -273,6 +273,10 @@ def test_back_to_a_conversation_shows_what_was_sent_while_the_page_was_away(cont
     page.locator("#tree-link").click()
     expect(page).to_have_url(re.compile(r"/tree/$"))
     _sent_and_answered(context, base, conversation, "sent while away")  # another tab, or the API
+    # The tree page follows that live (it reloads for the prompt and for the answer): Back once it has
+    # drawn the answer, not in the middle of one of its reloads.
+    expect(page.locator("#tree [aria-selected=true]")).to_have_class(re.compile(r"\bassistant\b"))
+    expect(page.locator("#tree-page[data-live]")).to_have_count(1)
     back = page.go_back()
     assert back is not None and "no-store" in back.headers["cache-control"]  # asked the server again
     expect(page.locator("#messages article.user").last).to_contain_text("sent while away")
@@ -484,6 +488,7 @@ def test_a_failed_run_stays_with_retry_and_regenerate_and_edit_branch_in_place(c
     expect(page.locator("article.user")).to_contain_text("try me again, edited")
     expect(page.locator("article.user .sibling-count")).to_have_text("2/2")
     expect(page.locator("article.assistant")).to_contain_text('"try me again, edited"')
+    _settled(page)  # the streamed answer is drawn again, whole, once its run has ended
     live = _texts(page)
     page.reload()
     assert _texts(page) == live
