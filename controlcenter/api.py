@@ -152,3 +152,30 @@ def document_error_responses(result: dict[str, Any], generator: Any, request: An
             for status_code, description in _ERROR_STATUSES.items():
                 responses.setdefault(status_code, {"description": description, **reference})
     return result
+
+
+# PostgreSQL text cannot hold a NUL, so every string the API takes refuses one (DRF's
+# ProhibitNullCharactersValidator, or the DataError above): a 400. drf-spectacular writes no rule for
+# that validator, and a client generated from the schema would send a NUL believing it valid (UX-8).
+NO_NUL_PATTERN = "^[^\\u0000]*$"
+
+
+def document_no_nul_strings(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular hook: every free-text string of the schema says it takes no NUL character."""
+    _add_no_nul_pattern(result.get("paths", {}))
+    _add_no_nul_pattern(result.get("components", {}).get("schemas", {}))
+    return result
+
+
+def _add_no_nul_pattern(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _add_no_nul_pattern(item)
+        return
+    if not isinstance(node, dict):
+        return
+    # An enum, a format (date-time, uuid, uri) or a pattern of its own already rules a NUL out.
+    if node.get("type") == "string" and not {"enum", "format", "pattern", "const"} & node.keys():
+        node["pattern"] = NO_NUL_PATTERN
+    for value in node.values():
+        _add_no_nul_pattern(value)

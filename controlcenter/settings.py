@@ -392,6 +392,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "controlcenter.api.document_error_responses",
+        "controlcenter.api.document_no_nul_strings",
     ],
 }
 
