@@ -114,9 +114,10 @@ test: lint
 	  DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \
 	  $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-# The pure core's tests: no services needed, seconds to run.
+# The pure core's tests: no services needed, seconds to run. With the same bytecode cache as `test`:
+# without it, where PYTHONDONTWRITEBYTECODE is set, compiling the libraries again took 9 of its 36 s.
 test-fast: install
-	$(BIN)/python -m pytest -q tests/engine
+	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/var/pycache $(BIN)/python -m pytest -q tests/engine
 
 bench-turn: install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) $(BIN)/python manage.py bench turn --json
