@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
 from django.conf import settings
 
 from controlcenter.localmodel import NamesAForeignServer, RestartWait
@@ -24,26 +27,24 @@ def get_provider(name: str) -> Provider:
     if name == "offline":
         return OfflineProvider()
     if name == "anthropic":
-        # Each SDK is imported by the process that calls it: anthropic's costs about 1.3 s at import,
-        # openai's 0.4 s, which a web process or a worker for another provider never needs to pay.
-        from engine.providers.anthropic import AnthropicProvider
-
         if not settings.ANTHROPIC_API_KEY:
             raise UnknownProvider("Provider 'anthropic' needs ANTHROPIC_API_KEY.")
-        return RetryingProvider(
-            AnthropicProvider(api_key=settings.ANTHROPIC_API_KEY, base_url=settings.ANTHROPIC_BASE_URL or None)
-        )
+        return RetryingProvider(_anthropic_client(settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL or None))
     if name == "openai":
-        # The SDK's import cost, as above.
-        from engine.providers.openai_compat import OpenAICompatProvider
-
         if not (settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL):
             raise UnknownProvider("Provider 'openai' needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server.")
+        if not settings.OPENAI_BASE_URL:
+            return RetryingProvider(_openai_client(settings.OPENAI_API_KEY))
+        # A server of the operator's own (vLLM, Ollama) gets a new client each run: what the client
+        # learns of it (no token-count endpoint, no usage in the stream) may change when it restarts.
+        # Deferred: the SDK's import cost (see _anthropic_client).
+        from engine.providers.openai_compat import OpenAICompatProvider
+
         return RetryingProvider(
-            OpenAICompatProvider(api_key=settings.OPENAI_API_KEY or None, base_url=settings.OPENAI_BASE_URL or None)
+            OpenAICompatProvider(api_key=settings.OPENAI_API_KEY or None, base_url=settings.OPENAI_BASE_URL)
         )
     if name == "local":
-        # The SDK's import cost, as above.
+        # Deferred: the SDK's import cost (see _anthropic_client).
         from engine.providers.openai_compat import OpenAICompatProvider
 
         # LM-1: the llama.cpp server `serve`/`worker` supervise; its chat format drops `tool` messages
@@ -60,3 +61,33 @@ def get_provider(name: str) -> Provider:
             NamesAForeignServer(local, settings.CC_LOCAL_MODEL_URL), sleep=RestartWait(settings.CC_LOCAL_MODEL_URL)
         )
     raise UnknownProvider(f"Provider {name!r} is not available in this installation.")
+
+
+# One client per process and configuration for the hosted APIs: its connection pool outlives a run,
+# so this worker's next run reuses the open TLS connection instead of a new handshake before its first
+# token (and the ~20 ms of CPU that building a client and its certificate store costs). The retrying
+# wrapper, which holds a run's own state, stays one per run.
+@functools.lru_cache(maxsize=4)
+def _anthropic_client(api_key: str, base_url: str | None) -> Provider:
+    # Deferred: each SDK is imported by the process that calls it (anthropic's costs about 1.3 s at
+    # import, openai's 0.4 s), which a web process or a worker for another provider never pays.
+    from engine.providers.anthropic import AnthropicProvider
+
+    return AnthropicProvider(api_key=api_key, base_url=base_url)
+
+
+@functools.lru_cache(maxsize=4)
+def _openai_client(api_key: str) -> Provider:
+    # Deferred: the SDK's import cost (see _anthropic_client).
+    from engine.providers.openai_compat import OpenAICompatProvider
+
+    return OpenAICompatProvider(api_key=api_key)
+
+
+def _forget_clients() -> None:
+    # A forked process must not share its parent's open connections: it builds its own.
+    _anthropic_client.cache_clear()
+    _openai_client.cache_clear()
+
+
+os.register_at_fork(after_in_child=_forget_clients)

@@ -353,6 +353,26 @@ class _Server(ThreadingHTTPServer):
         self.verbose = verbose
         self.first_token_seconds = 0.0
         self.delta_seconds = 0.0
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._connections.discard(request)
+
+    def close_connections(self) -> None:
+        """End every open connection, as a server going away does: a client keeping one alive for its
+        next request must not have it answered by a stopped server's thread."""
+        with self._connections_lock:
+            open_connections = list(self._connections)
+        for connection in open_connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def admin_state(self) -> dict[str, Any]:
         return {
@@ -406,6 +426,7 @@ class EmulatorServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_connections()
         if self._thread is not None:
             self._thread.join(timeout=5)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -368,3 +371,65 @@ def test_emulator_command_serves_the_messages_api_on_the_given_port():
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+class _CountingProxy:
+    """A TCP relay in front of the emulator that counts the connections clients open."""
+
+    def __init__(self, target_port: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target_port = target_port
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                self.accepted += 1
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+                for source, sink in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_runs_of_one_process_share_the_hosted_apis_client_and_its_open_connection(settings, server):
+    """Each run asks for its provider; a new SDK client each time opened a new connection (a TLS
+    handshake before the first token, against the hosted API) and cost ~20 ms of CPU to build."""
+    proxy = _CountingProxy(server.port)
+    try:
+        settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "k", f"http://127.0.0.1:{proxy.port}"
+        first, second = get_provider("anthropic"), get_provider("anthropic")
+        for provider in (first, second):
+            text, _, done = run(provider, spec([say("hello")]))
+            assert "emulator" in text and done.stop_reason == "end_turn"
+        assert proxy.accepted == 1
+        # Each run keeps its own retrying wrapper (its attempts and pauses are the run's own).
+        assert first is not second and first.inner is second.inner
+        # Another key or address is another client.
+        settings.ANTHROPIC_API_KEY = "k2"
+        assert get_provider("anthropic").inner is not first.inner
+    finally:
+        proxy.close()
+
+
+def test_a_forked_process_builds_its_own_client_instead_of_sharing_its_parents_connections(settings, server):
+    settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "k", server.base_url
+    parents = get_provider("anthropic").inner
+    child = os.fork()
+    if child == 0:  # the child: exit status 0 when it built a client of its own
+        os._exit(0 if get_provider("anthropic").inner is not parents else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert get_provider("anthropic").inner is parents

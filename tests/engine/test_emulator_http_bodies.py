@@ -119,3 +119,15 @@ def test_a_body_over_the_size_limit_is_a_413_however_it_is_sent(server, route, c
     response = httpx.post(f"{server.base_url}{route}", content=content, headers=HEADERS)
     assert response.status_code == 413, response.text
     assert _error(route, response)["type"] == "request_too_large"
+
+
+@pytest.mark.req("EM-1")
+def test_a_stopped_server_ends_the_connections_clients_keep_alive():
+    """Like a real server going away: a client that kept its connection for the next request (the
+    SDKs' pools do, across runs) must not have it answered by the stopped server's thread."""
+    emulator_server_ = EmulatorServer(Emulator(clock=TestClock())).start()
+    with httpx.Client(base_url=emulator_server_.base_url, timeout=10) as client:
+        assert client.post("/v1/messages", json=MESSAGES, headers=HEADERS).status_code == 200
+        emulator_server_.stop()
+        with pytest.raises(httpx.TransportError):
+            client.post("/v1/messages", json=MESSAGES, headers=HEADERS)
