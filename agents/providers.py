@@ -29,12 +29,14 @@ def get_provider(name: str) -> Provider:
     if name == "anthropic":
         if not settings.ANTHROPIC_API_KEY:
             raise UnknownProvider("Provider 'anthropic' needs ANTHROPIC_API_KEY.")
-        return RetryingProvider(_anthropic_client(settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL or None))
+        return RetryingProvider(
+            _anthropic_client(settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL or None, os.getpid())
+        )
     if name == "openai":
         if not (settings.OPENAI_API_KEY or settings.OPENAI_BASE_URL):
             raise UnknownProvider("Provider 'openai' needs OPENAI_API_KEY, or OPENAI_BASE_URL for a local server.")
         if not settings.OPENAI_BASE_URL:
-            return RetryingProvider(_openai_client(settings.OPENAI_API_KEY))
+            return RetryingProvider(_openai_client(settings.OPENAI_API_KEY, os.getpid()))
         # A server of the operator's own (vLLM, Ollama) gets a new client each run: what the client
         # learns of it (no token-count endpoint, no usage in the stream) may change when it restarts.
         # Deferred: the SDK's import cost (see _anthropic_client).
@@ -64,11 +66,13 @@ def get_provider(name: str) -> Provider:
 
 
 # One client per process and configuration for the hosted APIs: its connection pool outlives a run,
-# so this worker's next run reuses the open TLS connection instead of a new handshake before its first
-# token (and the ~20 ms of CPU that building a client and its certificate store costs). The retrying
-# wrapper, which holds a run's own state, stays one per run.
+# so a run that starts while the pool still keeps the last one's connection (httpx keeps an idle one
+# 5 s) skips the TLS handshake, and every run skips the ~20 ms of CPU that building a client and its
+# certificate store costs. The retrying wrapper, which holds a run's own state, stays one per run.
+# The process id is part of the key: a forked process builds its own client rather than sharing its
+# parent's connections, and nothing has to run at fork time.
 @functools.lru_cache(maxsize=4)
-def _anthropic_client(api_key: str, base_url: str | None) -> Provider:
+def _anthropic_client(api_key: str, base_url: str | None, pid: int) -> Provider:
     # Deferred: each SDK is imported by the process that calls it (anthropic's costs about 1.3 s at
     # import, openai's 0.4 s), which a web process or a worker for another provider never pays.
     from engine.providers.anthropic import AnthropicProvider
@@ -77,17 +81,8 @@ def _anthropic_client(api_key: str, base_url: str | None) -> Provider:
 
 
 @functools.lru_cache(maxsize=4)
-def _openai_client(api_key: str) -> Provider:
+def _openai_client(api_key: str, pid: int) -> Provider:
     # Deferred: the SDK's import cost (see _anthropic_client).
     from engine.providers.openai_compat import OpenAICompatProvider
 
     return OpenAICompatProvider(api_key=api_key)
-
-
-def _forget_clients() -> None:
-    # A forked process must not share its parent's open connections: it builds its own.
-    _anthropic_client.cache_clear()
-    _openai_client.cache_clear()
-
-
-os.register_at_fork(after_in_child=_forget_clients)

@@ -154,28 +154,45 @@ def document_error_responses(result: dict[str, Any], generator: Any, request: An
     return result
 
 
-# PostgreSQL text cannot hold a NUL, so every string the API takes refuses one (DRF's
+# PostgreSQL text cannot hold a NUL, so every string a request body carries refuses one (DRF's
 # ProhibitNullCharactersValidator, or the DataError above): a 400. drf-spectacular writes no rule for
 # that validator, and a client generated from the schema would send a NUL believing it valid (UX-8).
+# Bodies only: a response may repeat a refused value ('"\x00elide" is not a rung'), and a query
+# parameter with a NUL matches nothing rather than being refused.
 NO_NUL_PATTERN = "^[^\\u0000]*$"
+# Values in a schema that are data, not schemas: a {"type": "string"} inside them is left alone.
+_NOT_SCHEMAS = frozenset({"example", "examples", "default", "enum", "const", "not"})
 
 
 def document_no_nul_strings(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """drf-spectacular hook: every free-text string of the schema says it takes no NUL character."""
-    _add_no_nul_pattern(result.get("paths", {}))
-    _add_no_nul_pattern(result.get("components", {}).get("schemas", {}))
+    """drf-spectacular hook: every free-text string of a request body says it takes no NUL character."""
+    components = result.get("components", {}).get("schemas", {})
+    seen: set[str] = set()
+    for path_item in result.get("paths", {}).values():
+        for operation in path_item.values():
+            body = operation.get("requestBody", {}) if isinstance(operation, dict) else {}
+            for media in body.get("content", {}).values():
+                _add_no_nul_pattern(media.get("schema"), components, seen)
     return result
 
 
-def _add_no_nul_pattern(node: Any) -> None:
+def _add_no_nul_pattern(node: Any, components: dict[str, Any], seen: set[str]) -> None:
     if isinstance(node, list):
         for item in node:
-            _add_no_nul_pattern(item)
+            _add_no_nul_pattern(item, components, seen)
         return
     if not isinstance(node, dict):
+        return
+    reference = node.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/components/schemas/"):
+        name = reference.removeprefix("#/components/schemas/")
+        if name not in seen:  # request components only, each once (they may refer to each other)
+            seen.add(name)
+            _add_no_nul_pattern(components.get(name), components, seen)
         return
     # An enum, a format (date-time, uuid, uri) or a pattern of its own already rules a NUL out.
     if node.get("type") == "string" and not {"enum", "format", "pattern", "const"} & node.keys():
         node["pattern"] = NO_NUL_PATTERN
-    for value in node.values():
-        _add_no_nul_pattern(value)
+    for key, value in node.items():
+        if key not in _NOT_SCHEMAS and not key.startswith("x-"):
+            _add_no_nul_pattern(value, components, seen)

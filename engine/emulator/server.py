@@ -356,9 +356,13 @@ class _Server(ThreadingHTTPServer):
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Registered before its thread starts, so a stop right after the accept still ends it.
         with self._connections_lock:
             self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:

@@ -44,10 +44,12 @@ class AnthropicProvider:
     def stream(self, request: ModelRequestSpec) -> Iterator[ProviderEvent]:
         payload = request.as_payload()
         try:
-            events = self._client.messages.create(**payload, stream=True)
-            response = getattr(events, "response", None)
-            request_id = response.headers.get("request-id", "") if response is not None else ""
-            yield from self._read(events, request_id)
+            # Closed however the reading ends (a run cancelled mid-stream included): the connection
+            # goes back to a client the process's runs share (agents/providers.py), not to waste.
+            with self._client.messages.create(**payload, stream=True) as events:
+                response = getattr(events, "response", None)
+                request_id = response.headers.get("request-id", "") if response is not None else ""
+                yield from self._read(events, request_id)
         except anthropic.APIStatusError as exc:
             # An `error` event inside a 200 stream carries its kind only in the body.
             status = exc.status_code if exc.status_code >= 400 else _STATUS_BY_TYPE.get(_error_type(exc), 500)

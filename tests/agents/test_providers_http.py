@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -428,8 +430,18 @@ def test_a_forked_process_builds_its_own_client_instead_of_sharing_its_parents_c
     settings.ANTHROPIC_API_KEY, settings.ANTHROPIC_BASE_URL = "k", server.base_url
     parents = get_provider("anthropic").inner
     child = os.fork()
-    if child == 0:  # the child: exit status 0 when it built a client of its own
-        os._exit(0 if get_provider("anthropic").inner is not parents else 1)
-    _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    if child == 0:  # the child: whatever happens, it leaves here (status 0: it built a client of its own)
+        status = 2
+        try:
+            status = 0 if get_provider("anthropic").inner is not parents else 1
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + 60
+    while (waited := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if waited[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the forked child did not finish within 60 s")
+    assert os.waitstatus_to_exitcode(waited[1]) == 0
     assert get_provider("anthropic").inner is parents

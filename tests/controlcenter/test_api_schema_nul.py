@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from rest_framework.test import APIClient
 
+from agents.models import Run
 from conversations.models import Checkpoint, Conversation, Message
 from tests.support.history import add_turn
 from toolcatalog.models import McpServer
@@ -36,6 +37,7 @@ def _stored(conversation: Conversation) -> tuple:
         Message.objects.count(),
         Checkpoint.objects.count(),
         McpServer.objects.count(),
+        Run.objects.count(),
     )
 
 
@@ -80,3 +82,24 @@ def test_a_nul_in_a_string_is_invalid_by_the_schema_and_refused_by_the_api_with_
     # The same body without the NUL is taken: the schema and the API draw the line at the same place.
     taken = getattr(api, method)(url, body, format="json")
     assert taken.status_code in (200, 201), taken.content
+
+
+@pytest.mark.req("UX-8")
+@pytest.mark.django_db
+def test_the_rule_is_on_request_bodies_only_since_an_error_may_repeat_the_refused_value(admin_user):
+    api = APIClient()
+    api.force_authenticate(admin_user)
+    conversation = Conversation.objects.create(owner=admin_user, title="Before")
+    schema = _schema(api)
+    assert (
+        "pattern"
+        not in schema["components"]["schemas"]["ErrorResponse"]["properties"]["error"]["properties"]["message"]
+    )
+    # A refusal that names the value it refused, NUL included, still matches its documented shape.
+    refused = api.post(f"/api/conversations/{conversation.pk}/compact/", {"rungs": ["\x00elide"]}, format="json")
+    assert refused.status_code == 400
+    message = refused.json()["error"]["message"]
+    assert "\x00" in message
+    registry = Registry().with_resource("urn:api", Resource.opaque(schema))
+    validator = Draft202012Validator({"$ref": "urn:api#/components/schemas/ErrorResponse"}, registry=registry)
+    assert list(validator.iter_errors(refused.json())) == []
