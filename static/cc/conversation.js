@@ -243,12 +243,23 @@
   }
 
   async function reportEnded(runId) {
+    const shown = statusLine.textContent;
     const response = await fetch(`/api/runs/${runId}/`, { credentials: "same-origin" });
     if (!response.ok) return;
     const run = await response.json();
-    if (["succeeded", "failed", "cancelled"].includes(run.status)) {
-      statusLine.textContent = run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`;
-    }
+    // Told only if nothing newer was said while the run was read (a command's outcome, say).
+    if (["succeeded", "failed", "cancelled"].includes(run.status) && statusLine.textContent === shown) tellEnded(runId, run);
+  }
+
+  // A run's end is told once, and never over newer news: the read of a run that ended before the page
+  // drew it came back, under load, after the person's next command, and "Run finished." replaced that
+  // command's outcome (CI; test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_command).
+  // A redraw's catch-up replays the run's log, run_finished included: that does not tell it again.
+  const toldEnded = new Set();
+  function tellEnded(runId, run) {
+    if (toldEnded.has(runId)) return;
+    toldEnded.add(runId);
+    statusLine.textContent = run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`;
   }
 
   // A "working" line at the end of a live reply: thinking, running a tool, waiting for you. Its
@@ -488,7 +499,7 @@
         break;
       case "run_finished":
         working(state, "");
-        statusLine.textContent = p.status === "succeeded" ? "Run finished." : `Run ${p.status}. ${p.error || ""}`;
+        tellEnded(event.run_id, p);
         if (activeRun === event.run_id) setActiveRun(null);
         // The stored reply (or the failed run's card with Retry) replaces the live drawing.
         if (!state.catching) refresh();

@@ -409,6 +409,49 @@ def test_a_refused_command_replaces_the_previous_commands_outcome(context, embed
     assert not page.js_errors
 
 
+def _wait_in_page(page, condition, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        page.wait_for_timeout(100)
+
+
+@pytest.mark.req("CH-10")
+def test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_command(context, embedded_server_module):
+    """A run that ended before the page drew it is reported by reading the run; on a loaded host that
+    read came back after the person's next command, and "Run finished." replaced its outcome."""
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "late report")
+    page = open_conversation(context, base, conversation)
+    held: dict[str, list] = {"fragments": [], "runs": []}
+    fragment = f"/conversations/{conversation}/messages/"
+    page.route(lambda url: urlsplit(url).path == fragment, lambda route: held["fragments"].append(route))
+    page.route(
+        lambda url: re.fullmatch(r"/api/runs/\d+/", urlsplit(url).path), lambda route: held["runs"].append(route)
+    )
+
+    # The page draws nothing of the run until it has ended, so no live event tells its end.
+    _send(page, "first question")
+    # Playwright hands the held requests over only while the test is inside one of its calls.
+    _wait_in_page(page, lambda: held["fragments"], "the page asking for the new messages")
+    stored = f"{base}/api/conversations/{conversation}/"
+    _wait_in_page(page, lambda: context.request.get(stored).json()["path"][-1]["role"] == "assistant", "the reply")
+    page.unroute(lambda url: urlsplit(url).path == fragment)
+    for route in held["fragments"]:
+        route.continue_()
+    _wait_in_page(page, lambda: held["runs"], "the page reading the ended run")
+
+    # The person's next command is answered before that read comes back.
+    status = page.locator("#status")
+    _send(page, "/checkpoint ui-late")
+    expect(status).to_contain_text("Checkpoint 'ui-late' at message")
+    with page.expect_request_finished(lambda request: re.fullmatch(r"/api/runs/\d+/", urlsplit(request.url).path)):
+        held["runs"].pop().continue_()
+    page.wait_for_timeout(1_000)  # the read's answer is handled at once; a second is room to spare
+    expect(status).to_contain_text("Checkpoint 'ui-late' at message", timeout=1)
+    assert not page.js_errors
+
+
 @pytest.mark.req("UX-5")
 def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, embedded_server_module):
     # Seen with the web server stopped: Send did nothing visible at all, the error only in the console.
