@@ -251,15 +251,18 @@
     if (["succeeded", "failed", "cancelled"].includes(run.status) && statusLine.textContent === shown) tellEnded(runId, run);
   }
 
-  // A run's end is told once, and never over newer news: the read of a run that ended before the page
-  // drew it came back, under load, after the person's next command, and "Run finished." replaced that
-  // command's outcome (CI; test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_command).
-  // A redraw's catch-up replays the run's log, run_finished included: that does not tell it again.
+  // The status line follows a run until its end is told, and then never tells the run again over
+  // newer news: the read of a run that ended before the page drew it came back, under load, after the
+  // person's next command, and "Run finished." replaced that command's outcome (CI;
+  // test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_command). A redraw's
+  // catch-up that replays an ended run's log (started, each step, the end) leaves the line alone too.
   const toldEnded = new Set();
+  function sayForRun(runId, text) {
+    if (!toldEnded.has(runId)) statusLine.textContent = text;
+  }
   function tellEnded(runId, run) {
-    if (toldEnded.has(runId)) return;
+    sayForRun(runId, run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`);
     toldEnded.add(runId);
-    statusLine.textContent = run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`;
   }
 
   // A "working" line at the end of a live reply: thinking, running a tool, waiting for you. Its
@@ -389,7 +392,7 @@
     state.text = null;
     state.article.appendChild(prompt);
     // Focus stays where the person is: Shift+Tab from the composer reaches Deny, then Approve.
-    statusLine.textContent = `Waiting for your approval to run ${p.name} (Shift+Tab from the message box reaches it).`;
+    sayForRun(Number(state.article.dataset.runId), `Waiting for your approval to run ${p.name} (Shift+Tab from the message box reaches it).`);
   }
 
   function approvalDecided(p) {
@@ -427,19 +430,19 @@
     const p = event.payload;
     switch (event.type) {
       case "run_started":
-        statusLine.textContent = `Run ${event.run_id} started on ${p.provider}/${p.model}${p.mode ? `, mode ${p.mode}` : ""}.`;
+        sayForRun(event.run_id, `Run ${event.run_id} started on ${p.provider}/${p.model}${p.mode ? `, mode ${p.mode}` : ""}.`);
         // A run resumed after an approval goes straight to the approved call.
         working(state, state.approved ? `Running ${state.approved}` : "Thinking");
         break;
       case "run_handed_off":
         // Its worker is stopping (OP-4): the next worker resumes after this step.
         working(state, "Waiting for a worker");
-        statusLine.textContent = `Step ${p.step} done; its worker is stopping, so the next worker goes on from here.`;
+        sayForRun(event.run_id, `Step ${p.step} done; its worker is stopping, so the next worker goes on from here.`);
         break;
       case "model_retry":
         // The provider refused or broke off (a 429, a 529, a cut stream): said, so a wait is not silence.
         working(state, `Asking the model again in ${Math.round(p.wait_seconds)} s`);
-        statusLine.textContent = `Attempt ${p.attempt} did not get an answer (${p.reason}); asking again in ${Math.round(p.wait_seconds)} s.`;
+        sayForRun(event.run_id, `Attempt ${p.attempt} did not get an answer (${p.reason}); asking again in ${Math.round(p.wait_seconds)} s.`);
         break;
       case "text_delta":
         // Plain text while it streams (line breaks kept); the stored reply is drawn as Markdown
@@ -493,9 +496,9 @@
         break;
       case "usage":
         if (!state.catching) refreshUsage();
-        statusLine.textContent = p.cache_reported === false
+        sayForRun(event.run_id, p.cache_reported === false
           ? `Step ${p.step}: ${p.input_tokens} input, ${p.output_tokens} output tokens (the server reports no cache figures).`
-          : `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`;
+          : `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`);
         break;
       case "run_finished":
         working(state, "");
