@@ -10,6 +10,10 @@
   if (!root) return;
   const conversationId = root.dataset.conversationId;
   const statusLine = document.getElementById("status");
+  // Every write to the status line counts, so a late writer (a replay, a slow read) can tell whether
+  // anything newer was said meanwhile.
+  let statusSerial = 0;
+  function say(text) { statusLine.textContent = text; statusSerial += 1; }
   let outcome = null; // the status line's command outcome, while it shows one (sayOutcome)
   const errors = document.getElementById("errors");
   const form = document.getElementById("composer");
@@ -183,7 +187,7 @@
     template.innerHTML = (await response.text()).trim();
     const box = template.content.getElementById("messages");
     const next = box && box.dataset.activeRun ? Number(box.dataset.activeRun) : null;
-    if (next && next !== activeRun) statusLine.textContent = "A run is answering: it shows here once you close the edit.";
+    if (next && next !== activeRun) say("A run is answering: it shows here once you close the edit.");
     setActiveRun(next);
   }
 
@@ -243,22 +247,32 @@
   }
 
   async function reportEnded(runId) {
-    const shown = statusLine.textContent;
+    const serial = statusSerial;
     const response = await fetch(`/api/runs/${runId}/`, { credentials: "same-origin" });
     if (!response.ok) return;
     const run = await response.json();
     // Told only if nothing newer was said while the run was read (a command's outcome, say).
-    if (["succeeded", "failed", "cancelled"].includes(run.status) && statusLine.textContent === shown) tellEnded(runId, run);
+    if (["succeeded", "failed", "cancelled"].includes(run.status) && statusSerial === serial) tellEnded(runId, run);
   }
 
   // The status line follows a run until its end is told, and then never tells the run again over
   // newer news: the read of a run that ended before the page drew it came back, under load, after the
   // person's next command, and "Run finished." replaced that command's outcome (CI;
   // test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_command). A redraw's
-  // catch-up that replays an ended run's log (started, each step, the end) leaves the line alone too.
+  // catch-up that replays an ended run's log (started, each step, the end) leaves the line alone too,
+  // and any catch-up's replay (the log read, then the live events that came meanwhile) writes only
+  // while nothing else has written since it began (test_a_catch_up_read_late_does_not_replace_...).
   const toldEnded = new Set();
+  let replay = null;  // {serial}: the catch-up being replayed, and the line's serial after its last write
   function sayForRun(runId, text) {
-    if (!toldEnded.has(runId)) statusLine.textContent = text;
+    if (toldEnded.has(runId)) return;
+    if (replay) {
+      if (replay.serial !== statusSerial) return;
+      say(text);
+      replay.serial = statusSerial;
+      return;
+    }
+    say(text);
   }
   function tellEnded(runId, run) {
     sayForRun(runId, run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`);
@@ -516,9 +530,11 @@
     const state = runs.get(runId);
     if (!state || state.catching) return;
     state.catching = true;
+    const started = { serial: statusSerial };
     try {
       const response = await fetch(`/api/runs/${runId}/events/?after=${state.lastSeq}`, { credentials: "same-origin" });
       const events = response.ok ? await response.json() : [];
+      replay = started;
       for (const event of events) apply(state, { ...event, run_id: runId });
       // Requests stored after the fragment was drawn: its usage bar is behind them.
       if (events.some((event) => event.type === "usage" || event.type === "subagent_usage")) refreshUsage();
@@ -527,7 +543,12 @@
       // Live events that came while the log was read go after it, in the order they came.
       const buffered = state.buffer;
       state.buffer = [];
-      for (const event of buffered) apply(state, event);
+      replay = started;
+      try {
+        for (const event of buffered) apply(state, event);
+      } finally {
+        replay = null;
+      }
       if (state.finished && runs.get(runId) === state) refresh();
     }
   }
@@ -606,7 +627,7 @@
       if (!response.ok) { showError(errorText(answer, response), hintFor(answer)); return; }
       accepted();
       following = true;
-      statusLine.textContent = done;
+      say(done);
       await refresh();
     } catch { /* signed out: on the way to the sign-in page */ }
   }
@@ -778,9 +799,9 @@
 
   // The status line shows the last command's outcome only until the next one's: a refused command
   // left "Checkpoint 'x' at message 183." beside its own error, as if both were news.
-  function sayOutcome(detail) { statusLine.textContent = detail; outcome = detail; }
+  function sayOutcome(detail) { say(detail); outcome = detail; }
   function forgetOutcome() {
-    if (outcome !== null && statusLine.textContent === outcome) statusLine.textContent = "";
+    if (outcome !== null && statusLine.textContent === outcome) say("");
     outcome = null;
   }
 
@@ -808,7 +829,7 @@
     sessionStorage.removeItem(draftKey);
     if (!input.value) {
       input.value = draft;
-      statusLine.textContent = "Your session had ended; the message you were writing is back in the box.";
+      say("Your session had ended; the message you were writing is back in the box.");
     }
   }
   const pendingNote = sessionStorage.getItem("cc-command-note");
@@ -856,7 +877,7 @@
       note.setAttribute("role", "status");
       note.append(el("p", "detail", body.note));
       addNote(note);
-      statusLine.textContent = body.note;
+      say(body.note);
     }
     await refresh();
   }
@@ -877,7 +898,7 @@
     if (!activeRun) return;
     const runId = activeRun;
     cancelButton.disabled = true;
-    statusLine.textContent = "Stopping…";
+    say("Stopping…");
     try {
       const { response, body } = await api(`/api/runs/${runId}/cancel/`, { method: "POST" });
       if (!response.ok) showError(errorText(body, response), "The run may have ended already; the page shows its outcome.");
@@ -902,7 +923,7 @@
     title.textContent = body.title;
     document.title = `${body.title} · Control Center`;
     renameForm.hidden = true;
-    statusLine.textContent = "Renamed.";
+    say("Renamed.");
   });
   const deleteDialog = document.getElementById("delete-dialog");
   document.getElementById("delete").addEventListener("click", () => deleteDialog.showModal());

@@ -452,6 +452,34 @@ def test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_com
     assert not page.js_errors
 
 
+@pytest.mark.req("UX-3")
+def test_a_catch_up_read_late_does_not_replace_what_the_person_did_meanwhile(context, embedded_server_module):
+    """The page reads a live run's log before it follows the run; that read came back late under load,
+    and its replay (the run started, the approval asked for) wrote over the person's newer news."""
+    base, _ = embedded_server_module
+    page = open_conversation(context, base, _new(context, base, "held catch-up"))
+    held: list = []
+    page.route(lambda url: re.fullmatch(r"/api/runs/\d+/events/", urlsplit(url).path), lambda route: held.append(route))
+
+    _send(page, "please run `echo held-catch-up`")  # the shell waits for approval: the run stays live
+    _wait_in_page(page, lambda: held, "the page reading the live run's log")
+    page.click("#rename")
+    page.fill("#rename-input", "renamed meanwhile")
+    page.click("#rename-form button[type=submit]")
+    status = page.locator("#status")
+    expect(status).to_have_text("Renamed.")
+
+    page.unroute(lambda url: re.fullmatch(r"/api/runs/\d+/events/", urlsplit(url).path))
+    with page.expect_request_finished(lambda request: "/events/" in request.url):
+        held.pop().continue_()
+    # The replay still draws the run: its approval prompt is there to decide.
+    expect(page.locator(".approval").last).to_contain_text("echo held-catch-up")
+    expect(status).to_have_text("Renamed.", timeout=1)
+    page.locator(".approval").last.locator("button.deny").click()
+    expect(status).to_have_text(re.compile(r"Run (finished|failed|cancelled)"), timeout=15_000)
+    assert not page.js_errors
+
+
 @pytest.mark.req("UX-5")
 def test_a_send_that_reaches_no_server_says_so_and_keeps_the_message(context, embedded_server_module):
     # Seen with the web server stopped: Send did nothing visible at all, the error only in the console.
