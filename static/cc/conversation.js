@@ -265,14 +265,9 @@
   const toldEnded = new Set();
   let replay = null;  // {serial}: the catch-up being replayed, and the line's serial after its last write
   function sayForRun(runId, text) {
-    if (toldEnded.has(runId)) return;
-    if (replay) {
-      if (replay.serial !== statusSerial) return;
-      say(text);
-      replay.serial = statusSerial;
-      return;
-    }
+    if (toldEnded.has(runId) || (replay && replay.serial !== statusSerial)) return;
     say(text);
+    if (replay) replay.serial = statusSerial;
   }
   function tellEnded(runId, run) {
     sayForRun(runId, run.status === "succeeded" ? "Run finished." : `Run ${run.status}. ${run.error || ""}`);

@@ -10,9 +10,17 @@ T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], T], timeout: float = 30, what: str = "the condition", interval: float = 0.05
+    predicate: Callable[[], T],
+    timeout: float = 30,
+    what: str = "the condition",
+    interval: float = 0.05,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> T:
-    """The predicate's first truthy value; AssertionError naming `what` when `timeout` seconds pass without one."""
+    """The predicate's first truthy value; AssertionError naming `what` when `timeout` seconds pass without one.
+
+    `sleep` is how to pass the time between tries: Playwright's sync API hands a page's events (a held
+    request, say) to the test only while it is inside a Playwright call, so a browser test passes
+    `lambda seconds: page.wait_for_timeout(seconds * 1000)`."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -20,7 +28,7 @@ def wait_until(
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        sleep(interval)
 
 
 def run_finished(run_id: int, timeout: float = 30):

@@ -409,11 +409,9 @@ def test_a_refused_command_replaces_the_previous_commands_outcome(context, embed
     assert not page.js_errors
 
 
-def _wait_in_page(page, condition, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        page.wait_for_timeout(100)
+def _wait_in_page(page, condition, what: str) -> None:
+    # Playwright hands the held requests over only while the test is inside one of its calls.
+    wait_until(condition, what=what, interval=0.1, sleep=lambda seconds: page.wait_for_timeout(seconds * 1000))
 
 
 @pytest.mark.req("CH-10")
@@ -432,7 +430,6 @@ def test_a_late_report_of_a_runs_end_does_not_replace_the_outcome_of_a_later_com
 
     # The page draws nothing of the run until it has ended, so no live event tells its end.
     _send(page, "first question")
-    # Playwright hands the held requests over only while the test is inside one of its calls.
     _wait_in_page(page, lambda: held["fragments"], "the page asking for the new messages")
     stored = f"{base}/api/conversations/{conversation}/"
     _wait_in_page(page, lambda: context.request.get(stored).json()["path"][-1]["role"] == "assistant", "the reply")
