@@ -106,7 +106,9 @@ lint: install lock-check
 # tests) 390-444 s of pytest after 34 s of cold lint; both cores were busy throughout (sampled
 # from /proc: about 880 CPU-seconds in 444 s). Later on 2026-12-04, on a third such machine, back to
 # back: the first release's `make test` 502 s (715 tests), this one 357 s (990 tests: 338 s of
-# pytest after cold lint and the lock check), 390 s for all of .ci/run on a fresh clone.
+# pytest after cold lint and the lock check), 390 s for all of .ci/run on a fresh clone. On
+# 2026-12-05, another such machine: 1,304 tests in 342-347 s of pytest, 329 s once the local model's
+# two supervision tests that mostly wait (30 s and 17 s) were marked starts_first.
 # TEST_WORKERS=0 runs in-process.
 TEST_WORKERS ?= 4
 test: lint

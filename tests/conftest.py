@@ -79,10 +79,11 @@ def pytest_collection_modifyitems(config, items) -> Generator[None, None, None]:
         if name != item.name or suffix:
             item._id = coerce_node_id(f"{module}::{item.name}{suffix}")
     yield
-    # The scheduler hands out work in collection order (after pytest-django has put transactional
-    # tests last). The longest units (a 2-minute soak that mostly waits, the local model's group)
-    # went out late and ended the run alone, 60 s after the other workers: started first, their
-    # time overlaps the rest of the suite.
+    # pytest-xdist hands out the groups first, most tests first (its default --loadscope-reorder),
+    # then single tests in collection order (after pytest-django has put transactional tests last).
+    # The longest units (a 2-minute soak that mostly waits, the local model's group, a 30 s backoff
+    # test) went out late and ended the run alone: marked, a single test leads the single tests and
+    # a group's long test leads its group, so their time overlaps the rest of the suite.
     items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
 
 

@@ -106,6 +106,7 @@ class _ChatHandler(BaseHTTPRequestHandler):
 
 @pytest.mark.req("LM-1")
 @pytest.mark.timeout(120)
+@pytest.mark.starts_first
 def test_a_run_meeting_a_server_being_restarted_waits_for_it_instead_of_failing(settings):
     port = free_port()
     settings.CC_LOCAL_MODEL_URL = f"http://127.0.0.1:{port}/v1"
@@ -187,6 +188,7 @@ def test_a_run_answered_by_another_program_on_the_port_says_it_is_not_a_model_se
 
 @pytest.mark.req("LM-1")
 @pytest.mark.timeout(120)
+@pytest.mark.starts_first
 def test_a_server_that_keeps_failing_to_start_is_started_again_less_and_less_often(tmp_path, caplog, monkeypatch):
     # It passes the check at start (the magic bytes), and llama.cpp fails to load it: about 3.5 s a
     # start on 2 cores, which without a pause between starts is eight or nine starts in 30 s.
