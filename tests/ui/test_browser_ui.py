@@ -15,6 +15,36 @@ from tests.support.browser import new_conversation, screenshot, seed, sign_in
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 
+def _record_decisions(page) -> None:
+    """Remember every approval card the page marks decided, as (approval id, decision).
+
+    A decided card lives only until its run ends: the stored reply then replaces the live drawing.
+    With the offline model a denied call's run ends within a second of the decision, so a check
+    that polls the card itself could find it undecided, then gone (seen once under load).
+    """
+    page.evaluate(
+        """() => {
+            window.ccDecisions = [];
+            new MutationObserver((records) => {
+                for (const record of records) {
+                    const { approvalId, decision } = record.target.dataset;
+                    if (decision) window.ccDecisions.push([approvalId, decision]);
+                }
+            }).observe(document, { subtree: true, attributes: true, attributeFilter: ["data-decision"] });
+        }"""
+    )
+
+
+def _expect_decided(page, approval_id: str | None, decision: str) -> None:
+    """The page marked the card of this approval with the decision (it may be gone by now, its run ended)."""
+    assert approval_id
+    page.wait_for_function(
+        "([id, decision]) => window.ccDecisions.some(([i, d]) => i === id && d === decision)",
+        arg=[approval_id, decision],
+        timeout=15_000,
+    )
+
+
 @pytest.mark.req("CH-10")
 def test_slash_menu_is_driven_by_the_keyboard_alone(embedded_server_module, page):
     base, log = embedded_server_module
@@ -99,8 +129,10 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     expect(prompt.locator("button.deny")).to_be_focused()
     page.keyboard.press("Shift+Tab")
     expect(prompt.locator("button.approve")).to_be_focused()
+    _record_decisions(page)
+    approval_id = prompt.get_attribute("data-approval-id")
     page.keyboard.press("Enter")
-    expect(prompt).to_have_attribute("data-decision", "approved")
+    _expect_decided(page, approval_id, "approved")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
     expect(page.locator("#messages article.assistant").last).to_contain_text(
         "the command exited with 0: approved-by-keyboard"
@@ -119,8 +151,9 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
         expect(earlier.nth(index)).to_have_attribute("title", "A run is answering: wait for it to finish, or stop it.")
     page.keyboard.press("Shift+Tab")
     expect(prompt.locator("button.deny")).to_be_focused()
+    approval_id = prompt.get_attribute("data-approval-id")
     page.keyboard.press("Enter")
-    expect(prompt).to_have_attribute("data-decision", "denied")
+    _expect_decided(page, approval_id, "denied")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
     reply = page.locator("#messages article.assistant").last
     expect(reply).to_contain_text("the tool failed")
@@ -149,12 +182,14 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
     expect(zero).to_contain_text("Subagent 0 (worker) asks to run bash")
     expect(one).to_contain_text("Subagent 1 (worker) asks to run bash")
     screenshot(page, "conversation-subagent-approvals")
+    _record_decisions(page)
     zero.locator("button.approve").focus()
     page.keyboard.press("Enter")
-    expect(zero).to_have_attribute("data-decision", "approved")
+    expect(zero).to_have_attribute("data-decision", "approved")  # the parent still waits for the other child
+    one_id = one.get_attribute("data-approval-id")
     one.locator("button.deny").focus()
     page.keyboard.press("Space")
-    expect(one).to_have_attribute("data-decision", "denied")
+    _expect_decided(page, one_id, "denied")
     expect(page.locator("#status")).to_have_text("Run finished.", timeout=30_000)
     reply = page.locator("#messages")
     expect(reply).to_contain_text(
