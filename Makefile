@@ -98,7 +98,7 @@ lint: install lock-check
 # fixture stay on one worker (--dist loadgroup). The suite starts hundreds of Python processes
 # (servers, workers, shells): a bytecode cache in var/pycache spares each of them compiling Django and
 # every library again, even where PYTHONDONTWRITEBYTECODE is set (the checkout stays clean).
-# Four workers on 2 cores: the serial suite takes well over CI's 20 minutes, because many long
+# Five workers on 2 cores: the serial suite takes well over CI's 20 minutes, because many long
 # tests wait on processes (a soak, restarts, a browser) rather than compute; with the longest units
 # scheduled first (tests/conftest.py), 4 workers took 322 s where 3 took 355 s, and they ended
 # within 8 s of each other. On another 2-core machine, back to back on 2026-12-04: the first
@@ -108,9 +108,11 @@ lint: install lock-check
 # back: the first release's `make test` 502 s (715 tests), this one 357 s (990 tests: 338 s of
 # pytest after cold lint and the lock check), 390 s for all of .ci/run on a fresh clone. On
 # 2026-12-05, another such machine: 1,304 tests in 342-347 s of pytest, 329 s once the local model's
-# two supervision tests that mostly wait (30 s and 17 s) were marked starts_first.
+# two supervision tests that mostly wait (30 s and 17 s) were marked starts_first; then five workers
+# 316 s where four took 329 s (sampled from /proc/stat: both cores 95 % busy over the run, against
+# 89 % with four: the fault and subagent tests wait on real processes, and a fifth worker fills that).
 # TEST_WORKERS=0 runs in-process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 test: lint
 	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/var/pycache \
 	  DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) CC_VAR_DIR=$(CURDIR)/var/test \
