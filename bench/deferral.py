@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from bench._options import catalog_file
-from engine.catalog.surface import ModeSpec, build_surface
+from controlcenter.localmodel import default_model_path
+from engine.catalog.surface import ModeSpec, Surface, build_surface
 from engine.tokens import estimate_text_tokens
 from toolcatalog.catalogfile import records_from_catalog
 from toolcatalog.selectors import surface_context
@@ -22,9 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(options: dict[str, Any]) -> dict[str, Any]:
     records = records_from_catalog(json.loads(Path(options["catalog"]).read_text(encoding="utf-8")))
-    full = surface_context(build_surface(records, ModeSpec(), deferral=False))
-    deferred = surface_context(build_surface(records, ModeSpec(), deferral=True))
+    full_surface = build_surface(records, ModeSpec(), deferral=False)
+    deferred_surface = build_surface(records, ModeSpec(), deferral=True)
+    full = surface_context(full_surface)
+    deferred = surface_context(deferred_surface)
     return {
+        "real_tokenizer": _real_tokenizer_ratio(full_surface, deferred_surface),
         "n_tools": len(records),
         "full_tool_tokens": full["tool_block_tokens"],
         "deferred_tool_tokens": deferred["tool_block_tokens"],
@@ -39,4 +43,34 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
         "index_budget_at_0_15": int(0.15 * full["tool_block_tokens"]) - deferred["resident_tokens"],
         "deferred_count": len(deferred["deferred"]),
         "deferred_name_tokens": estimate_text_tokens(", ".join(item["name"] for item in deferred["deferred"])),
+    }
+
+
+def _real_tokenizer_ratio(full: Surface, deferred: Surface) -> dict[str, Any] | None:
+    """The same ratio counted by a real BPE tokenizer (SmolLM2's, from the [local] extra), or None
+    without that extra: the product's estimate is four characters a token, and identifiers in the
+    index or JSON in the schemas could tokenize differently enough to move the ratio."""
+    model_path = default_model_path()
+    if model_path is None:
+        return None
+    # Only here: the [local] extra is optional, and the rest of this bench needs none of it.
+    from llama_cpp import Llama
+
+    vocabulary = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+
+    def count(text: str) -> int:
+        return len(vocabulary.tokenize(text.encode(), add_bos=False, special=False))
+
+    def schemas(surface: Surface) -> str:
+        return json.dumps(surface.resident_schemas(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+    full_tokens = count(schemas(full))
+    resident_tokens, index_tokens = count(schemas(deferred)), count(deferred.index_text)
+    return {
+        "tokenizer": model_path.name,
+        "full_tool_tokens": full_tokens,
+        "deferred_tool_tokens": resident_tokens + index_tokens,
+        "index_tokens": index_tokens,
+        "ratio": round((resident_tokens + index_tokens) / full_tokens, 4),
+        "resident_only_ratio": round(resident_tokens / full_tokens, 4),
     }
