@@ -6,6 +6,8 @@ they called (`tool_call` run events) and how many requests they sent — says wh
 deferred tools earn a place in every request and which resident ones do not.
 Each suggestion comes with its measured effect; toolcatalog.services.mode_resident_apply
 applies the chosen ones as one new mode version, so the tools prefix changes once.
+The same records, paired with what each run then called, are a set of real search
+queries to measure the ranker on (TS-1, `recorded_tool_queries`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,52 @@ class Recommendation:
             prefix_changes=self.prefix_changes,
         )
         return data
+
+
+def recorded_tool_queries(*, days: int = DEFAULT_DAYS, now: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """Real tool-search queries with their answer, from what runs recorded (TS-1): a query set for
+    `bench search --queries`, in its JSONL shape (`{"id", "query", "gold"}`, plus `source` and `run`).
+
+    The answer is what the run went on to call, never a guess:
+    - `miss`: a search that found nothing, and the deferred tools the same run loaded after it and
+      called — the queries today's ranker fails on;
+    - `search`: a search that loaded tools, and those of them the run called.
+    A query whose run called none of them says nothing and is left out, as are tools no longer in
+    the catalog. Oldest first, every run of every mode in the last `days` days.
+    """
+    since = (now or timezone.now()) - dt.timedelta(days=days)
+    window = Q(run__created_at__gte=since)
+    if now is not None:
+        window &= Q(run__created_at__lte=now)
+    in_catalog = {tool.name for tool in catalog_records()}
+    called: dict[int, set[str]] = {}
+    for run_id, name in RunEvent.objects.filter(window, type="tool_call").values_list("run_id", "payload__name"):
+        if name in in_catalog:
+            called.setdefault(run_id, set()).add(name)
+    loads: dict[int, list[ToolActivation]] = {}
+    for load in ToolActivation.objects.filter(window, run_id__in=list(called)).order_by("created_at", "id"):
+        loads.setdefault(load.run_id, []).append(load)
+    queries: list[dict[str, Any]] = []
+    for miss in RetrievalMiss.objects.filter(window, run_id__in=list(loads)).order_by("created_at", "id"):
+        after = {load.tool_name for load in loads[miss.run_id] if load.created_at >= miss.created_at}
+        if gold := sorted(after & called[miss.run_id]):
+            queries.append(_recorded(f"miss-{miss.pk}", miss.query, gold, "miss", miss))
+    searches: dict[tuple[int, str], list[ToolActivation]] = {}
+    for run_loads in loads.values():
+        for load in run_loads:
+            if load.trigger == ToolActivation.Trigger.SEARCH:
+                searches.setdefault((load.run_id, load.query), []).append(load)
+    for (run_id, query), found in searches.items():
+        if gold := sorted({load.tool_name for load in found} & called[run_id]):
+            queries.append(_recorded(f"search-{found[0].pk}", query, gold, "search", found[0]))
+    queries.sort(key=lambda item: (item.pop("at"), item["id"]))
+    return queries
+
+
+def _recorded(
+    query_id: str, query: str, gold: list[str], source: str, row: RetrievalMiss | ToolActivation
+) -> dict[str, Any]:
+    return {"id": query_id, "query": query, "gold": gold, "source": source, "run": row.run_id, "at": row.created_at}
 
 
 def _runs(mode: Mode, since: dt.datetime) -> QuerySet[Run]:
