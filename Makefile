@@ -98,10 +98,10 @@ lint: install lock-check
 # fixture stay on one worker (--dist loadgroup). The suite starts hundreds of Python processes
 # (servers, workers, shells): a bytecode cache in var/pycache spares each of them compiling Django and
 # every library again, even where PYTHONDONTWRITEBYTECODE is set (the checkout stays clean).
-# Five workers on 2 cores: the serial suite takes well over CI's 20 minutes, because many long
-# tests wait on processes (a soak, restarts, a browser) rather than compute; with the longest units
-# scheduled first (tests/conftest.py), 4 workers took 322 s where 3 took 355 s, and they ended
-# within 8 s of each other. On another 2-core machine, back to back on 2026-12-04: the first
+# Several workers on 2 cores: the serial suite takes well over CI's 20 minutes, because many long
+# tests wait on processes (a soak, restarts, a browser) rather than compute. Earlier, with the
+# longest units scheduled first (tests/conftest.py), 4 workers took 322 s where 3 took 355 s, and
+# they ended within 8 s of each other; five now (below). On another 2-core machine, back to back on 2026-12-04: the first
 # release's suite (dd46ae4: 715 tests, serial, its own `make test`) took 640 s, this one (985
 # tests) 390-444 s of pytest after 34 s of cold lint; both cores were busy throughout (sampled
 # from /proc: about 880 CPU-seconds in 444 s). Later on 2026-12-04, on a third such machine, back to

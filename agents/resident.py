@@ -2,11 +2,11 @@
 
 What a mode's runs did over the last N days — which deferred tools they loaded
 (ToolActivation), which searches found nothing first (RetrievalMiss), which tools
-they called (`tool_call` run events) and how many requests they sent — says which
+they called (`tool_call` run events, their subagents' included) and how many requests they sent — says which
 deferred tools earn a place in every request and which resident ones do not.
 Each suggestion comes with its measured effect; toolcatalog.services.mode_resident_apply
 applies the chosen ones as one new mode version, so the tools prefix changes once.
-The same records, paired with what each run then called, are a set of real search
+The same records, paired with what each run called, are a set of real search
 queries to measure the ranker on (TS-1, `recorded_tool_queries`).
 """
 
@@ -24,7 +24,7 @@ from agents.models import ModelRequest, Run, RunEvent
 from engine.catalog.surface import ModeSpec, Surface, build_surface
 from engine.catalog.toolbox import DISCOVERY_TOOLS
 from engine.tokens import estimate_json_tokens
-from toolcatalog.models import Mode, RetrievalMiss, ToolActivation
+from toolcatalog.models import Mode, RetrievalMiss, Tool, ToolActivation
 from toolcatalog.selectors import DEFAULT_MODE, catalog_records, mode_spec, surface_context
 
 # A deferred tool loaded in at least this share of the mode's runs pays for its schema
@@ -34,6 +34,8 @@ DEMOTE_SHARE = 0.02
 # Fewer runs than this say nothing reliable either way.
 MIN_RUNS = 10
 DEFAULT_DAYS = 30
+# A run's calls: its own, and its subagents' (stored in the parent run's log, TD-14).
+CALL_EVENTS = ("tool_call", "subagent_tool_call")
 
 
 @dataclass(frozen=True)
@@ -90,38 +92,39 @@ class Recommendation:
         return data
 
 
-def recorded_tool_queries(*, days: int = DEFAULT_DAYS, now: dt.datetime | None = None) -> list[dict[str, Any]]:
+def recorded_tool_queries(*, days: int = DEFAULT_DAYS) -> list[dict[str, Any]]:
     """Real tool-search queries with their answer, from what runs recorded (TS-1): a query set for
     `bench search --queries`, in its JSONL shape (`{"id", "query", "gold"}`, plus `source` and `run`).
 
-    The answer is what the run went on to call, never a guess:
+    The answer is what the run called, never a guess:
     - `miss`: a search that found nothing, and the deferred tools the same run loaded after it and
       called — the queries today's ranker fails on;
     - `search`: a search that loaded tools, and those of them the run called.
-    A query whose run called none of them says nothing and is left out, as are tools no longer in
-    the catalog. Oldest first, every run of every mode in the last `days` days.
+    A call counts wherever it falls in the run: a turn's loads and misses are stored when it ends,
+    after the events of its calls, so their times cannot order a call against a search. A
+    subagent's searches are stored on its parent run, and its calls count with the parent's.
+    Left out: empty queries, queries whose run called none of the tools, and tools that
+    `catalog export` does not write (MCP tools, and tools no longer in the catalog), which the
+    measured catalog could never rank. Oldest first, every run of every mode in the last `days` days.
     """
-    since = (now or timezone.now()) - dt.timedelta(days=days)
-    window = Q(run__created_at__gte=since)
-    if now is not None:
-        window &= Q(run__created_at__lte=now)
-    in_catalog = {tool.name for tool in catalog_records()}
+    window = Q(run__created_at__gte=timezone.now() - dt.timedelta(days=days))
+    exported = {tool.name for tool in catalog_records() if tool.source != Tool.Source.MCP}
     called: dict[int, set[str]] = {}
-    for run_id, name in RunEvent.objects.filter(window, type="tool_call").values_list("run_id", "payload__name"):
-        if name in in_catalog:
+    for run_id, name in RunEvent.objects.filter(window, type__in=CALL_EVENTS).values_list("run_id", "payload__name"):
+        if name in exported:
             called.setdefault(run_id, set()).add(name)
     loads: dict[int, list[ToolActivation]] = {}
     for load in ToolActivation.objects.filter(window, run_id__in=list(called)).order_by("created_at", "id"):
         loads.setdefault(load.run_id, []).append(load)
     queries: list[dict[str, Any]] = []
-    for miss in RetrievalMiss.objects.filter(window, run_id__in=list(loads)).order_by("created_at", "id"):
+    for miss in RetrievalMiss.objects.filter(window, run_id__in=list(loads)).exclude(query="").order_by("created_at"):
         after = {load.tool_name for load in loads[miss.run_id] if load.created_at >= miss.created_at}
         if gold := sorted(after & called[miss.run_id]):
             queries.append(_recorded(f"miss-{miss.pk}", miss.query, gold, "miss", miss))
     searches: dict[tuple[int, str], list[ToolActivation]] = {}
     for run_loads in loads.values():
         for load in run_loads:
-            if load.trigger == ToolActivation.Trigger.SEARCH:
+            if load.trigger == ToolActivation.Trigger.SEARCH and load.query.strip():
                 searches.setdefault((load.run_id, load.query), []).append(load)
     for (run_id, query), found in searches.items():
         if gold := sorted({load.tool_name for load in found} & called[run_id]):
@@ -184,7 +187,7 @@ def resident_recommendation(
     }
     calls: dict[str, Mapping[str, Any]] = {
         row["name"]: row
-        for row in RunEvent.objects.filter(run_id__in=run_ids, type="tool_call")
+        for row in RunEvent.objects.filter(run_id__in=run_ids, type__in=CALL_EVENTS)
         .values(name=F("payload__name"))
         .annotate(calls=Count("id"), runs=Count("run", distinct=True))
     }

@@ -48,13 +48,17 @@ def run(options: dict[str, Any]) -> dict[str, Any]:
 
 def _real_tokenizer_ratio(full: Surface, deferred: Surface) -> dict[str, Any] | None:
     """The same ratio counted by a real BPE tokenizer (SmolLM2's, from the [local] extra), or None
-    without that extra: the product's estimate is four characters a token, and identifiers in the
-    index or JSON in the schemas could tokenize differently enough to move the ratio."""
+    without that extra (its model file and llama.cpp): the product's estimate is four characters a
+    token, and identifiers in the index or JSON in the schemas could tokenize differently enough to
+    move the ratio."""
     model_path = default_model_path()
     if model_path is None:
         return None
     # Only here: the [local] extra is optional, and the rest of this bench needs none of it.
-    from llama_cpp import Llama
+    try:
+        from llama_cpp import Llama
+    except ImportError:  # the model's wheel without llama.cpp: nothing to count with
+        return None
 
     vocabulary = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
 

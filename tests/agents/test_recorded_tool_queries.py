@@ -12,9 +12,11 @@ from django.utils import timezone
 
 from agents.models import Run, RunEvent
 from agents.resident import recorded_tool_queries
+from engine.catalog.ranking import ToolIndex
 from tests.support.catalog import CATALOG_PATH
 from tests.support.factories import RunFactory
-from toolcatalog.models import RetrievalMiss, ToolActivation
+from toolcatalog.catalogfile import records_from_catalog
+from toolcatalog.models import McpServer, RetrievalMiss, Tool, ToolActivation, ToolGroup
 from toolcatalog.services import catalog_import
 
 
@@ -54,13 +56,30 @@ def _history(owner) -> None:
     _at(ToolActivation.objects.create(run=late, tool_name="git_status", trigger="direct"), 0)
     _at(RetrievalMiss.objects.create(run=late, query="repo state"), 1)
     _called(late, "git_status")
-    # A tool no longer in the catalog is never an answer.
+    # A tool no longer in the catalog, or an MCP server's (which `catalog export` leaves out), is
+    # never an answer: the measured catalog could not rank it.
     gone = _run(owner)
     ToolActivation.objects.create(run=gone, tool_name="retired_tool", trigger="search", query="the old way")
-    _called(gone, "retired_tool")
+    server = McpServer.objects.create(name="weather", transport="stdio", command="weather-server")
+    Tool.objects.create(
+        name="get_forecast", group=ToolGroup.objects.first(), description="Weather by city.",
+        input_schema={"type": "object"}, source=Tool.Source.MCP, server=server,
+    )  # fmt: skip
+    ToolActivation.objects.create(run=gone, tool_name="weather__get_forecast", trigger="search", query="rain")
+    _called(gone, "retired_tool", "weather__get_forecast")
+    # A subagent's search is stored on its parent run and answered by the child's call; an empty
+    # search says nothing.
+    parent = _run(owner)
+    _at(RetrievalMiss.objects.create(run=parent, query=""), 0)
+    _at(ToolActivation.objects.create(run=parent, tool_name="create_ticket", trigger="search", query="file it"), 1)
+    _called(parent, "read_file")
+    RunEvent.objects.create(
+        run=parent, seq=99, type="subagent_tool_call", payload={"subagent": {"index": 0}, "name": "create_ticket"}
+    )
     # Outside the window.
     old = _run(owner, days_ago=40)
-    ToolActivation.objects.create(run=old, tool_name="create_ticket", trigger="search", query="file a bug")
+    bug = ToolActivation.objects.create(run=old, tool_name="create_ticket", trigger="search", query="file a bug")
+    ToolActivation.objects.filter(pk=bug.pk).update(created_at=timezone.now() - dt.timedelta(days=40))
     _called(old, "create_ticket")
 
 
@@ -72,21 +91,26 @@ def test_recorded_searches_become_queries_answered_by_the_tools_their_runs_then_
     assert [(q["source"], q["query"], q["gold"]) for q in queries] == [
         ("miss", "ping the team", ["send_message"]),
         ("search", "post to a channel", ["send_message"]),
+        ("search", "file it", ["create_ticket"]),
     ]
-    assert {q["run"] for q in queries} == {Run.objects.get(retrieval_misses__query="ping the team").pk}
-    assert [q["query"] for q in recorded_tool_queries(days=60)] == ["ping the team", "post to a channel", "file a bug"]
+    first = Run.objects.get(retrieval_misses__query="ping the team").pk
+    assert [q["run"] for q in queries[:2]] == [first, first]
+    # Oldest first, by when it was recorded (its row is the newest of all).
+    assert [q["query"] for q in recorded_tool_queries(days=60)][0] == "file a bug"
 
 
 @pytest.mark.req("TS-1")
 @pytest.mark.django_db
-def test_the_command_writes_a_query_file_that_bench_search_measures(alice, tmp_path):
+def test_the_command_writes_a_query_file_that_bench_search_measures(alice, tmp_path, capsys):
     _history(alice)
     queries_file, catalog_file = tmp_path / "recorded.jsonl", tmp_path / "catalog.json"
     said = io.StringIO()
     call_command("tool_queries", "--days", "30", "--output", str(queries_file), stdout=said)
-    assert said.getvalue().strip() == f"{queries_file}: 2 queries (1 that found nothing first) from the last 30 days."
+    assert said.getvalue().strip() == f"{queries_file}: 3 queries (1 that found nothing first) from the last 30 days."
     lines = [json.loads(line) for line in queries_file.read_text(encoding="utf-8").splitlines()]
-    assert [line["gold"] for line in lines] == [["send_message"], ["send_message"]]
+    assert [line["gold"] for line in lines] == [["send_message"], ["send_message"], ["create_ticket"]]
+    call_command("tool_queries", "--days", "30")  # without --output: the same lines on standard output
+    assert capsys.readouterr().out == queries_file.read_text(encoding="utf-8")
     call_command("catalog", "export", "--output", str(catalog_file))
     measured = io.StringIO()
     call_command(
@@ -94,8 +118,11 @@ def test_the_command_writes_a_query_file_that_bench_search_measures(alice, tmp_p
         "--json", stdout=measured,
     )  # fmt: skip
     figures = json.loads(measured.getvalue())["rankers"]["bm25"]
-    assert figures["n_queries"] == 2
-    assert 0 <= figures["recall_at_5"] <= 1
+    # The recorded queries, ranked over the exported catalog as the runtime ranks them.
+    index = ToolIndex(records_from_catalog(json.loads(catalog_file.read_text(encoding="utf-8"))))
+    found = [line["gold"][0] in {match.tool.name for match in index.search(line["query"], k=5)} for line in lines]
+    assert figures["n_queries"] == 3
+    assert figures["recall_at_5"] == round(sum(found) / 3, 4)
 
 
 @pytest.mark.req("TS-1")

@@ -18,6 +18,7 @@ from django.db import connection
 
 from controlcenter.management.commands.bench import _available
 from controlcenter.processes import services_env
+from tests.support.catalog import CATALOG_PATH
 from toolcatalog.models import Tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,3 +100,18 @@ def test_the_command_line_refuses_a_bad_option_in_one_line_and_a_writing_bench_l
     with connection.cursor() as cursor:
         cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [f"{database}%bench"])
         assert cursor.fetchall() == []
+
+
+@pytest.mark.req("TD-3")
+def test_bench_deferral_counts_the_ratio_with_a_real_tokenizer_too_and_it_agrees_with_the_estimate():
+    """The estimate is four characters a token; a real BPE tokenizer (SmolLM2's, from the [local]
+    extra the suite installs) must find the same ratio within a point, and within TD-3's 22 %."""
+    out = io.StringIO()
+    call_command("bench", "deferral", "--catalog", str(CATALOG_PATH), "--json", stdout=out)
+    figures = json.loads(out.getvalue())
+    real = figures["real_tokenizer"]
+    assert real["tokenizer"].startswith("SmolLM2")
+    assert real["full_tool_tokens"] > real["deferred_tool_tokens"] > real["index_tokens"] > 0
+    assert real["ratio"] == round(real["deferred_tool_tokens"] / real["full_tool_tokens"], 4)
+    assert abs(real["ratio"] - figures["ratio"]) <= 0.01
+    assert real["ratio"] <= 0.22
