@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 
 from controlcenter.admin_base import AuditAdmin, ModelAdmin
 from toolcatalog.mcp_config import hidden, merged_secrets
@@ -128,6 +129,34 @@ class McpServerForm(forms.ModelForm):
             if data.get(field) in (None, ""):
                 data[field] = default
         return data
+
+    def full_clean(self) -> None:
+        super().full_clean()
+        if self.is_bound and self.errors:
+            self._hide_typed_secrets()
+
+    def _hide_typed_secrets(self) -> None:
+        """A refused form is drawn again from what was typed: its env and headers values go back as
+        "***" (names and ${VAR} references kept), as a password field is never drawn with its value.
+
+        "***" then keeps a value already stored; a value typed for the first time must be typed again.
+        Text that is not a JSON object cannot be shown in part, so none of it is shown."""
+        # A QueryDict from a request (immutable, so copied); a plain dict from code.
+        data = self.data.copy() if isinstance(self.data, QueryDict) else dict(self.data)
+        for field in ("env", "headers"):
+            typed = data.get(self.add_prefix(field))
+            if not typed:
+                continue
+            try:
+                values = json.loads(typed)
+            except ValueError:
+                values = None
+            if isinstance(values, dict):
+                strings = {name: value if isinstance(value, str) else "" for name, value in values.items()}
+                data[self.add_prefix(field)] = json.dumps(hidden(strings))
+            else:
+                data[self.add_prefix(field)] = ""
+        self.data = data
 
     def _post_clean(self) -> None:
         # The model's clean sees the merged secrets, not the "***" the form showed.
