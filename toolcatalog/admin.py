@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, QueryDict
 
 from controlcenter.admin_base import AuditAdmin, ModelAdmin
-from toolcatalog.mcp_config import hidden, merged_secrets
+from toolcatalog.mcp_config import HIDDEN_VALUE, hidden, merged_secrets
 from toolcatalog.models import McpServer, Mode, RetrievalMiss, Tool, ToolActivation, ToolGroup
 from toolcatalog.services import (
     McpImportResult,
@@ -112,7 +112,8 @@ class McpServerForm(forms.ModelForm):
             self.initial["env"] = hidden(self.instance.env)
             self.initial["headers"] = hidden(self.instance.headers)
         for field in ("args", "env", "headers"):
-            self.fields[field].required = False
+            if field in self.fields:  # a view-only user's form has none
+                self.fields[field].required = False
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -139,8 +140,9 @@ class McpServerForm(forms.ModelForm):
         """A refused form is drawn again from what was typed: its env and headers values go back as
         "***" (names and ${VAR} references kept), as a password field is never drawn with its value.
 
-        "***" then keeps a value already stored; a value typed for the first time must be typed again.
-        Text that is not a JSON object cannot be shown in part, so none of it is shown."""
+        "***" keeps a value already stored, so the form says which values it did not keep: sent back
+        as drawn, a rotated token would silently stay the old one. Text that is not a JSON object
+        cannot be shown in part, so none of it is shown."""
         # A QueryDict from a request (immutable, so copied); a plain dict from code.
         data = self.data.copy() if isinstance(self.data, QueryDict) else dict(self.data)
         for field in ("env", "headers"):
@@ -149,13 +151,16 @@ class McpServerForm(forms.ModelForm):
                 continue
             try:
                 values = json.loads(typed)
-            except ValueError:
+            except (ValueError, RecursionError):  # nesting beyond the parser's depth is refused too
                 values = None
-            if isinstance(values, dict):
-                strings = {name: value if isinstance(value, str) else "" for name, value in values.items()}
-                data[self.add_prefix(field)] = json.dumps(hidden(strings))
-            else:
+            if not isinstance(values, dict):
                 data[self.add_prefix(field)] = ""
+                continue
+            strings = {name: value if isinstance(value, str) else "" for name, value in values.items()}
+            shown = hidden(strings)
+            data[self.add_prefix(field)] = json.dumps(shown)
+            if retype := [name for name, value in shown.items() if value == HIDDEN_VALUE != strings[name]]:
+                self.add_error(field, f"Not kept, type again: {', '.join(retype)} (a value typed is never drawn back).")
         self.data = data
 
     def _post_clean(self) -> None:
@@ -185,6 +190,21 @@ class McpServerAdmin(ModelAdmin):
     @admin.display(description="tools")
     def tool_count(self, server: McpServer) -> int:
         return server.tools.filter(enabled=True).count()
+
+    def get_fields(self, request: HttpRequest, obj: McpServer | None = None) -> Any:
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and not self.has_change_permission(request, obj):
+            # Drawn read-only from the row itself, env and headers would show every secret (MC-3).
+            return [{"env": "env_names", "headers": "header_names"}.get(name, name) for name in fields]
+        return fields
+
+    @admin.display(description="env")
+    def env_names(self, server: McpServer) -> str:
+        return json.dumps(hidden(server.env))
+
+    @admin.display(description="headers")
+    def header_names(self, server: McpServer) -> str:
+        return json.dumps(hidden(server.headers))
 
     def save_model(self, request: HttpRequest, obj: McpServer, form: Any, change: bool) -> None:
         # The admin saves inside one transaction: the server and its tools are stored together.

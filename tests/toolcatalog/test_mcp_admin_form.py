@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.auth.models import Permission
 
+from tests.support.factories import UserFactory
 from toolcatalog.models import McpServer
 
 TYPED_ENV = "typed-env-secret-5f1c"
@@ -60,6 +62,12 @@ def test_a_refused_change_form_hides_a_newly_typed_value_and_keeps_the_stored_on
     server.refresh_from_db()
     assert (server.command, server.env) == ("notes-server", {"NOTES_TOKEN": STORED_ENV})
 
+    # A stored value replaced in a refused form comes back as "***", which would keep the old one:
+    # the form says it did not keep the new value.
+    rotated = admin_client.post(url, _form(env=json.dumps({"NOTES_TOKEN": TYPED_ENV}), command=""))
+    assert "Not kept, type again: NOTES_TOKEN" in rotated.content.decode()
+    assert TYPED_ENV not in rotated.content.decode()
+
 
 @pytest.mark.req("MC-3")
 @pytest.mark.django_db
@@ -69,3 +77,22 @@ def test_env_that_is_not_a_json_object_is_refused_and_not_drawn_back(admin_clien
     assert refused.status_code == 200 and "Enter a valid JSON." in page
     assert TYPED_ENV not in page
     assert not McpServer.objects.exists()
+
+
+@pytest.mark.req("MC-3")
+@pytest.mark.django_db
+def test_a_view_only_staff_user_sees_the_server_with_its_secrets_hidden(client):
+    server = McpServer.objects.create(
+        name="notes", transport="stdio", command="notes-server",
+        env={"NOTES_TOKEN": STORED_ENV, "NOTES_HOME": "${HOME}"}, enabled=False,
+    )  # fmt: skip
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_mcpserver"))
+    client.force_login(viewer)
+    page = client.get(f"/admin/toolcatalog/mcpserver/{server.pk}/change/")
+    text = page.content.decode()
+    assert page.status_code == 200, text[-2000:]
+    assert "NOTES_TOKEN" in text and "${HOME}" in text and STORED_ENV not in text
+    assert client.post(f"/admin/toolcatalog/mcpserver/{server.pk}/change/", _form()).status_code == 403
+    server.refresh_from_db()
+    assert server.env == {"NOTES_TOKEN": STORED_ENV, "NOTES_HOME": "${HOME}"}
