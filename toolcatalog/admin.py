@@ -195,7 +195,8 @@ class McpServerAdmin(ModelAdmin):
         fields = list(super().get_fields(request, obj))
         if obj is not None and not self.has_change_permission(request, obj):
             # Drawn read-only from the row itself, env and headers would show every secret (MC-3).
-            return [{"env": "env_names", "headers": "header_names"}.get(name, name) for name in fields]
+            hidden_as = {"env": "env_names", "headers": "header_names"}
+            return [hidden_as.get(name, name) if isinstance(name, str) else name for name in fields]
         return fields
 
     @admin.display(description="env")
