@@ -107,8 +107,12 @@ def merged_secrets(previous: dict[str, str], given: dict[str, Any], what: str) -
     ValueError when a name given as "***" has no stored value: storing "" would silently break
     the server, and the operator meant to keep something that is not there."""
     missing = [key for key, value in given.items() if value == HIDDEN_VALUE and key not in previous]
-    if missing:
+    if len(missing) == 1:
         raise ValueError(f'{what} {missing[0]!r} has no stored value for "{HIDDEN_VALUE}" to keep; give its value.')
+    if missing:
+        # All of them at once: one round trip per name was the admin's answer to a refused form.
+        names = ", ".join(repr(key) for key in missing)
+        raise ValueError(f'{what}s {names} have no stored value for "{HIDDEN_VALUE}" to keep; give their values.')
     return {key: previous[key] if value == HIDDEN_VALUE else value for key, value in given.items()}
 
 

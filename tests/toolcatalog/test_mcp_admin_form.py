@@ -43,7 +43,8 @@ def test_a_refused_add_form_draws_typed_env_and_headers_as_hidden_and_stores_not
 
     # Sent back as drawn, "***" has nothing stored to keep: the person is asked for the value again.
     again = admin_client.post("/admin/toolcatalog/mcpserver/add/", _form(env=json.dumps(shown_env), headers="{}"))
-    assert "environment variable &#x27;NOTES_TOKEN&#x27; has no stored value" in again.content.decode()
+    said = "environment variables &#x27;NOTES_TOKEN&#x27;, &#x27;RETRIES&#x27; have no stored value"
+    assert said in again.content.decode()
     assert not McpServer.objects.exists()
 
 
