@@ -2,8 +2,9 @@
 
 What a mode's runs did over the last N days — which deferred tools they loaded
 (ToolActivation), which searches found nothing first (RetrievalMiss), which tools
-they called (`tool_call` run events, their subagents' included) and how many requests they sent — says which
-deferred tools earn a place in every request and which resident ones do not.
+they called (`tool_call` run events, their subagents' included) and how many
+requests they sent — says which deferred tools earn a place in every request and
+which resident ones do not.
 Each suggestion comes with its measured effect; toolcatalog.services.mode_resident_apply
 applies the chosen ones as one new mode version, so the tools prefix changes once.
 The same records, paired with what each run called, are a set of real search
@@ -116,11 +117,11 @@ def recorded_tool_queries(*, days: int = DEFAULT_DAYS) -> list[dict[str, Any]]:
     loads: dict[int, list[ToolActivation]] = {}
     for load in ToolActivation.objects.filter(window, run_id__in=list(called)).order_by("created_at", "id"):
         loads.setdefault(load.run_id, []).append(load)
-    queries: list[dict[str, Any]] = []
+    recorded: list[tuple[dt.datetime, dict[str, Any]]] = []  # oldest first, once sorted
     for miss in RetrievalMiss.objects.filter(window, run_id__in=list(loads)).exclude(query="").order_by("created_at"):
         after = {load.tool_name for load in loads[miss.run_id] if load.created_at >= miss.created_at}
         if gold := sorted(after & called[miss.run_id]):
-            queries.append(_recorded(f"miss-{miss.pk}", miss.query, gold, "miss", miss))
+            recorded.append((miss.created_at, _query(f"miss-{miss.pk}", miss.query, gold, "miss", miss.run_id)))
     searches: dict[tuple[int, str], list[ToolActivation]] = {}
     for run_loads in loads.values():
         for load in run_loads:
@@ -128,15 +129,13 @@ def recorded_tool_queries(*, days: int = DEFAULT_DAYS) -> list[dict[str, Any]]:
                 searches.setdefault((load.run_id, load.query), []).append(load)
     for (run_id, query), found in searches.items():
         if gold := sorted({load.tool_name for load in found} & called[run_id]):
-            queries.append(_recorded(f"search-{found[0].pk}", query, gold, "search", found[0]))
-    queries.sort(key=lambda item: (item.pop("at"), item["id"]))
-    return queries
+            recorded.append((found[0].created_at, _query(f"search-{found[0].pk}", query, gold, "search", run_id)))
+    recorded.sort(key=lambda item: (item[0], item[1]["id"]))
+    return [query for _, query in recorded]
 
 
-def _recorded(
-    query_id: str, query: str, gold: list[str], source: str, row: RetrievalMiss | ToolActivation
-) -> dict[str, Any]:
-    return {"id": query_id, "query": query, "gold": gold, "source": source, "run": row.run_id, "at": row.created_at}
+def _query(query_id: str, query: str, gold: list[str], source: str, run_id: int) -> dict[str, Any]:
+    return {"id": query_id, "query": query, "gold": gold, "source": source, "run": run_id}
 
 
 def _runs(mode: Mode, since: dt.datetime) -> QuerySet[Run]:

@@ -10,6 +10,7 @@ from typing import Any
 from bench._options import catalog_file
 from controlcenter.localmodel import default_model_path
 from engine.catalog.surface import ModeSpec, Surface, build_surface
+from engine.request import canonical_json
 from engine.tokens import estimate_text_tokens
 from toolcatalog.catalogfile import records_from_catalog
 from toolcatalog.selectors import surface_context
@@ -62,14 +63,13 @@ def _real_tokenizer_ratio(full: Surface, deferred: Surface) -> dict[str, Any] | 
 
     vocabulary = Llama(model_path=str(model_path), vocab_only=True, verbose=False)
 
-    def count(text: str) -> int:
-        return len(vocabulary.tokenize(text.encode(), add_bos=False, special=False))
+    def count(text: bytes) -> int:
+        return len(vocabulary.tokenize(text, add_bos=False, special=False))
 
-    def schemas(surface: Surface) -> str:
-        return json.dumps(surface.resident_schemas(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-    full_tokens = count(schemas(full))
-    resident_tokens, index_tokens = count(schemas(deferred)), count(deferred.index_text)
+    # The blocks as the estimate reads them: the schemas as the request sends them, the index as text.
+    full_tokens = count(canonical_json(full.resident_schemas()))
+    resident_tokens = count(canonical_json(deferred.resident_schemas()))
+    index_tokens = count(deferred.index_text.encode())
     return {
         "tokenizer": model_path.name,
         "full_tool_tokens": full_tokens,
