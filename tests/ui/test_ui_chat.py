@@ -46,6 +46,21 @@ def test_markdown_is_rendered_sanitized_and_highlighted():
     assert 'href="https://e.org"' in html and 'rel="noopener noreferrer nofollow"' in html
 
 
+@pytest.mark.req("UX-1", "SB-6")
+def test_a_markdown_image_is_a_link_to_it_never_an_image_the_page_loads():
+    html = markdown_html(
+        '![diagram](https://example.org/d.png "A diagram") [![badge](https://e.org/b.svg)](https://e.org/ci) '
+        "![a *b*](/static/cc/favicon.svg) ![x](javascript:alert(1))"
+    )
+    assert "<img" not in html
+    assert '<a href="https://example.org/d.png" class="image-link" title="A diagram"' in html
+    # A badge inside a link: one link to where the badge points, its alt text inside it.
+    assert '<a href="https://e.org/ci" target="_blank" rel="noopener noreferrer nofollow">' in html
+    assert '<span class="image-link">badge</span></a>' in html
+    assert '<a href="/static/cc/favicon.svg" class="image-link"' in html and ">a b</a>" in html
+    assert 'href="javascript' not in html
+
+
 @pytest.mark.req("UX-2", "UX-1")
 def test_the_fragment_draws_a_failed_run_with_retry_a_live_placeholder_and_siblings(alice):
     conversation = Conversation.objects.create(owner=alice, title="f")
