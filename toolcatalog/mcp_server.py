@@ -31,7 +31,7 @@ from django.db import close_old_connections, connections
 from rest_framework.authtoken.models import Token
 
 from controlcenter.lockout import lockout_message, record_token_failure, request_for_scope, token_locked_out
-from engine.catalog.ranking import ToolIndex, index_for
+from engine.catalog.ranking import ToolIndex, index_for, query_too_long
 from engine.catalog.surface import ModeSpec, ToolRecord, build_surface
 from engine.catalog.toolbox import CallLimiter, CatalogToolBox, Observation, search_tool_bm25
 from toolcatalog.selectors import catalog_records, mcp_catalog_records
@@ -137,6 +137,9 @@ def search_observation(arguments: dict[str, Any]) -> dict[str, Any]:
     query = arguments.get("query")
     if not isinstance(query, str) or not query.strip():
         return {"ok": False, "error": "query must be a non-empty string describing the tool you need."}
+    too_long = query_too_long(query)
+    if too_long:
+        return {"ok": False, "error": too_long}
     limit = arguments.get("limit", 5)
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 50:
         return {"ok": False, "error": "limit must be an integer from 1 to 50."}

@@ -257,7 +257,25 @@ EVERYDAY_WEIGHT = 0.5
 _EXPANSIONS = {_stem(word): terms(expansion) for word, expansion in EVERYDAY_WORDS.items()}
 
 
+# A query is a few words. The literal patterns above take time in the square of a word's length:
+# a 30,000-character query held a web process for 22 s and a million characters for minutes, every
+# other request waiting on the GIL (QA). The search tools refuse a longer query with a message;
+# the ranker itself never reads past this, whoever calls it.
+MAX_QUERY_CHARS = 1_000
+
+
+def query_too_long(query: str) -> str | None:
+    """What a search tool answers for a query the ranker would not read whole, or None."""
+    if len(query) <= MAX_QUERY_CHARS:
+        return None
+    return (
+        f"query is {len(query):,} characters; describe the tool you need in at most {MAX_QUERY_CHARS:,} "
+        "(a few words for the action and its object work best)."
+    )
+
+
 def query_terms(query: str) -> dict[str, float]:
+    query = query[:MAX_QUERY_CHARS]
     weighted: dict[str, float] = {}
     literals = " ".join(_LITERAL.findall(query))
     for term in terms(_LITERAL.sub(" ", query)):

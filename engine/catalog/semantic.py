@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.catalog import minilm
-from engine.catalog.ranking import Match, ToolIndex, catalog_fingerprint, index_for
+from engine.catalog.ranking import MAX_QUERY_CHARS, Match, ToolIndex, catalog_fingerprint, index_for
 from engine.catalog.surface import ToolRecord
 
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -82,7 +82,7 @@ class HybridIndex:
         if not self.tools or not query.strip():
             return []
         fused = LEXICAL_SHARE * _standardised(self.bm25.scores(query)) + (1 - LEXICAL_SHARE) * _standardised(
-            self.embeddings @ self._encode([query])[0]
+            self.embeddings @ self._encode([query[:MAX_QUERY_CHARS]])[0]
         )
         # Best first; ties keep catalog order. A query BM25 finds nothing for is still answered
         # semantically (its BM25 scores are all zero, so they add nothing).

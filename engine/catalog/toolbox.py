@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.actions import LOADS_TOOLS
-from engine.catalog.ranking import ToolIndex, no_match_message
+from engine.catalog.ranking import ToolIndex, no_match_message, query_too_long
 from engine.catalog.schemas import arguments_problem
 from engine.catalog.surface import Surface, ToolRecord
 from engine.tokens import estimate_json_tokens
@@ -241,6 +241,9 @@ class CatalogToolBox:
 
     def _search_tools(self, arguments: dict[str, Any]) -> Observation:
         query = str(arguments.get("query", "")).strip()
+        too_long = query_too_long(query)
+        if too_long:
+            return {"ok": False, "error": too_long}
         limit = int(arguments.get("limit") or 5)
         matches = self._index().search(query, k=limit, allowed=self.surface.admitted)
         if not matches:

@@ -226,3 +226,11 @@ def test_the_tuning_bench_sees_only_tune_queries_and_restores_the_settings(tmp_p
     ]
     assert len(figures["cross_validation"]["picked"]) == 2
     assert k1 == ranking.K1 and weights == ranking.FIELD_WEIGHTS
+
+
+@pytest.mark.req("TD-6")
+def test_the_ranker_reads_a_query_only_up_to_its_limit():
+    # Whoever calls it: the literal patterns cost the square of a word's length beyond it.
+    long = "assign a ticket " + "x" * 1_000_000
+    assert ranking.query_terms(long) == ranking.query_terms(long[: ranking.MAX_QUERY_CHARS])
+    assert ranking.query_terms(long)  # the words before the limit still count

@@ -108,6 +108,24 @@ def test_search_tool_bm25_ranks_and_only_describes_matches(server_url, alice_tok
     assert bad.is_error is True
 
 
+@pytest.mark.req("TD-7", "SB-5")
+def test_an_over_long_search_query_is_refused_and_never_holds_the_server(server_url, alice_token):
+    # Under the request-size limit; before the limit on queries, ranking it held the whole web
+    # process (every other request waiting) far past this test's timeout.
+    huge = "x" * 1_000_000
+
+    async def steps(client):
+        refused = await client.call_tool(SEARCH_TOOL, {"query": huge})
+        still = await client.call_tool(SEARCH_TOOL, {"query": "run a shell command"})
+        return refused, still
+
+    refused, still = _session(server_url, f"Bearer {alice_token}")(steps)
+    assert refused.is_error is True
+    message = refused.content[0].text
+    assert "1,000,000 characters" in message and "at most 1,000" in message and len(message) < 500
+    assert still.structured_content["matches"][0]["name"] == "bash"
+
+
 @pytest.mark.req("TD-7")
 def test_rank_tools_puts_the_closest_description_first():
     records = mcp_tool_list()

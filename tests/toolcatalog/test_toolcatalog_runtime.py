@@ -166,6 +166,14 @@ def test_an_empty_search_says_so_plainly_and_suggests_rephrasing(tmp_path):
     assert toolbox.misses == ["zzqx wobblefrump"] and toolbox.activations == []
 
 
+@pytest.mark.req("TD-6")
+def test_an_over_long_search_query_gets_an_error_that_names_the_limit(tmp_path):
+    toolbox = _toolbox(tmp_path, _records())
+    result = toolbox.execute("search_tools", {"query": " assign a ticket" * 20_000})
+    assert result["ok"] is False and "319,999 characters" in result["error"] and "at most 1,000" in result["error"]
+    assert toolbox.misses == [] and toolbox.activations == []
+
+
 @pytest.mark.req("TD-8")
 def test_an_activated_tool_still_needs_approval_when_it_requires_it(tmp_path):
     asked = []
