@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from django.db import connection
 from controlcenter.management.commands.bench import _available
 from controlcenter.processes import services_env
 from tests.support.catalog import CATALOG_PATH
+from tests.support.waiting import wait_until
 from toolcatalog.models import Tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +100,70 @@ def test_the_command_line_refuses_a_bad_option_in_one_line_and_a_writing_bench_l
     assert json.loads(ran.stdout.splitlines()[-1])["window_8000"]["failed_runs"] == 0
     # Its user, conversation and runs went into the scratch database, and that is gone.
     assert not get_user_model().objects.filter(username__startswith="bench-").exists()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [f"{database}%bench"])
+        assert cursor.fetchall() == []
+
+
+def _descendants(pid: int) -> dict[int, str]:
+    """Every living process under `pid` (its own session or not), with its command line."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            fields = stat.rpartition(")")[2].split()
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found: dict[int, str] = {}
+    for child, parent in parents.items():
+        ancestor = parent
+        while ancestor > 1 and ancestor != pid:
+            ancestor = parents.get(ancestor, 0)
+        if ancestor == pid:
+            try:
+                found[child] = (Path("/proc") / str(child) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_a_bench_stopped_with_sigterm_stops_everything_it_started_and_drops_its_database():
+    """QA: `timeout 40 ... bench load` left its server, two workers, 25 database connections and its
+    scratch database behind, orphaned; `timeout` sends SIGTERM, and the stack's children live in
+    sessions of their own."""
+    database = connection.settings_dict["NAME"]
+    argv = ["load", "--phases", "api", "--duration", "600", "--clients", "1", "--workers", "1"]
+    bench = subprocess.Popen(
+        [sys.executable, "manage.py", "bench", *argv, "--worker-concurrency", "1"],
+        cwd=ROOT, env=services_env(database), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+
+        def stack_up() -> dict[int, str]:
+            found = _descendants(bench.pid)
+            commands = " | ".join(found.values())
+            return found if " serve " in commands and " worker " in commands else {}
+
+        started = wait_until(stack_up, timeout=180, what="the bench's server and worker")
+        os.kill(bench.pid, signal.SIGTERM)
+        _, stderr = bench.communicate(timeout=120)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    wait_until(lambda: not any(_alive(pid) for pid in started), timeout=30, what=f"all of {started} to end")
     with connection.cursor() as cursor:
         cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [f"{database}%bench"])
         assert cursor.fetchall() == []

@@ -4,8 +4,11 @@ import argparse
 import importlib
 import json
 import pkgutil
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -44,6 +47,33 @@ def _scratch_database() -> Iterator[str]:
         connection.creation.destroy_test_db(configured, verbosity=0)
 
 
+# `timeout`, `kill`, systemd and a closed terminal stop a process with these.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _stopped_like_ctrl_c() -> Iterator[None]:
+    """A stop signal unwinds the bench as Ctrl+C does: its `finally` blocks stop the servers,
+    workers and Redis it started and drop its scratch database. With the default action the
+    process died on the spot and left all of them running, orphaned (QA: `timeout 40 ... bench
+    load`). Later signals are ignored so that the cleanup runs to its end; SIGKILL still works."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        for each in STOP_SIGNALS:
+            signal.signal(each, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = {each: signal.signal(each, stop) for each in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+
+
 class Command(BaseCommand):
     help = (
         "Run a benchmark from bench/ and print its figures (one JSON object with --json). "
@@ -70,11 +100,12 @@ class Command(BaseCommand):
         if problem:
             own.error(problem)
         try:
-            if getattr(module, "WRITES_DATABASE", False):
-                with _scratch_database():
+            with _stopped_like_ctrl_c():
+                if getattr(module, "WRITES_DATABASE", False):
+                    with _scratch_database():
+                        figures = module.run(bench_options)
+                else:
                     figures = module.run(bench_options)
-            else:
-                figures = module.run(bench_options)
         except (OSError, ValueError) as exc:
             # A data file named on the command line that is missing, unreadable, not JSON or not
             # of the shape the benchmark reads (json.JSONDecodeError is a ValueError).
