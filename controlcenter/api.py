@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any, overload
 
 from django.contrib.auth.models import User
@@ -16,6 +17,7 @@ from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import DataError
 from django.http import Http404, HttpRequest
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import exceptions, serializers, status
 from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.request import Request
@@ -35,6 +37,32 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("not_a_string", kind=type(data).__name__)
         return super().to_internal_value(data)
+
+
+class RefusingUnknownFields(serializers.Serializer):
+    """A body with a field the endpoint does not take is refused, naming it: silently dropped, a
+    misspelt or unsupported field looked accepted while the server did something else (UX-8)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping) and (unknown := sorted(set(data) - set(self.fields))):
+            takes = ", ".join(self.fields)
+            raise serializers.ValidationError(
+                {str(name): [f"Unknown field; this endpoint takes {takes}."] for name in unknown}
+            )
+        return super().to_internal_value(data)
+
+
+class RefusingUnknownFieldsSchema(OpenApiSerializerExtension):
+    """The schema says what the serializer refuses: no properties but its own (UX-8)."""
+
+    target_class = RefusingUnknownFields
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        return {
+            **auto_schema._map_serializer(self.target, direction, bypass_extensions=True),
+            "additionalProperties": False,
+        }
 
 
 # ASCII digits only: str.isdigit() takes '²', which int() refuses; 18 digits always fit a bigint.

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.extensions import OpenApiSerializerExtension, OpenApiSerializerFieldExtension
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from controlcenter.api import StrictCharField
+from controlcenter.api import RefusingUnknownFields, StrictCharField
 from conversations.models import Checkpoint, Compaction, Conversation, Message, RewindDigest
 
 
@@ -34,32 +33,6 @@ class ConversationSerializer(serializers.ModelSerializer):
         model = Conversation
         fields = ["id", "title", "tip", "model", "mode", "created_at", "updated_at"]
         read_only_fields = ["tip", "model", "mode", "created_at", "updated_at"]
-
-
-class RefusingUnknownFields(serializers.Serializer):
-    """A body with a field the endpoint does not take is refused, naming it: silently dropped, a
-    misspelt or unsupported field looked accepted while the server did something else (UX-8)."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, Mapping) and (unknown := sorted(set(data) - set(self.fields))):
-            takes = ", ".join(self.fields)
-            raise serializers.ValidationError(
-                {str(name): [f"Unknown field; this endpoint takes {takes}."] for name in unknown}
-            )
-        return super().to_internal_value(data)
-
-
-class RefusingUnknownFieldsSchema(OpenApiSerializerExtension):
-    """The schema says what the serializer refuses: no properties but its own (UX-8)."""
-
-    target_class = RefusingUnknownFields
-    match_subclasses = True
-
-    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
-        return {
-            **auto_schema._map_serializer(self.target, direction, bypass_extensions=True),
-            "additionalProperties": False,
-        }
 
 
 class ModelNameField(StrictCharField):
@@ -115,7 +88,7 @@ class ConversationCreateSerializer(RefusingUnknownFields):
     model = ModelNameField(required=False, allow_blank=True, max_length=128, help_text="blank: server default")
 
 
-class MessageCreateSerializer(serializers.Serializer):
+class MessageCreateSerializer(RefusingUnknownFields):
     text = StrictCharField(allow_blank=True, trim_whitespace=False)
     after = serializers.IntegerField(
         required=False,
@@ -125,19 +98,19 @@ class MessageCreateSerializer(serializers.Serializer):
     )
 
 
-class MessageEditSerializer(serializers.Serializer):
+class MessageEditSerializer(RefusingUnknownFields):
     text = StrictCharField(allow_blank=True, trim_whitespace=False)
 
 
-class BranchSerializer(serializers.Serializer):
+class BranchSerializer(RefusingUnknownFields):
     message = serializers.IntegerField(min_value=1)
 
 
-class ForkSerializer(serializers.Serializer):
+class ForkSerializer(RefusingUnknownFields):
     title = StrictCharField(required=False, allow_blank=True, max_length=200, default="")
 
 
-class CheckpointCreateSerializer(serializers.Serializer):
+class CheckpointCreateSerializer(RefusingUnknownFields):
     label = StrictCharField(max_length=64, trim_whitespace=False)  # type: ignore[assignment]  # as `parent`
 
 
@@ -147,7 +120,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
         fields = ["id", "label", "message", "created_at"]
 
 
-class RewindSerializer(serializers.Serializer):
+class RewindSerializer(RefusingUnknownFields):
     label = StrictCharField(required=False, allow_null=True, max_length=64, default=None)  # type: ignore[assignment]
 
 
@@ -157,7 +130,7 @@ class RewindDigestSerializer(serializers.ModelSerializer):
         fields = ["id", "label", "target", "explored_tip", "digest", "created_at"]
 
 
-class CompactSerializer(serializers.Serializer):
+class CompactSerializer(RefusingUnknownFields):
     rungs = serializers.ListField(
         # "summary" calls the conversation's model, in a worker (CH-14).
         child=serializers.ChoiceField(

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from controlcenter.api import RefusingUnknownFields
 from scratchpad.models import Entry
 from scratchpad.services import MAX_TTL_SECONDS
 
@@ -33,5 +34,5 @@ class EntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PinSerializer(serializers.Serializer):
+class PinSerializer(RefusingUnknownFields):
     ttl_seconds = serializers.IntegerField(required=False, min_value=1, max_value=MAX_TTL_SECONDS)

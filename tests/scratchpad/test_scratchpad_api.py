@@ -122,6 +122,10 @@ def test_owner_pins_an_entry_to_its_conversation(alice_api, alice_entry):
     assert entry.pinned and (entry.expires_at - entry.created_at).total_seconds() >= 86_400 - 5
     bad = alice_api.post(f"/api/scratchpad/entries/{entry.pk}/pin/", {"ttl_seconds": 0}, format="json")
     assert bad.status_code == 400
+    # QA: a misspelt option was dropped and the entry pinned for the default time.
+    misspelt = alice_api.post(f"/api/scratchpad/entries/{entry.pk}/pin/", {"ttl": 60}, format="json")
+    assert misspelt.status_code == 400
+    assert "ttl: Unknown field; this endpoint takes ttl_seconds." in misspelt.json()["error"]["message"]
 
 
 def test_unauthenticated_requests_are_refused(client, alice_entry):
