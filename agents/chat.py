@@ -86,9 +86,11 @@ def message_send(*, conversation: Conversation, text: str, after: int | None = A
     with transaction.atomic():
         locked = conversation_locked(conversation)
         if after != ANY_TIP and not _went_on_from(locked, after):
+            now = f"message {locked.tip_id}" if locked.tip_id is not None else "no message (it is empty)"
+            saw = f"message {after}" if after is not None else "no message"
             raise Conflict(
-                f"The conversation moved on since you saw it: its tip is now message {locked.tip_id}, not "
-                f"{after} (another tab or client switched branches or sent a message). Reload it, then send again."
+                f"The conversation moved on since you saw it: its tip is now {now}, not {saw} (another tab or "
+                "client switched branches or sent a message). Reload it, then send again."
             )
         message = Message.objects.create(
             conversation=locked,

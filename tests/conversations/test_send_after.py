@@ -32,7 +32,7 @@ def test_a_prompt_sent_after_another_tab_moved_the_tip_is_refused_and_nothing_is
     refused = _send(alice_api, explored, {"text": "Follow-up to what I see.", "after": shown_tip})
 
     assert refused.status_code == 409
-    assert f"its tip is now message {other_answer}, not {shown_tip}" in refused.json()["error"]["message"]
+    assert f"its tip is now message {other_answer}, not message {shown_tip}" in refused.json()["error"]["message"]
     explored.refresh_from_db()
     assert Message.objects.count() == before and explored.tip_id == other_answer
     assert not Run.objects.filter(conversation=explored).exists()
@@ -57,3 +57,15 @@ def test_a_tip_that_only_went_on_along_the_same_path_takes_the_prompt(alice, ali
     for bad in ("seven", 0, True, [1]):
         response = _send(alice_api, empty, {"text": "Third.", "after": bad})
         assert response.status_code == 400 and "after" in str(response.json()), (bad, response.json())
+
+
+@pytest.mark.django_db
+@pytest.mark.req("CH-7")
+def test_a_stale_tip_on_an_empty_conversation_says_it_is_empty(alice, alice_api, explored):
+    # QA: "its tip is now message None, not 4".
+    empty = ConversationFactory(owner=alice)
+    refused = _send(alice_api, empty, {"text": "Hello?", "after": explored.tip_id})
+    assert refused.status_code == 409
+    message = refused.json()["error"]["message"]
+    assert f"its tip is now no message (it is empty), not message {explored.tip_id}" in message
+    assert "None" not in message and not Message.objects.filter(conversation=empty).exists()
