@@ -460,9 +460,13 @@ def _apply_listing(server: McpServer, listed: list[ImportedTool]) -> McpImportRe
 
 
 class McpServerInvalid(DomainError):
+    """Per-field errors in the shape a serializer's have: one sentence, and `details` by field."""
+
     def __init__(self, errors: dict[str, str]) -> None:
-        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
-        self.errors = errors
+        super().__init__(
+            " ".join(f"{field}: {message}" for field, message in errors.items()),
+            {field: [message] for field, message in errors.items()},
+        )
 
 
 _CONFIG_FIELDS = ("transport", "command", "args", "env", "cwd", "url", "headers", "network", "enabled")

@@ -243,6 +243,20 @@ def test_mcp_servers_are_managed_over_the_api_only_with_the_permissions_the_admi
     assert api.delete(f"/api/mcp-servers/{server.pk}/").status_code == 403  # no delete permission
 
 
+@pytest.mark.req("MC-1", "UX-8")
+def test_an_invalid_mcp_server_is_a_400_with_one_sentence_and_details_by_field(admin_client):
+    # QA: "...tools).; transport: ..." with empty details, where serializer errors fill them.
+    refused = admin_client.post("/api/mcp-servers/", {}, content_type="application/json")
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert set(error["details"]) == {"name", "transport"} and all(
+        isinstance(messages, list) and messages for messages in error["details"].values()
+    )
+    assert ".;" not in error["message"] and error["message"].startswith("name: ")
+    assert f"transport: {error['details']['transport'][0]}" in error["message"]
+    assert not McpServer.objects.exists()
+
+
 @pytest.mark.req("TD-4")
 def test_a_modes_output_action_names_a_tool_of_the_catalog(catalog, admin_client):
     """QA: the admin saved output_action 'bogus': its runs would be told to finish with a tool nobody can call."""
