@@ -263,12 +263,20 @@ class McpEndpoint:
             await _plain_response(send, 204, "")
             return
         if method == "POST":
+            if _media_type(scope) != "application/json":
+                # The SDK answered this with a plain-text 400 that a JSON-RPC client cannot parse (QA).
+                await _plain_response(send, 415, "Send the JSON-RPC message with Content-Type: application/json.")
+                return
             body = await _read_body(receive)
             if body is None:
                 return  # the client left
             problem = _not_one_request(body)
             if problem:
                 await _plain_response(send, 400, problem)
+                return
+            request_id, problem = _bad_tool_call(body)
+            if problem:
+                await _invalid_params(send, request_id, problem)
                 return
             receive = _replaying(body, receive)
         scope[SESSION_SCOPE_KEY] = session_key
@@ -395,6 +403,38 @@ def _not_one_request(body: bytes) -> str:
         ident = message.get("id", 0)
         if isinstance(ident, bool) or not isinstance(ident, str | int):
             return 'A JSON-RPC request "id" is a string or an integer.'
+    return ""
+
+
+def _bad_tool_call(body: bytes) -> tuple[Any, str]:
+    """A tools/call whose params name no tool or whose arguments are not an object: its id and why;
+    ("", "") for anything else. The SDK answered these "Invalid request parameters", naming nothing."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):  # the SDK's -32700, as _not_one_request leaves it
+        return "", ""
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return "", ""
+    params = message.get("params")
+    if not isinstance(params, dict) or not isinstance(params.get("name"), str) or not params["name"]:
+        return message.get("id"), 'tools/call needs "params" with "name", the tool\'s name as a string.'
+    if params.get("arguments") is not None and not isinstance(params["arguments"], dict):
+        return message.get("id"), 'tools/call "arguments" are a JSON object of the tool\'s parameters.'
+    return "", ""
+
+
+async def _invalid_params(send: Any, request_id: Any, message: str) -> None:
+    """JSON-RPC's Invalid params (-32602) answering the request, as the SDK's own errors do (HTTP 200)."""
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _media_type(scope: dict) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"content-type":
+            return value.decode("latin-1").partition(";")[0].strip().lower()
     return ""
 
 

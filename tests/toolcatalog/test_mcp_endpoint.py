@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import httpx
 import httpx2
@@ -231,3 +233,39 @@ def test_a_batch_or_a_body_that_is_not_one_json_rpc_message_is_an_invalid_reques
     # The body read for the check still reaches the SDK whole.
     listed = httpx.post(server_url, json=listing, headers=headers, timeout=10)
     assert listed.status_code == 200 and SEARCH_TOOL in listed.text
+    # QA: the SDK answered these with a plain-text 400, which no JSON-RPC client parses.
+    for content_type in ("text/plain", None):
+        other = (
+            {**headers, "Content-Type": content_type}
+            if content_type
+            else {k: v for k, v in headers.items() if k != "Content-Type"}
+        )
+        refused = httpx.post(server_url, content=json.dumps(listing).encode(), headers=other, timeout=10)
+        assert refused.status_code == 415 and "Content-Type: application/json" in refused.json()["error"]["message"]
+
+
+@pytest.mark.req("MC-5")
+def test_a_tool_call_that_names_no_tool_or_sends_arguments_that_are_no_object_says_which(server_url, alice_token):
+    # QA: the SDK answered each "Invalid request parameters", naming nothing.
+    headers = {
+        "Authorization": f"Bearer {alice_token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+    for params, said in [
+        (None, '"params" with "name"'),
+        ({"name": 5}, '"params" with "name"'),
+        ({"name": ""}, '"params" with "name"'),
+        ({"name": SEARCH_TOOL, "arguments": [1]}, '"arguments" are a JSON object'),
+        ({"name": SEARCH_TOOL, "arguments": "q"}, '"arguments" are a JSON object'),
+    ]:
+        body = {**call, "params": params} if params is not None else call
+        response = httpx.post(server_url, json=body, headers=headers, timeout=10)
+        answer = response.json()
+        assert answer["id"] == 7 and answer["error"]["code"] == -32602, answer
+        assert said in answer["error"]["message"], answer
+    found = httpx.post(
+        server_url, json={**call, "params": {"name": SEARCH_TOOL, "arguments": {"query": "shell"}}}, headers=headers
+    )
+    assert found.status_code == 200 and "bash" in found.text
