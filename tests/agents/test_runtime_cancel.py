@@ -163,6 +163,13 @@ def seconds_since(asked: datetime, finished_at: datetime) -> float:
     return (finished_at - asked).total_seconds()
 
 
+def _run_finished(run: Run) -> dict[str, Any]:
+    """The run_finished event's payload: the worker stores the run's end, then publishes the event,
+    a moment apart (CI once read the event between the two)."""
+    event = wait_until(lambda: RunEvent.objects.filter(run=run, type="run_finished").first(), 10, "run_finished")
+    return event.payload
+
+
 def path_of(conversation_id: int) -> list[Message]:
     tip = Conversation.objects.get(pk=conversation_id).tip
     path = []
@@ -195,7 +202,7 @@ def test_a_cancelled_command_ends_the_run_and_its_partial_output_is_a_cancelled_
     assert closed["tool_use_id"] == tool_use["id"] and closed["is_error"] is True
     output = json.loads(closed["content"])
     assert output["cancelled"] is True and output["stdout"].startswith("1\n2\n3\n")
-    finished = RunEvent.objects.get(run=run, type="run_finished").payload
+    finished = _run_finished(run)
     assert finished == {"status": "cancelled", "error": "", "message_id": result.pk}
 
     # The next message's request carries the cancelled result, and the provider accepts it.
@@ -325,7 +332,7 @@ def test_a_cancel_while_the_model_has_sent_nothing_yet_ends_the_run_within_2_s(s
     assert seconds_since(asked, cancelled(run).finished_at) < 2.0, timeline(run, asked)
     # Nothing of the turn came back, so nothing of it is kept: the path still ends at the prompt.
     assert [m.pk for m in path_of(run.conversation_id)] == [run.trigger_id]
-    assert RunEvent.objects.get(run=run, type="run_finished").payload["status"] == "cancelled"
+    assert _run_finished(run)["status"] == "cancelled"
 
 
 @pytest.fixture
