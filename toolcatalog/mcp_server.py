@@ -67,6 +67,7 @@ SEARCH_TOOL_RECORD: dict[str, Any] = {
             "limit": {"type": "integer", "minimum": 1, "maximum": 50, "description": "Matches to return. Default 5."},
         },
         "required": ["query"],
+        "additionalProperties": False,
     },
     "resident": True,
     "requires_approval": False,
@@ -134,6 +135,10 @@ def _catalog_index() -> tuple[ToolIndex, frozenset[str]]:
 
 
 def search_observation(arguments: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(arguments) - {"query", "limit"})
+    if unknown:
+        # A misspelt option (`limt`) was dropped and the search answered as if it were not sent (QA).
+        return {"ok": False, "error": f"Unknown argument {', '.join(unknown)}: {SEARCH_TOOL} takes query and limit."}
     query = arguments.get("query")
     if not isinstance(query, str) or not query.strip():
         return {"ok": False, "error": "query must be a non-empty string describing the tool you need."}

@@ -95,9 +95,10 @@ def test_search_tool_bm25_ranks_and_only_describes_matches(server_url, alice_tok
         found = await client.call_tool(SEARCH_TOOL, {"query": "run a shell command", "limit": 3})
         nothing = await client.call_tool(SEARCH_TOOL, {"query": "zyxxy quorble"})
         bad = await client.call_tool(SEARCH_TOOL, {"query": "  "})
-        return found, nothing, bad
+        misspelt = await client.call_tool(SEARCH_TOOL, {"query": "run a shell command", "limt": 1})
+        return found, nothing, bad, misspelt
 
-    found, nothing, bad = _session(server_url, f"Bearer {alice_token}")(steps)
+    found, nothing, bad, misspelt = _session(server_url, f"Bearer {alice_token}")(steps)
     assert found.is_error is False
     matches = found.structured_content["matches"]
     assert matches[0]["name"] == "bash"
@@ -108,6 +109,7 @@ def test_search_tool_bm25_ranks_and_only_describes_matches(server_url, alice_tok
     assert "Rephrase" in nothing.structured_content["message"]
     assert "tools/list" in nothing.structured_content["message"]
     assert bad.is_error is True
+    assert misspelt.is_error is True and "Unknown argument limt" in misspelt.content[0].text
 
 
 @pytest.mark.req("TD-7", "SB-5")
