@@ -275,11 +275,12 @@ class McpEndpoint:
             body = await _read_body(receive)
             if body is None:
                 return  # the client left
-            problem = _not_one_request(body)
+            message = _parsed(body)
+            problem = _not_one_request(message)
             if problem:
                 await _plain_response(send, 400, problem)
                 return
-            request_id, problem = _bad_tool_call(body)
+            request_id, problem = _bad_tool_call(message)
             if problem:
                 await _invalid_params(send, request_id, problem)
                 return
@@ -381,15 +382,24 @@ async def _read_body(receive: Any) -> bytes | None:
             return b"".join(chunks)
 
 
-def _not_one_request(body: bytes) -> str:
-    """Why the body is not one JSON-RPC message, or "" when the SDK should have it.
+_UNPARSED = object()
+
+
+def _parsed(body: bytes) -> Any:
+    """The body as JSON, or _UNPARSED: what does not parse is left to the SDK's -32700."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return _UNPARSED
+
+
+def _not_one_request(message: Any) -> str:
+    """Why the parsed body is not one JSON-RPC message, or "" when the SDK should have it.
 
     The SDK answers these with -32602 and a kilobyte of pydantic's validation text; JSON-RPC
-    calls them an Invalid Request (-32600). What does not parse is left to the SDK's -32700.
+    calls them an Invalid Request (-32600).
     """
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
+    if message is _UNPARSED:
         return ""
     if isinstance(message, list):
         return "Batches are not supported: send one JSON-RPC message per request."
@@ -411,13 +421,9 @@ def _not_one_request(body: bytes) -> str:
     return ""
 
 
-def _bad_tool_call(body: bytes) -> tuple[Any, str]:
+def _bad_tool_call(message: Any) -> tuple[Any, str]:
     """A tools/call whose params name no tool or whose arguments are not an object: its id and why;
     ("", "") for anything else. The SDK answered these "Invalid request parameters", naming nothing."""
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):  # the SDK's -32700, as _not_one_request leaves it
-        return "", ""
     if not isinstance(message, dict) or message.get("method") != "tools/call":
         return "", ""
     params = message.get("params")

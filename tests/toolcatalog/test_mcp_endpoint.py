@@ -33,6 +33,15 @@ def bob_token(bob) -> str:
     return Token.objects.create(user=bob).key
 
 
+def _json_rpc_headers(token: str) -> dict[str, str]:
+    """What an MCP client sends with a raw JSON-RPC POST."""
+    return {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+
+
 def _session(url: str, authorization: str):
     """Run `steps(client)` against the endpoint with one MCP client session."""
 
@@ -189,11 +198,7 @@ def test_tools_call_keeps_the_approval_rule_and_refuses_unknown_tools(server_url
 
 @pytest.mark.req("RN-3")
 def test_a_foreign_host_header_and_an_oversized_body_are_refused(server_url, alice_token):
-    headers = {
-        "Authorization": f"Bearer {alice_token}",
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-    }
+    headers = _json_rpc_headers(alice_token)
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     rebound = httpx.post(server_url, json=body, headers={**headers, "Host": "evil.example"}, timeout=10)
     assert rebound.status_code in (400, 421)
@@ -206,11 +211,7 @@ def test_a_foreign_host_header_and_an_oversized_body_are_refused(server_url, ali
 
 @pytest.mark.req("MC-5")
 def test_a_batch_or_a_body_that_is_not_one_json_rpc_message_is_an_invalid_request(server_url, alice_token):
-    headers = {
-        "Authorization": f"Bearer {alice_token}",
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-    }
+    headers = _json_rpc_headers(alice_token)
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     for body, said in [
         ([listing, {**listing, "id": 2}], "Batches are not supported"),
@@ -249,11 +250,7 @@ def test_a_batch_or_a_body_that_is_not_one_json_rpc_message_is_an_invalid_reques
 @pytest.mark.req("MC-5")
 def test_a_tool_call_that_names_no_tool_or_sends_arguments_that_are_no_object_says_which(server_url, alice_token):
     # QA: the SDK answered each "Invalid request parameters", naming nothing.
-    headers = {
-        "Authorization": f"Bearer {alice_token}",
-        "Accept": "application/json, text/event-stream",
-        "Content-Type": "application/json",
-    }
+    headers = _json_rpc_headers(alice_token)
     call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
     for params, said in [
         (None, '"params" with "name"'),
