@@ -17,11 +17,22 @@ from rest_framework.test import APIClient
 from controlcenter.processes import WorkerProcess, services_env
 from tests.support.embedded import start_embedded_server, stop_embedded_server
 from tests.support.factories import UserFactory
+from tests.support.timing import ENV as SLOWNESS_ENV
+from tests.support.timing import measure_slowness, scaled
 
 # --- pytest-xdist: every worker its own Redis database and var folder -----------------
 # Django reads its settings before this file is loaded in a worker, so the controller sets them in
 # each worker's environment when it starts it. PostgreSQL needs nothing: pytest-django names each
 # worker's test database after it (test_<name>_gw0, ...).
+
+
+def pytest_configure(config) -> None:
+    # Once, before any xdist worker starts: every worker inherits the same figure (tests/support/timing.py).
+    os.environ.setdefault(SLOWNESS_ENV, str(measure_slowness()))
+
+
+def pytest_report_header(config) -> str:
+    return f"time limits scaled by {os.environ[SLOWNESS_ENV]} (this machine's slowness, tests/support/timing.py)"
 
 
 def pytest_xdist_setupnodes(config, specs) -> None:
@@ -85,6 +96,15 @@ def pytest_collection_modifyitems(config, items) -> Generator[None, None, None]:
     # test) went out late and ended the run alone: marked, a single test leads the single tests and
     # a group's long test leads its group, so their time overlaps the rest of the suite.
     items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
+    # pytest-timeout's caps follow the machine like every other limit (tests/support/timing.py).
+    option = config.getoption("timeout", None)
+    default = float(option if option is not None else config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        written = (marker.args[0] if marker.args else marker.kwargs.get("timeout")) if marker else None
+        limit = float(written) if written is not None else default
+        if limit:
+            item.add_marker(pytest.mark.timeout(scaled(limit)), append=False)
 
 
 @pytest.fixture(autouse=True)

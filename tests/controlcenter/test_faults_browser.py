@@ -12,6 +12,7 @@ from agents.models import Run
 from controlcenter.stack import Stack
 from conversations.models import Message
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.timing import scaled
 
 pytestmark = [
     pytest.mark.browser,
@@ -41,13 +42,13 @@ def test_the_page_reconnects_after_a_web_restart_and_shows_the_whole_run(tmp_pat
             page.fill("#composer-input", "please run `sleep 3; echo done`")
             page.keyboard.press("Enter")
             streamed = page.locator("#messages")  # the live reply, then the stored one drawn in its place
-            expect(streamed.locator("details.tool summary").first).to_contain_text("bash", timeout=20_000)
+            expect(streamed.locator("details.tool summary").first).to_contain_text("bash", timeout=scaled(20_000))
 
             web.kill()  # the page loses its websocket mid-run
             time.sleep(1.0)
             web.start()
 
-            expect(page.locator("#status")).to_have_text("Run finished.", timeout=40_000)
+            expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(40_000))
             expect(streamed).to_contain_text("done")
             shown = streamed.inner_text()
             browser.close()

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD, ROOT
+from tests.support.timing import scaled
 
 # Starting the server and seeding it spawn three Django processes: on a loaded machine that alone
 # can pass the default 120 s.
@@ -29,7 +30,8 @@ FAILURES = 100
 
 
 def _client(base: str, address: str, **kwargs) -> httpx.Client:
-    return httpx.Client(base_url=base, transport=httpx.HTTPTransport(local_address=address), timeout=10, **kwargs)
+    transport = httpx.HTTPTransport(local_address=address)
+    return httpx.Client(base_url=base, transport=transport, timeout=scaled(10), **kwargs)
 
 
 def _manage(folder: Path, code: str) -> str:
@@ -248,6 +250,7 @@ def test_a_catastrophic_regex_through_mcp_leaves_healthz_answering_within_a_seco
         latencies.append(time.monotonic() - began)
         time.sleep(0.05)
     caller.join()
-    assert max(latencies) < 1.0, latencies
+    # Within a second on the reference machine (tests/support/timing.py); 20 s before the fix.
+    assert max(latencies) < scaled(1.0), latencies
     assert answer["response"].status_code == 200, answer["response"].text
     assert "structuredContent" in answer["response"].text

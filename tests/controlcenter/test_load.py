@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 
 from bench.load import measure
+from tests.support.timing import slowness
 
 pytestmark = [
     pytest.mark.load,
@@ -39,7 +40,8 @@ def test_reduced_load_completes_every_run_fails_no_request_and_reaches_every_wat
     )
     runs, api, watch = figures["runs"], figures["api"], figures["watch"]
     assert runs["succeeded"] == runs["intact_conversations"] == 8 and runs["lost"] == 0, runs
-    assert api["errors"] == 0 and api["requests"] > 100, (api["error_statuses"], api)
+    # Throughput is the machine's: 100 requests in 5 s on the reference machine (tests/support/timing.py).
+    assert api["errors"] == 0 and api["requests"] > 100 / slowness(), (api["error_statuses"], api)
     assert api["runs_posted"] >= 10 and api["runs_lost"] == 0, api
     assert watch["clients_with_every_event"] == 10 and watch["events_missing"] == 0, watch
     # The reply reached the watchers as a stream: deltas are coalesced by time (0.1 s), so how many

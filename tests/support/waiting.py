@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from tests.support.timing import scaled
+
 T = TypeVar("T")
 
 
@@ -20,14 +22,17 @@ def wait_until(
 
     `sleep` is how to pass the time between tries: Playwright's sync API hands a page's events (a held
     request, say) to the test only while it is inside a Playwright call, so a browser test passes
-    `lambda seconds: page.wait_for_timeout(seconds * 1000)`."""
+    `lambda seconds: page.wait_for_timeout(seconds * 1000)`.
+
+    `timeout` is a cap on the reference machine, scaled to this one (tests/support/timing.py)."""
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         sleep(interval)
 
 

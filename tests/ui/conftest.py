@@ -6,10 +6,11 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.timing import scaled
 
 # What the page must come to show, not how fast: Playwright's 5 s ran out once in a fresh CI run
 # (the /context navigation, at the suite's start, with every worker's servers starting on 2 cores).
-expect.set_options(timeout=15_000)
+expect.set_options(timeout=scaled(15_000))
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from playwright.sync_api import expect
 
 from tests.support.browser import ARTIFACTS, open_conversation, screenshot, seed
 from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD
+from tests.support.timing import scaled
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -57,7 +58,7 @@ def signed_in(browser, embedded_server_module) -> dict:
     page.fill("input[name=username]", "admin")
     page.fill("input[name=password]", EMBEDDED_ADMIN_PASSWORD)
     page.keyboard.press("Enter")
-    expect(page.locator("h1")).to_have_text("Conversations", timeout=30_000)
+    expect(page.locator("h1")).to_have_text("Conversations", timeout=scaled(30_000))
     state = context.storage_state()
     context.close()
     return state
@@ -110,7 +111,7 @@ def _settled(page) -> None:
     page.wait_for_function(
         "() => { const root = document.getElementById('conversation');"
         " return !root.dataset.busy && !document.querySelector('#messages article.live'); }",
-        timeout=20_000,
+        timeout=scaled(20_000),
     )
     expect(page.locator("#cancel")).to_be_hidden()
 
@@ -128,7 +129,7 @@ def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context
     for tab in (tab_a, tab_b):
         # Every tab shows the prompt from tab A, the pending approval and a Cancel button.
         expect(tab.locator("article.user").last).to_contain_text("please run echo from-tab-a")
-        expect(tab.locator(".approval")).to_contain_text("echo from-tab-a", timeout=15_000)
+        expect(tab.locator(".approval")).to_contain_text("echo from-tab-a", timeout=scaled(15_000))
         expect(tab.locator("#cancel")).to_be_visible()
     expect(tab_b.locator("#composer-input")).to_be_focused()  # the approval did not take focus
     expect(tab_a.locator("#composer-input")).to_be_focused()
@@ -149,7 +150,7 @@ def test_typing_in_a_second_tab_while_an_approval_arrives_never_approves(context
     expect(tab_b.locator("article.assistant").last).to_contain_text("exited with 0: from-tab-a")
     tab_b.locator("#composer-input").focus()
     tab_b.keyboard.press("Enter")  # now the note goes
-    expect(tab_a.locator("article.user").last).to_contain_text("a note from tab B", timeout=15_000)
+    expect(tab_a.locator("article.user").last).to_contain_text("a note from tab B", timeout=scaled(15_000))
     _settled(tab_a)
     _settled(tab_b)
     assert _texts(tab_a) == _texts(tab_b)
@@ -177,7 +178,7 @@ def test_a_tab_whose_edit_form_was_open_while_the_conversation_changed_redraws_o
     tab_b.keyboard.press("Escape")  # B closes the form: now it catches up
     expect(tab_b.locator("article.user").last).to_contain_text("asked in tab A")
     _send(tab_b, "asked in tab B")  # and its own sends keep showing
-    expect(tab_b.locator("article.assistant").last).to_contain_text('"asked in tab B"', timeout=15_000)
+    expect(tab_b.locator("article.assistant").last).to_contain_text('"asked in tab B"', timeout=scaled(15_000))
     _settled(tab_b)
     expect(tab_a.locator("article.assistant").last).to_contain_text('"asked in tab B"')
     _settled(tab_a)
@@ -259,7 +260,9 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
     expect(prompt).to_have_count(1)
     expect(prompt).to_contain_text("echo redrawn")
     prompt.locator("button.approve").click()
-    expect(page.locator("#messages article.assistant").last).to_contain_text("exited with 0: redrawn", timeout=20_000)
+    expect(page.locator("#messages article.assistant").last).to_contain_text(
+        "exited with 0: redrawn", timeout=scaled(20_000)
+    )
     assert not errors
 
 
@@ -289,7 +292,7 @@ def test_back_to_a_conversation_waiting_for_approval_shows_the_approval_again(co
     conversation = _new(context, base, "back to approve")
     page = open_conversation(context, base, conversation)
     _send(page, "please run `echo back-again`")
-    expect(page.locator(".approval")).to_contain_text("echo back-again", timeout=15_000)
+    expect(page.locator(".approval")).to_contain_text("echo back-again", timeout=scaled(15_000))
     page.locator("a", has_text="Conversations").first.click()
     expect(page).to_have_url(re.compile(r"/$"))
     page.go_back()
@@ -394,7 +397,7 @@ def test_a_refused_command_replaces_the_previous_commands_outcome(context, embed
     page = open_conversation(context, base, _new(context, base, "outcomes"))
     _send(page, "first question")
     status = page.locator("#status")
-    expect(status).to_have_text("Run finished.", timeout=15_000)
+    expect(status).to_have_text("Run finished.", timeout=scaled(15_000))
 
     _send(page, "/checkpoint ui-cp")
     expect(status).to_contain_text("Checkpoint 'ui-cp' at message")
@@ -473,7 +476,7 @@ def test_a_catch_up_read_late_does_not_replace_what_the_person_did_meanwhile(con
     expect(page.locator(".approval").last).to_contain_text("echo held-catch-up")
     expect(status).to_have_text("Renamed.", timeout=1)
     page.locator(".approval").last.locator("button.deny").click()
-    expect(status).to_have_text(re.compile(r"Run (finished|failed|cancelled)"), timeout=15_000)
+    expect(status).to_have_text(re.compile(r"Run (finished|failed|cancelled)"), timeout=scaled(15_000))
     assert not page.js_errors
 
 
@@ -585,7 +588,7 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
     _send(page, "please run `sleep 30.4417`")  # an odd length: no other process on the machine has it
     card = page.locator("article.live")
     badge = card.locator("details.tool .tool-state")
-    expect(card.locator(".approval")).to_be_visible(timeout=15_000)
+    expect(card.locator(".approval")).to_be_visible(timeout=scaled(15_000))
     expect(badge).to_have_text("waiting for approval")  # nothing runs before a person decides
     # The request that asked for the call was stored when its reply came in: the usage bar shows it mid-turn.
     expect(page.locator("#conversation-usage")).to_contain_text(" out")
@@ -608,7 +611,7 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
 
     started = time.monotonic()
     stop.click()
-    expect(stop).to_be_hidden(timeout=2_000)  # the run's end reached the page
+    expect(stop).to_be_hidden(timeout=scaled(2_000))  # the run's end reached the page
     elapsed = time.monotonic() - started
     assert context.request.get(f"{base}/api/runs/{run}/").json()["status"] == "cancelled"
     assert elapsed < 2, f"Stop took {elapsed:.2f} s"
@@ -629,7 +632,7 @@ def test_stop_kills_a_running_sleep_and_the_composer_works_at_once(context, embe
     expect(page.locator("article.run-ended")).to_have_count(0)
     expect(page.locator("#messages > article").last).to_have_class(re.compile("assistant"))
     _send(page, "after the stop")  # the composer works at once: no 409, a reply
-    expect(page.locator("article.assistant").last).to_contain_text('"after the stop"', timeout=15_000)
+    expect(page.locator("article.assistant").last).to_contain_text('"after the stop"', timeout=scaled(15_000))
     expect(page.locator("#errors .error-card")).to_have_count(0)
 
 
@@ -643,7 +646,7 @@ def test_subagents_show_live_in_the_parents_card_with_their_calls_and_answers(co
     card = page.locator("article.live")
     zero = card.locator(".subagent[data-index='0']")
     one = card.locator(".subagent[data-index='1']")
-    expect(one).to_have_attribute("data-status", "succeeded", timeout=20_000)
+    expect(one).to_have_attribute("data-status", "succeeded", timeout=scaled(20_000))
     expect(one.locator("summary").first).to_contain_text("Subagent 1 (worker) · done")
     expect(one.locator("details.tool .tool-name")).to_have_text("list_dir")
     expect(one.locator("details.tool .tool-state")).to_have_text("ok")
@@ -777,14 +780,14 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     at_bottom = "window.innerHeight + window.scrollY >= document.documentElement.scrollHeight - 80"
     assert page.evaluate(at_bottom)  # opens at the newest message
     _send(page, "follow me")
-    expect(page.locator("article.assistant").last).to_contain_text('"follow me"', timeout=15_000)
+    expect(page.locator("article.assistant").last).to_contain_text('"follow me"', timeout=scaled(15_000))
     _settled(page)
     assert page.evaluate(at_bottom)  # followed the reply
     page.mouse.wheel(0, -3000)  # the person scrolls up to read: the page stays there
     page.wait_for_function(f"() => !({at_bottom})")  # a function, not an expression: the CSP refuses eval
     other = open_conversation(context, base, conversation)  # a message from another tab streams in meanwhile
     _send(other, "do not move")
-    expect(page.locator("article.assistant").last).to_contain_text('"do not move"', timeout=15_000)
+    expect(page.locator("article.assistant").last).to_contain_text('"do not move"', timeout=scaled(15_000))
     _settled(page)
     expect(page.locator("#jump-latest")).to_be_visible()
     assert not page.evaluate(at_bottom)
@@ -808,7 +811,9 @@ def test_no_page_overflows_sideways_and_a_long_conversation_follows_the_stream(c
     # A leading "/" that is no command is sent as a prompt, and the page says so (CH-10).
     page.locator("#composer-input").fill("/usr/bin/python3 crashes on start")
     page.keyboard.press("Enter")
-    expect(page.locator("article.user").last).to_contain_text("/usr/bin/python3 crashes on start", timeout=15_000)
+    expect(page.locator("article.user").last).to_contain_text(
+        "/usr/bin/python3 crashes on start", timeout=scaled(15_000)
+    )
     prompt_note = page.locator("#messages article.prompt-note")
     expect(prompt_note).to_contain_text("is not a command, so it was sent as a message")
     _settled(page)
@@ -918,7 +923,7 @@ def test_every_page_sends_the_security_headers_and_breaks_no_csp_rule_in_use(con
     page.goto(base + pages["tree"])
     assert page.locator("#tree [data-level]").first.evaluate("node => node.style.getPropertyValue('--level')") == "0"
     page.goto(base + pages["api docs"])
-    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Control Center API", timeout=10_000)
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Control Center API", timeout=scaled(10_000))
     page.goto(base + pages["dashboard"])
     expect(page.locator("canvas").first).to_be_visible()
     page.set_viewport_size({"width": DESKTOP, "height": 900})

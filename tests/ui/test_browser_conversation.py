@@ -6,6 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support.embedded import EMBEDDED_ADMIN_PASSWORD
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -26,7 +27,7 @@ def test_a_message_streams_into_the_page_live_and_stays_after_reload(embedded_se
     page.keyboard.press("Enter")  # the keyboard alone sends
 
     streamed = page.locator("#messages")
-    expect(streamed).to_contain_text("I ran the tool", timeout=15_000)
+    expect(streamed).to_contain_text("I ran the tool", timeout=scaled(15_000))
     expect(streamed.locator("article.assistant details.tool summary").first).to_contain_text("list_dir")
     expect(page.locator("#status")).to_have_text("Run finished.")
     url_before = page.url

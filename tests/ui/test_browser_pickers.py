@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support.browser import new_conversation, screenshot, seed, sign_in
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -84,7 +85,7 @@ def test_pickers_are_keyboard_driven_saved_at_once_and_used_by_the_next_run(
 
     page.fill("#composer-input", "please list the files in the workspace")
     page.keyboard.press("Enter")
-    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(15_000))
     # The mode withheld list_dir: the offline model had no tool to call.
     expect(page.locator("article.assistant details.tool")).to_have_count(0)
     page.click("#run-link")

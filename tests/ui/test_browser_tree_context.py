@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support.browser import api_call, screenshot, seed, sign_in
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -312,13 +313,13 @@ def test_the_tree_page_draws_the_answer_once_the_run_at_the_tip_ends(embedded_se
     page.fill("#composer-input", "please run `echo tree-live`")
     page.keyboard.press("Enter")
     approval = page.locator(".approval").last
-    expect(approval).to_contain_text("echo tree-live", timeout=15_000)  # the run waits: it holds the tip
+    expect(approval).to_contain_text("echo tree-live", timeout=scaled(15_000))  # the run waits: it holds the tip
 
     tree = page.context.new_page()
     tree.goto(page.url.rstrip("/") + "/tree/")
     expect(tree.locator("#tree-running")).to_be_visible()
     approval.locator("button.approve").click()
-    expect(tree.locator("#tree-running")).to_have_count(0, timeout=15_000)
+    expect(tree.locator("#tree-running")).to_have_count(0, timeout=scaled(15_000))
     expect(tree.locator("#tree")).to_contain_text("exited with 0")
 
 
@@ -341,7 +342,7 @@ def test_the_tree_page_redraws_for_a_branch_made_elsewhere_but_not_over_an_edit_
 
     # Another tab (here the API) moves the tip: this page follows without a reload by hand.
     branch(seeded["a3"])
-    expect(tip).to_have_attribute("data-message-id", str(seeded["a3"]), timeout=15_000)
+    expect(tip).to_have_attribute("data-message-id", str(seeded["a3"]), timeout=scaled(15_000))
     expect(page.locator("#tree-status")).to_have_text("Changed elsewhere: the tree is drawn again.")
 
     # An edit being typed holds the redraw until the form closes; then the tree follows.
@@ -351,8 +352,8 @@ def test_the_tree_page_redraws_for_a_branch_made_elsewhere_but_not_over_an_edit_
     page.fill("#edit-text", "A draft that must survive.")
     branch(seeded["b2"])
     expect(page.locator("#tree-status")).to_have_text(
-        "Changed elsewhere: the tree is drawn again once this edit closes.", timeout=15_000
+        "Changed elsewhere: the tree is drawn again once this edit closes.", timeout=scaled(15_000)
     )
     expect(page.locator("#edit-text")).to_have_value("A draft that must survive.")
     page.keyboard.press("Escape")
-    expect(tip).to_have_attribute("data-message-id", str(seeded["b2"]), timeout=15_000)
+    expect(tip).to_have_attribute("data-message-id", str(seeded["b2"]), timeout=scaled(15_000))

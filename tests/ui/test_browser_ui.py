@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.support.browser import new_conversation, screenshot, seed, sign_in
+from tests.support.timing import scaled
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -41,7 +42,7 @@ def _expect_decided(page, approval_id: str | None, decision: str) -> None:
     page.wait_for_function(
         "([id, decision]) => window.ccDecisions.some(([i, d]) => i === id && d === decision)",
         arg=[approval_id, decision],
-        timeout=15_000,
+        timeout=scaled(15_000),
     )
 
 
@@ -121,7 +122,7 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     page.fill("#composer-input", "please run `echo approved-by-keyboard`")
     page.keyboard.press("Enter")
     prompt = page.locator(".approval").last
-    expect(prompt).to_contain_text("echo approved-by-keyboard", timeout=15_000)
+    expect(prompt).to_contain_text("echo approved-by-keyboard", timeout=scaled(15_000))
     # The prompt never takes focus (UX-3): Shift+Tab from the composer reaches Deny, then Approve.
     expect(page.locator("#composer-input")).to_be_focused()
     screenshot(page, "conversation-approval")
@@ -133,7 +134,7 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     approval_id = prompt.get_attribute("data-approval-id")
     page.keyboard.press("Enter")
     _expect_decided(page, approval_id, "approved")
-    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(15_000))
     expect(page.locator("#messages article.assistant").last).to_contain_text(
         "the command exited with 0: approved-by-keyboard"
     )
@@ -141,7 +142,7 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     page.fill("#composer-input", "please run `echo never-runs`")
     page.keyboard.press("Enter")
     prompt = page.locator(".approval").last
-    expect(prompt).to_contain_text("echo never-runs", timeout=15_000)
+    expect(prompt).to_contain_text("echo never-runs", timeout=scaled(15_000))
     # What the waiting run would refuse (409) is offered disabled, saying why, and back once it ends.
     earlier = page.locator("#messages article.assistant button.regenerate, #messages article button.branch")
     # The first answer's Regenerate and Branch here, and Branch here on both prompts.
@@ -154,7 +155,7 @@ def test_a_shell_call_waits_for_approval_and_the_keyboard_approves_or_denies_it(
     approval_id = prompt.get_attribute("data-approval-id")
     page.keyboard.press("Enter")
     _expect_decided(page, approval_id, "denied")
-    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(15_000))
     reply = page.locator("#messages article.assistant").last
     expect(reply).to_contain_text("the tool failed")
     expect(reply).not_to_contain_text("exited with 0: never-runs")
@@ -176,7 +177,7 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
     page.fill("#composer-input", "in parallel: run `echo child-zero-ran`; run `echo child-one-ran`")
     page.keyboard.press("Enter")
     prompts = page.locator(".approval[data-subagent]")
-    expect(prompts).to_have_count(2, timeout=30_000)
+    expect(prompts).to_have_count(2, timeout=scaled(30_000))
     zero = page.locator(".approval[data-subagent]", has_text="echo child-zero-ran")
     one = page.locator(".approval[data-subagent]", has_text="echo child-one-ran")
     expect(zero).to_contain_text("Subagent 0 (worker) asks to run bash")
@@ -190,7 +191,7 @@ def test_subagents_approvals_appear_on_the_parent_conversation_and_the_keyboard_
     one.locator("button.deny").focus()
     page.keyboard.press("Space")
     _expect_decided(page, one_id, "denied")
-    expect(page.locator("#status")).to_have_text("Run finished.", timeout=30_000)
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(30_000))
     reply = page.locator("#messages")
     expect(reply).to_contain_text(
         "subagent 0 said: I am the offline model. I ran the tool and the command exited with 0: child-zero-ran"
@@ -207,7 +208,7 @@ def test_run_page_shows_each_model_request_with_usage_and_the_event_timeline(emb
     new_conversation(page, "run page")
     page.fill("#composer-input", "please list the files in the workspace")
     page.keyboard.press("Enter")
-    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(15_000))
     tool = page.locator("#messages article.assistant details.tool").first
     expect(tool.locator(".tool-state")).to_have_text("ok")  # the call and its result in one place
     tool.locator("summary").click()
@@ -271,12 +272,12 @@ def test_dashboard_cache_ratio_changes_live_when_a_new_run_finishes(embedded_ser
         other.locator("#composer-input").focus()
         other.fill("#composer-input", text)
         other.keyboard.press("Enter")
-        expect(other.locator("article.assistant")).to_have_count(count, timeout=15_000)
-        expect(other.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+        expect(other.locator("article.assistant")).to_have_count(count, timeout=scaled(15_000))
+        expect(other.locator("#status")).to_have_text("Run finished.", timeout=scaled(15_000))
 
-    expect(ratio).not_to_have_text("90.0%", timeout=10_000)  # pushed, no reload
+    expect(ratio).not_to_have_text("90.0%", timeout=scaled(10_000))  # pushed, no reload
     # The second run's push, once its cache reads are counted ("Run finished." may still be the first run's).
-    expect(page.locator("#saved-cache")).not_to_have_text("810", timeout=10_000)
+    expect(page.locator("#saved-cache")).not_to_have_text("810", timeout=scaled(10_000))
     expected = page.evaluate("fetch('/dashboard/data/').then(r => r.json())")
     assert ratio.inner_text() == f"{expected['totals']['cache_ratio'] * 100:.1f}%"
     # The "Saved by caching" card follows as a whole: its detail line with its headline (QA: the
@@ -296,7 +297,7 @@ def test_conversation_list_searches_message_text_and_shows_recent_activity(embed
     new_conversation(page, "alpha")
     page.fill("#composer-input", 'the word "zebra" appears here')
     page.keyboard.press("Enter")
-    expect(page.locator("#status")).to_have_text("Run finished.", timeout=15_000)
+    expect(page.locator("#status")).to_have_text("Run finished.", timeout=scaled(15_000))
     page.goto(base + "/")
     new_conversation(page, "beta")
     page.goto(base + "/")
