@@ -201,7 +201,7 @@ def test_a_one_and_a_half_gib_upload_is_refused_before_it_is_read(server):
     assert _disk_use(folder) - before < 10 * 2**20
     began = time.monotonic()
     assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < scaled(1.0)  # the server is not still busy with the upload
 
 
 @pytest.mark.req("SB-5")
