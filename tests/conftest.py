@@ -31,8 +31,10 @@ def pytest_configure(config) -> None:
     os.environ.setdefault(SLOWNESS_ENV, str(measure_slowness()))
 
 
-def pytest_report_header(config) -> str:
-    return f"time limits scaled by {os.environ[SLOWNESS_ENV]} (this machine's slowness, tests/support/timing.py)"
+def pytest_terminal_summary(terminalreporter) -> None:
+    # At the end, where `-q` (make test) still prints: a limit that ran out is read against it.
+    slowness = os.environ[SLOWNESS_ENV]
+    terminalreporter.write_line(f"time limits scaled by {slowness} (this machine's slowness, tests/support/timing.py)")
 
 
 def pytest_xdist_setupnodes(config, specs) -> None:
