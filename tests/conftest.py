@@ -17,8 +17,7 @@ from rest_framework.test import APIClient
 from controlcenter.processes import WorkerProcess, services_env
 from tests.support.embedded import start_embedded_server, stop_embedded_server
 from tests.support.factories import UserFactory
-from tests.support.timing import ENV as SLOWNESS_ENV
-from tests.support.timing import measure_slowness, scaled
+from tests.support.timing import scaled, slowness
 
 # --- pytest-xdist: every worker its own Redis database and var folder -----------------
 # Django reads its settings before this file is loaded in a worker, so the controller sets them in
@@ -27,14 +26,14 @@ from tests.support.timing import measure_slowness, scaled
 
 
 def pytest_configure(config) -> None:
-    # Once, before any xdist worker starts: every worker inherits the same figure (tests/support/timing.py).
-    os.environ.setdefault(SLOWNESS_ENV, str(measure_slowness()))
+    # Measured once, by the controller before any xdist worker starts: every worker inherits the
+    # figure from the environment and measures nothing (tests/support/timing.py).
+    slowness()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     # At the end, where `-q` (make test) still prints: a limit that ran out is read against it.
-    slowness = os.environ[SLOWNESS_ENV]
-    terminalreporter.write_line(f"time limits scaled by {slowness} (this machine's slowness, tests/support/timing.py)")
+    terminalreporter.write_line(f"time limits scaled by {slowness()} (tests/support/timing.py)")
 
 
 def pytest_xdist_setupnodes(config, specs) -> None:
