@@ -71,11 +71,23 @@ def compaction_start(*, conversation: Conversation, rungs: Sequence[str]) -> Run
 
 
 def run_cancel(*, run: Run) -> Run:
-    if run.is_finished:
-        raise Conflict(f"Run {run.pk} has already finished ({run.status}).")
-    # A queued or waiting run is cancelled at once; a running one stops at its next check.
-    if not lifecycle.run_cancel_now(run):
-        Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+    """Cancel a run that has not finished; a finished one is a Conflict.
+
+    Decided by the run's state when the cancel lands, not when the request loaded it: of several
+    cancels sent at once, one is the cancel and the others find the run finished (409), as a later
+    one would (they answered 200, 409 and 200 in turn, by how their loads and updates interleaved).
+    """
+    # A queued or waiting run is cancelled at once; a running one stops at its next check. A run
+    # can move between running and waiting while this runs (an approval pause, a decision): each
+    # pass looks again, and only such a move, made by the run or a person, brings another pass.
+    while True:
+        if lifecycle.run_cancel_now(run):
+            break
+        if Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING).update(cancel_requested=True):
+            break
+        run.refresh_from_db()
+        if run.is_finished:
+            raise Conflict(f"Run {run.pk} has already finished ({run.status}).")
     # Its subagents stop with it (TD-14), whether they run, wait for approval or are still queued.
     subagents_cancel(parent_id=run.pk)
     run.refresh_from_db()
