@@ -16,7 +16,8 @@ import pytest
 
 from engine.catalog import minilm
 from engine.catalog.ranking import ToolIndex, catalog_fingerprint
-from engine.catalog.semantic import HybridIndex, hybrid_index_for, tool_embeddings, tool_text
+from engine.catalog.semantic import NAME_WEIGHT, HybridIndex, hybrid_index_for, name_words, tool_embeddings, tool_text
+from engine.catalog.surface import ToolRecord
 from tests.support.catalog import reference_records
 
 DIMENSIONS = 4096
@@ -63,15 +64,42 @@ def test_embeddings_are_computed_once_per_catalog_version_and_stored(tmp_path):
     encoder = WordEncoder()
     first = hybrid_index_for(records, cache_dir=tmp_path, encode=encoder)
     assert hybrid_index_for(records, cache_dir=tmp_path, encode=encoder) is first
-    assert encoder.calls == 1
-    stored = list(tmp_path.glob("*.npy"))
-    assert [path.name for path in stored] == [f"all-MiniLM-L6-v2-{catalog_fingerprint(records)}.npy"]
-    # Another process (here: the same tools listed in another order) reads the file, not the model.
+    assert encoder.calls == 2  # the tools' texts, then their names
+    fingerprint = catalog_fingerprint(records)
+    stored = sorted(path.name for path in tmp_path.glob("*.npy"))
+    assert stored == [f"all-MiniLM-L6-v2-{part}-{fingerprint}.npy" for part in ("name", "text")]
+    # Another process (here: the same tools listed in another order) reads the files, not the model.
     fresh = WordEncoder()
     reordered = list(reversed(records))
-    vectors = tool_embeddings(reordered, fingerprint=catalog_fingerprint(records), encode=fresh, cache_dir=tmp_path)
+    vectors = tool_embeddings(reordered, fingerprint=fingerprint, encode=fresh, cache_dir=tmp_path)
     assert fresh.calls == 0
-    assert np.allclose(vectors, WordEncoder()([tool_text(tool) for tool in reordered]))
+    texts = WordEncoder()([tool_text(tool) for tool in reordered])
+    names = WordEncoder()([name_words(tool) for tool in reordered])
+    assert np.allclose(vectors, texts + NAME_WEIGHT * names)
+
+
+@pytest.mark.req("TD-6", "TS-1")
+def test_a_tools_name_counts_beside_its_whole_text():
+    """Of two tools whose texts say a query's words equally often, the one whose name says them ranks
+    first: in the text a name is one phrase among many sentences."""
+    named = ToolRecord(
+        name="convert_units",
+        group="Data",
+        description="Takes a value and answers in another system; handles temperature, length and weight.",
+        input_schema={"type": "object"},
+    )
+    mentions = ToolRecord(
+        name="lookup_facts",
+        group="Data",
+        description="Answers questions about facts, and can also convert units when asked to.",
+        input_schema={"type": "object"},
+    )
+    encoder = WordEncoder()
+    tools = [mentions, named]
+    hybrid = HybridIndex(
+        ToolIndex(tools), tool_embeddings(tools, fingerprint="x", encode=encoder, cache_dir=None), encoder
+    )
+    assert [match.tool.name for match in hybrid.search("convert units", k=2)] == ["convert_units", "lookup_facts"]
 
 
 @pytest.mark.req("TD-6")
