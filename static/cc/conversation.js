@@ -222,21 +222,41 @@
     const template = document.createElement("template");
     template.innerHTML = html.trim();
     const fresh = template.content.firstElementChild;
-    const hadFocus = messagesBox().contains(document.activeElement);
+    const focused = document.activeElement;
+    const hadFocus = messagesBox().contains(focused);
+    // A run still in flight keeps its drawn article across the swap: what it shows (the reply so far,
+    // its tool cards, an approval prompt someone is about to press) stays on the page, instead of
+    // blinking out until its log is replayed into the fresh placeholder.
+    const kept = new Map();
+    for (const placeholder of fresh.querySelectorAll("article.live[data-run-id]")) {
+      const runId = Number(placeholder.dataset.runId);
+      const state = runs.get(runId);
+      if (!state || !state.article.isConnected) continue;
+      state.article.dataset.runStatus = placeholder.dataset.runStatus;
+      placeholder.replaceWith(state.article);
+      kept.set(runId, state);
+    }
     messagesBox().replaceWith(fresh);
     for (const note of notes) placeNote(fresh, note);
-    if (hadFocus) input.focus();
-    bindFragment(fresh);
+    // Focus stays where it was when that is still on the page (a kept approval's button).
+    if (hadFocus) (focused.isConnected ? focused : input).focus();
+    bindFragment(fresh, kept);
     afterChange();
   }
 
-  function bindFragment(box) {
+  function bindFragment(box, kept = new Map()) {
+    const previousApprovals = approvals;
     runs = new Map();
     approvals = new Map();
+    for (const [approvalId, prompt] of previousApprovals) if (box.contains(prompt)) approvals.set(approvalId, prompt);
     for (const article of box.querySelectorAll("article.live[data-run-id]")) {
       const runId = Number(article.dataset.runId);
-      runs.set(runId, { lastSeq: 0, seen: new Set(), article, text: null, tools: new Map(), working: null, catching: false, buffer: [] });
-      working(runs.get(runId), article.dataset.runStatus === "queued" ? "Queued: waiting for a worker" : "Working");
+      if (kept.has(runId)) {
+        runs.set(runId, kept.get(runId));
+      } else {
+        runs.set(runId, { lastSeq: 0, seen: new Set(), article, text: null, tools: new Map(), working: null, catching: false, buffer: [] });
+        working(runs.get(runId), article.dataset.runStatus === "queued" ? "Queued: waiting for a worker" : "Working");
+      }
       catchUp(runId);
     }
     const previous = activeRun;
@@ -427,9 +447,9 @@
   }
 
   function apply(state, event) {
-    // A fragment swapped in meanwhile drew this run afresh and replays its log into the new
-    // article: a catch-up still in flight for the old one draws nothing, or it would claim the
-    // run's approval prompts for an article no longer on the page.
+    // A fragment swapped in meanwhile drew this run afresh (its article was not on the page to
+    // keep) and replays its log into the new article: a catch-up still in flight for the old one
+    // draws nothing, or it would claim the run's approval prompts for an article no longer shown.
     if (!state.article.isConnected) return;
     // Already shown (live and catch-up overlap). A set, not the highest seq: a run's log has
     // more than one writer while its subagents ask for approval (TD-14).

@@ -222,8 +222,10 @@ HOLD_CATCH_UPS = """(() => {
 @pytest.mark.req("UX-3", "UX-4")
 def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches_up(context, embedded_server_module):
     """The interleaving CI met with two tabs: a catch-up of a run's log still in flight when a
-    fresh fragment redraws the run (here after a dropped websocket) and replays its log again.
-    The old catch-up ends first; the approval prompt must still be on the page."""
+    fresh fragment redraws the messages (here after a dropped websocket). The run's article is
+    kept through the redraw and the catch-up in flight draws into it: the approval prompt is on
+    the page once. (When the redraw replaced the article, the old catch-up drew into one no longer
+    shown, and the prompt went missing.)"""
     base, _ = embedded_server_module
     conversation = _new(context, base, "redraw while catching up")
     sent = context.request.post(
@@ -249,12 +251,12 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
     page.goto(f"{base}/conversations/{conversation}/")
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
     page.wait_for_function("() => window.__held.length === 1")  # the page's first catch-up is out
+    page.evaluate("() => { window.__drawn = document.getElementById('messages'); }")
     sockets[0].close()  # the connection drops: the page reconnects and fetches the fragment again
-    page.wait_for_function("() => window.__held.length === 2")  # the fresh drawing's catch-up is out
+    page.wait_for_function("() => document.getElementById('messages') !== window.__drawn")  # redrawn
     page.evaluate("() => window.__held[0]()")
-    page.wait_for_function("() => window.__applied === 1")  # the old catch-up ended first
-    page.evaluate("() => window.__held[1]()")
-    page.wait_for_function("() => window.__applied === 2")
+    page.wait_for_function("() => window.__applied === 1")  # the catch-up from before the redraw ends
+    page.evaluate("() => window.__held.slice(1).forEach((release) => release())")
 
     prompt = page.locator("#messages .approval")
     expect(prompt).to_have_count(1)
@@ -262,6 +264,70 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
     prompt.locator("button.approve").click()
     expect(page.locator("#messages article.assistant").last).to_contain_text(
         "exited with 0: redrawn", timeout=scaled(20_000)
+    )
+    assert not errors
+
+
+# Every approval prompt taken off the page, counted as it happens.
+COUNT_REMOVED_PROMPTS = """(() => {
+  window.__promptsRemoved = 0;
+  new MutationObserver((changes) => {
+    for (const change of changes) for (const node of change.removedNodes) {
+      if (node.nodeType === 1 && (node.matches(".approval") || node.querySelector(".approval"))
+          && !node.isConnected) window.__promptsRemoved += 1;
+    }
+  }).observe(document, { childList: true, subtree: true });
+})();"""
+
+
+@pytest.mark.req("UX-3", "UX-4")
+def test_a_pending_approval_stays_put_with_its_focus_while_the_page_redraws_the_messages(
+    context, embedded_server_module
+):
+    """A reconnect redraws the messages while a person is on the prompt's Approve button: the prompt
+    never leaves the page (it blinked out until the run's log was replayed, and focus fell to the
+    message box), and the button keeps the focus."""
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "redraw under the prompt")
+    sent = context.request.post(
+        f"{base}/api/conversations/{conversation}/messages/",
+        data=json.dumps({"text": "please run `echo kept`"}),
+        headers={"Content-Type": "application/json", "X-CSRFToken": _csrf(context)},
+    )
+    assert sent.status == 201, sent.text()
+    pending_url = f"{base}/api/conversations/{conversation}/approvals/?status=pending"
+    wait_until(lambda: context.request.get(pending_url).json(), timeout=30, what="the run waits for approval")
+
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    sockets = []
+
+    def through_to_server(socket) -> None:
+        socket.connect_to_server()
+        sockets.append(socket)
+
+    page.route_web_socket(re.compile(r"/ws/conversations/"), through_to_server)
+    page.goto(f"{base}/conversations/{conversation}/")
+    expect(page.locator("#conversation[data-live]")).to_have_count(1)
+    approve = page.locator("#messages .approval button.approve")
+    expect(approve).to_be_visible()
+    # The first connect's own check of the drawing is over (unchanged: nothing redrawn).
+    page.wait_for_function("() => !document.getElementById('conversation').dataset.busy")
+    page.evaluate(COUNT_REMOVED_PROMPTS)
+    page.evaluate("() => { window.__drawn = document.getElementById('messages'); }")
+    approve.focus()
+
+    sockets[0].close()  # the connection drops: the page reconnects and draws the messages again
+    page.wait_for_function("() => document.getElementById('messages') !== window.__drawn")
+    page.wait_for_function("() => !document.getElementById('conversation').dataset.busy")
+
+    assert page.evaluate("() => window.__promptsRemoved") == 0
+    expect(page.locator("#messages .approval")).to_have_count(1)
+    expect(approve).to_be_focused()
+    page.keyboard.press("Enter")  # the focused button is the person's own choice
+    expect(page.locator("#messages article.assistant").last).to_contain_text(
+        "exited with 0: kept", timeout=scaled(20_000)
     )
     assert not errors
 
