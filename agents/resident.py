@@ -28,8 +28,9 @@ from engine.tokens import estimate_json_tokens
 from toolcatalog.models import Mode, RetrievalMiss, Tool, ToolActivation
 from toolcatalog.selectors import DEFAULT_MODE, catalog_records, mode_spec, surface_context
 
-# A deferred tool loaded in at least this share of the mode's runs pays for its schema
-# in every request; a resident tool called in fewer than this share does not.
+# A deferred tool called in at least this share of the mode's runs pays for its schema in
+# every request; a resident tool called in fewer than this share does not. Calls, not loads: a
+# search loads its five best matches, and the four a run never calls would cost every request.
 PROMOTE_SHARE = 0.25
 DEMOTE_SHARE = 0.02
 # Fewer runs than this say nothing reliable either way.
@@ -43,7 +44,7 @@ CALL_EVENTS = ("tool_call", "subagent_tool_call")
 class Suggestion:
     name: str
     schema_tokens: int
-    runs_using: int  # runs that loaded it (deferred) or called it (resident)
+    runs_using: int  # runs that called it
     share: float
     activations: int = 0
     calls: int = 0
@@ -155,7 +156,7 @@ def resident_recommendation(
     now: dt.datetime | None = None,
     applying: tuple[Collection[str], Collection[str]] | None = None,
 ) -> Recommendation:
-    """Deferred tools the mode's runs load often enough to be resident, and resident ones they rarely call.
+    """Deferred tools the mode's runs call often enough to be resident, and resident ones they rarely call.
 
     `applying`: the names a person chose to make resident and deferred; the figures are then those
     of that change (what a new version records), not of everything offered (QA: a version recorded
@@ -206,7 +207,7 @@ def resident_recommendation(
     n = len(run_ids)
     promote = []
     for tool in surface.deferred:
-        row = loads.get(tool.name)
+        row = calls.get(tool.name)
         if row and row["runs"] / n >= PROMOTE_SHARE:
             promote.append(
                 Suggestion(
@@ -214,8 +215,8 @@ def resident_recommendation(
                     schema_tokens=estimate_json_tokens(tool.definition()),
                     runs_using=row["runs"],
                     share=round(row["runs"] / n, 3),
-                    activations=row["activations"],
-                    calls=(calls.get(tool.name) or {}).get("calls", 0),
+                    activations=(loads.get(tool.name) or {}).get("activations", 0),
+                    calls=row["calls"],
                     found_after_miss=len(after_miss.get(tool.name, ())),
                 )
             )

@@ -27,9 +27,10 @@ def _run(owner, mode: Mode, *, days_ago: float = 1) -> Run:
 
 
 def _history(owner) -> tuple[Mode, list[str]]:
-    """12 runs in the window: half load git_status (two after a failed search), one loads web_search;
-    every resident tool is called in a third of the runs except kill_background and todo_list. 6 older
-    runs, outside the window, all loaded web_search."""
+    """12 runs in the window: half load git_status and git_log with one search (two after a failed
+    search) and call git_status, never git_log; one loads web_search; every resident tool is called in
+    a third of the runs except kill_background and todo_list. 6 older runs, outside the window, all
+    loaded and called web_search."""
     catalog_import(text=CATALOG_PATH.read_text(encoding="utf-8"))
     mode = ModeFactory(name="coder", allow=["*"])
     resident = [tool.name for tool in run_surface(mode=mode, deferral=True)[0].resident]
@@ -47,6 +48,8 @@ def _history(owner) -> tuple[Mode, list[str]]:
             if i < 4:
                 RetrievalMiss.objects.create(run=run, query="repo state")
             ToolActivation.objects.create(run=run, tool_name="git_status", trigger="search", query="git state")
+            ToolActivation.objects.create(run=run, tool_name="git_log", trigger="search", query="git state")
+            events.append(RunEvent(run=run, seq=100, type="tool_call", payload={"name": "git_status", "input": {}}))
             ModelRequest.objects.create(
                 run=run, step=2, model="m", tools_loaded=["git_status"], cache_miss="tool_activation"
             )
@@ -56,6 +59,7 @@ def _history(owner) -> tuple[Mode, list[str]]:
     for _ in range(6):
         old = _run(owner, mode, days_ago=40)
         ToolActivation.objects.create(run=old, tool_name="web_search", trigger="direct")
+        RunEvent.objects.create(run=old, seq=1, type="tool_call", payload={"name": "web_search", "input": {}})
     return mode, resident
 
 
@@ -69,6 +73,7 @@ def test_a_load_stored_with_the_miss_of_its_own_turn_counts_as_found_after_it(al
     activations_record(
         run_id=run.pk, activations=[Activation("git_status", "search", "git state")], misses=["repo state"]
     )
+    RunEvent.objects.create(run=run, seq=1, type="tool_call", payload={"name": "git_status", "input": {}})
     (promoted,) = resident_recommendation(mode=mode, days=30).make_resident
     assert (promoted.name, promoted.runs_using, promoted.found_after_miss) == ("git_status", 7, 3)
 
@@ -79,9 +84,10 @@ def test_the_recommendation_comes_from_recorded_loads_misses_and_calls(alice):
     mode, resident = _history(alice)
     rec = resident_recommendation(mode=mode, days=30)
     assert rec.runs == 12 and rec.requests == 18
+    # git_log came back from the same searches as git_status in as many runs, and no run called it.
     assert [s.name for s in rec.make_resident] == ["git_status"]
     promoted = rec.make_resident[0]
-    assert (promoted.runs_using, promoted.activations, promoted.found_after_miss) == (6, 6, 2)
+    assert (promoted.runs_using, promoted.calls, promoted.activations, promoted.found_after_miss) == (6, 6, 6, 2)
     assert {s.name for s in rec.make_deferred} == {"kill_background", "todo_list"}
     # The effect: schemas in and out of every request, the index lines they leave or join.
     before, _ = run_surface(mode=mode, deferral=True)
