@@ -215,7 +215,7 @@ def resident_recommendation(
                     schema_tokens=estimate_json_tokens(tool.definition()),
                     runs_using=row["runs"],
                     share=round(row["runs"] / n, 3),
-                    activations=(loads.get(tool.name) or {}).get("activations", 0),
+                    activations=loads[tool.name]["activations"] if tool.name in loads else 0,
                     calls=row["calls"],
                     found_after_miss=len(after_miss.get(tool.name, ())),
                 )
