@@ -1,10 +1,10 @@
 """The resident set learns from use (TS-3): a recommendation from what a mode's runs recorded.
 
-What a mode's runs did over the last N days — which deferred tools they loaded
-(ToolActivation), which searches found nothing first (RetrievalMiss), which tools
-they called (`tool_call` run events, their subagents' included) and how many
-requests they sent — says which deferred tools earn a place in every request and
-which resident ones do not.
+What a mode's runs did over the last N days says which deferred tools earn a place in
+every request and which resident ones do not. The tools they called (`tool_call` run
+events, their subagents' included) decide both ways; which deferred tools they loaded
+(ToolActivation), which searches found nothing first (RetrievalMiss) and how many
+requests they sent measure the effect.
 Each suggestion comes with its measured effect; toolcatalog.services.mode_resident_apply
 applies the chosen ones as one new mode version, so the tools prefix changes once.
 The same records, paired with what each run called, are a set of real search

@@ -24,7 +24,7 @@
   const jumpButton = document.getElementById("jump-latest");
   const menu = document.getElementById("slash-menu");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-  let runs = new Map(); // run id -> {lastSeq, seen, article, text, tools, working, catching, buffer}
+  let runs = new Map(); // run id -> {lastSeq, seen, article, text, tools, working, catching, catchAgain, buffer}
   let approvals = new Map(); // approval id -> prompt element
   let activeRun = null;
   let following = true; // the view sticks to the newest message unless the person scrolled up
@@ -541,11 +541,16 @@
     afterChange();
   }
 
-  async function catchUp(runId) {
+  // `started`: the status line as it was when this catch-up was first asked for; a read that follows
+  // another one keeps it, so neither writes over news the person got after that.
+  async function catchUp(runId, started = { serial: statusSerial }) {
     const state = runs.get(runId);
-    if (!state || state.catching) return;
+    if (!state) return;
+    // A read of the log is on its way: its answer may predate what is asked for now (a reconnect
+    // after events the dropped socket never brought), so one more read follows it.
+    if (state.catching) { state.catchAgain = true; return; }
     state.catching = true;
-    const started = { serial: statusSerial };
+    state.catchAgain = false;
     try {
       const response = await fetch(`/api/runs/${runId}/events/?after=${state.lastSeq}`, { credentials: "same-origin" });
       const events = response.ok ? await response.json() : [];
@@ -564,7 +569,10 @@
       } finally {
         replay = null;
       }
-      if (state.finished && runs.get(runId) === state) refresh();
+      if (runs.get(runId) === state) {
+        if (state.catchAgain) catchUp(runId, started);
+        else if (state.finished) refresh();
+      }
     }
   }
 

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _cancel_at_once(run_id: int, times: int, between: Callable[[], None] = lambda: None) -> list[str]:
     """`times` cancels that each load the run, then (after `between`) all cancel together."""
-    loaded = threading.Barrier(times + 1)
-    go = threading.Barrier(times + 1)
+    # Bounded waits: a thread that fails before a barrier breaks it for all, instead of hanging them.
+    loaded = threading.Barrier(times + 1, timeout=30)
+    go = threading.Barrier(times + 1, timeout=30)
     answers: list[str] = []
 
     def cancel() -> None:
@@ -32,6 +33,10 @@ def _cancel_at_once(run_id: int, times: int, between: Callable[[], None] = lambd
                 answers.append(run_cancel(run=run).status)
             except Conflict:
                 answers.append("409")
+        except BaseException as exc:
+            answers.append(f"raised {exc!r}")
+            loaded.abort()
+            go.abort()
         finally:
             connection.close()
 
@@ -43,6 +48,7 @@ def _cancel_at_once(run_id: int, times: int, between: Callable[[], None] = lambd
     go.wait()
     for thread in threads:
         thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "a cancel never returned"
     return sorted(answers)
 
 

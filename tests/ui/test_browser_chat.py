@@ -223,9 +223,9 @@ HOLD_CATCH_UPS = """(() => {
 def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches_up(context, embedded_server_module):
     """The interleaving CI met with two tabs: a catch-up of a run's log still in flight when a
     fresh fragment redraws the messages (here after a dropped websocket). The run's article is
-    kept through the redraw and the catch-up in flight draws into it: the approval prompt is on
-    the page once. (When the redraw replaced the article, the old catch-up drew into one no longer
-    shown, and the prompt went missing.)"""
+    kept through the redraw, the catch-up in flight draws into it and one more read of the log
+    follows it: the approval prompt is on the page once. (When the redraw replaced the article,
+    the old catch-up drew into one no longer shown, and the prompt went missing.)"""
     base, _ = embedded_server_module
     conversation = _new(context, base, "redraw while catching up")
     sent = context.request.post(
@@ -251,12 +251,18 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
     page.goto(f"{base}/conversations/{conversation}/")
     expect(page.locator("#conversation[data-live]")).to_have_count(1)
     page.wait_for_function("() => window.__held.length === 1")  # the page's first catch-up is out
+    # The first connect's own check of the drawing is over (unchanged: nothing redrawn), so the
+    # reconnect's fetch is not folded into it.
+    page.wait_for_function("() => !document.getElementById('conversation').dataset.busy")
     page.evaluate("() => { window.__drawn = document.getElementById('messages'); }")
     sockets[0].close()  # the connection drops: the page reconnects and fetches the fragment again
     page.wait_for_function("() => document.getElementById('messages') !== window.__drawn")  # redrawn
     page.evaluate("() => window.__held[0]()")
     page.wait_for_function("() => window.__applied === 1")  # the catch-up from before the redraw ends
-    page.evaluate("() => window.__held.slice(1).forEach((release) => release())")
+    # The redraw asked to catch up while that read was out: a second read follows it.
+    page.wait_for_function("() => window.__held.length === 2")
+    page.evaluate("() => window.__held[1]()")
+    page.wait_for_function("() => window.__applied === 2")
 
     prompt = page.locator("#messages .approval")
     expect(prompt).to_have_count(1)
@@ -264,6 +270,79 @@ def test_a_pending_approval_shows_when_the_page_redraws_the_run_while_it_catches
     prompt.locator("button.approve").click()
     expect(page.locator("#messages article.assistant").last).to_contain_text(
         "exited with 0: redrawn", timeout=scaled(20_000)
+    )
+    assert not errors
+
+
+# The page's first read of a run's log waits until the test lets it go; later reads go at once.
+HOLD_FIRST_CATCH_UP = """(() => {
+  const realFetch = window.fetch.bind(window);
+  window.__catchUps = 0;
+  window.fetch = async (input, init) => {
+    const response = await realFetch(input, init);
+    if (!String(input).includes("/events/?after=")) return response;
+    window.__catchUps += 1;
+    if (window.__catchUps === 1) await new Promise((release) => { window.__release = release; });
+    return response;
+  };
+})();"""
+
+
+@pytest.mark.req("UX-3", "UX-4", "TD-14")
+def test_what_happened_while_the_socket_was_down_shows_though_a_read_of_the_log_was_in_flight(
+    context, embedded_server_module
+):
+    """The page's first read of a run's log is slow; meanwhile its websocket hears nothing (a dead
+    connection), a person approves one of two subagents' calls from elsewhere, and the socket is
+    then replaced. The reconnect asks to catch up while that first read is still out: once it
+    answers, with the log from before the decision, the page reads the log again and shows the call
+    decided (the second ask was dropped, and the prompt stayed undecided for good)."""
+    base, _ = embedded_server_module
+    conversation = _new(context, base, "missed while reading")
+    sent = context.request.post(
+        f"{base}/api/conversations/{conversation}/messages/",
+        data=json.dumps({"text": "in parallel: run `echo missed-zero`; run `echo missed-one`"}),
+        headers={"Content-Type": "application/json", "X-CSRFToken": _csrf(context)},
+    )
+    assert sent.status == 201, sent.text()
+    pending_url = f"{base}/api/conversations/{conversation}/approvals/?status=pending"
+    pending = wait_until(
+        lambda: (found := context.request.get(pending_url).json()) and len(found) == 2 and found,
+        timeout=30,
+        what="both subagents wait for approval",
+    )
+
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.add_init_script(HOLD_FIRST_CATCH_UP)
+    sockets = []
+
+    def deaf_then_through(socket) -> None:
+        if sockets:  # the page's later connections reach the server
+            socket.connect_to_server()
+        sockets.append(socket)  # its first one hears nothing, as a dead connection would
+
+    page.route_web_socket(re.compile(r"/ws/conversations/"), deaf_then_through)
+    page.goto(f"{base}/conversations/{conversation}/")
+    page.wait_for_function("() => window.__catchUps === 1")  # the first read of the log is out
+    decided = context.request.post(
+        f"{base}/api/approvals/{pending[0]['id']}/approve/", headers={"X-CSRFToken": _csrf(context)}
+    )
+    assert decided.status == 200, decided.text()
+    page.evaluate("() => { window.__drawn = document.getElementById('messages'); }")
+    sockets[0].close()  # replaced: the page reconnects, draws the messages again and asks to catch up
+    page.wait_for_function("() => document.getElementById('messages') !== window.__drawn")
+    page.evaluate("() => window.__release()")
+
+    prompt = page.locator(f"#messages .approval[data-approval-id='{pending[0]['id']}']")
+    expect(prompt).to_have_attribute("data-decision", "approved")
+    other = page.locator(f"#messages .approval[data-approval-id='{pending[1]['id']}']")
+    expect(other).to_be_visible()
+    assert other.get_attribute("data-decision") is None
+    other.locator("button.approve").click()
+    expect(page.locator("#messages article.assistant").last).to_contain_text(
+        "exited with 0: missed-one", timeout=scaled(30_000)
     )
     assert not errors
 
@@ -525,7 +604,11 @@ def test_a_catch_up_read_late_does_not_replace_what_the_person_did_meanwhile(con
     base, _ = embedded_server_module
     page = open_conversation(context, base, _new(context, base, "held catch-up"))
     held: list = []
-    page.route(lambda url: re.fullmatch(r"/api/runs/\d+/events/", urlsplit(url).path), lambda route: held.append(route))
+
+    def log_read(url: str) -> bool:
+        return re.fullmatch(r"/api/runs/\d+/events/", urlsplit(url).path) is not None
+
+    page.route(log_read, lambda route: held.append(route))
 
     _send(page, "please run `echo held-catch-up`")  # the shell waits for approval: the run stays live
     _wait_in_page(page, lambda: held, "the page reading the live run's log")
@@ -535,9 +618,9 @@ def test_a_catch_up_read_late_does_not_replace_what_the_person_did_meanwhile(con
     status = page.locator("#status")
     expect(status).to_have_text("Renamed.")
 
-    page.unroute(lambda url: re.fullmatch(r"/api/runs/\d+/events/", urlsplit(url).path))
+    # Removing the route (by the same matcher) lets the held read go on, and every later one.
     with page.expect_request_finished(lambda request: "/events/" in request.url):
-        held.pop().continue_()
+        page.unroute(log_read)
     # The replay still draws the run: its approval prompt is there to decide.
     expect(page.locator(".approval").last).to_contain_text("echo held-catch-up")
     expect(status).to_have_text("Renamed.", timeout=1)
