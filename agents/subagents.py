@@ -2,7 +2,8 @@
 
 Children of one shape get byte-identical prefixes: the same system prompt (named by
 the shape, nothing per child), the same resident tools in the same order whatever the
-task or profile (every built-in; children cannot spawn). A child's profile (its role
+task or profile (the parent run's surface without `spawn_agents`: children cannot spawn;
+`turns.subagent_toolboxes`). A child's profile (its role
 and limits, `CC_SUBAGENT_PROFILES`) and its task come after that prefix, in its first
 user message. A prompt cache entry becomes readable only once the request that writes
 it starts streaming, so a fan-out started all at once pays N writes of one prefix. The
