@@ -24,7 +24,7 @@
   const jumpButton = document.getElementById("jump-latest");
   const menu = document.getElementById("slash-menu");
   const csrf = document.querySelector("input[name=csrfmiddlewaretoken]").value;
-  let runs = new Map(); // run id -> {lastSeq, seen, article, text, tools, working, catching, catchAgain, buffer}
+  let runs = new Map(); // run id -> {lastSeq, seen, article, text, tools, working, catching, catchAgain, buffer, ended}
   let approvals = new Map(); // approval id -> prompt element
   let activeRun = null;
   let following = true; // the view sticks to the newest message unless the person scrolled up
@@ -231,7 +231,10 @@
     for (const placeholder of fresh.querySelectorAll("article.live[data-run-id]")) {
       const runId = Number(placeholder.dataset.runId);
       const state = runs.get(runId);
-      if (!state || !state.article.isConnected) continue;
+      // A run this page already saw end is drawn live only by a fragment older than that end: it
+      // gets a fresh article, whose replay of the log ends it again and asks for a newer fragment
+      // (kept, its article stayed live and the Stop button shown, with nothing left to replay).
+      if (!state || !state.article.isConnected || state.ended) continue;
       state.article.dataset.runStatus = placeholder.dataset.runStatus;
       placeholder.replaceWith(state.article);
       kept.set(runId, state);
@@ -530,6 +533,7 @@
           : `Step ${p.step}: ${p.input_tokens} uncached, ${p.cache_creation_input_tokens} cache write, ${p.cache_read_input_tokens} cache read, ${p.output_tokens} output tokens.`);
         break;
       case "run_finished":
+        state.ended = true;
         working(state, "");
         tellEnded(event.run_id, p);
         if (activeRun === event.run_id) setActiveRun(null);
